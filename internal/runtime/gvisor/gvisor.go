@@ -1,0 +1,494 @@
+// Package gvisor runs Spore sandboxes with gVisor's runsc.
+//
+// Each instance has a directory under the driver's state directory holding
+// its OCI bundle and the host directory backing its writable root overlay
+// (an anonymous, already-unlinked file that runsc sizes to Limits.DiskMB).
+// The read-only lower root filesystem is shared by every instance booted or
+// restored from it. runsc's own state lives in <state>/root, which is what
+// lets a restarted engine find the instances that kept running.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/runtime"
+)
+
+// Config configures the driver.
+type Config struct {
+	Runsc    string // path of the runsc binary
+	StateDir string // the driver's own directory (created if missing)
+	// Platform is runsc's --platform (default "systrap"; "kvm" hangs on
+	// hosts without hardware virtualization).
+	Platform string
+	// CgroupParent is the cgroup under which every instance gets its own
+	// (default "/spore").
+	CgroupParent string
+	// Timeout bounds quick calls (state, pause, resume, kill; default 30s);
+	// SlowTimeout bounds start, checkpoint and restore (default 5m). A
+	// shorter context deadline wins.
+	Timeout     time.Duration
+	SlowTimeout time.Duration
+	// ExtraFlags are passed to runsc before the verb (for example
+	// "--debug", "--debug-log=/tmp/runsc/").
+	ExtraFlags []string
+	Logger     *slog.Logger
+}
+
+// Driver implements runtime.Runtime with runsc.
+type Driver struct {
+	cfg     Config
+	version string
+	log     *slog.Logger
+}
+
+var _ runtime.Runtime = (*Driver)(nil)
+
+// New checks the runsc binary and prepares the state directory.
+func New(ctx context.Context, cfg Config) (*Driver, error) {
+	if cfg.Runsc == "" {
+		return nil, errdefs.Invalidf("gvisor: runsc path is empty")
+	}
+	if !filepath.IsAbs(cfg.StateDir) {
+		return nil, errdefs.Invalidf("gvisor: state dir %q must be an absolute path", cfg.StateDir)
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "/spore"
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.SlowTimeout == 0 {
+		cfg.SlowTimeout = 5 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if _, err := os.Stat(cfg.Runsc); err != nil {
+		return nil, fmt.Errorf("gvisor: runsc binary (run `make setup`): %w: %v", errdefs.ErrUnavailable, err)
+	}
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "root"), filepath.Join(cfg.StateDir, "inst")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	d := &Driver{cfg: cfg, log: cfg.Logger}
+	out, err := d.runsc(ctx, cfg.Timeout, nil, "--version")
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: runsc --version: %w", err)
+	}
+	d.version = parseVersion(out)
+	return d, nil
+}
+
+func parseVersion(out []byte) string {
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "runsc version "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+// Name implements runtime.Runtime.
+func (d *Driver) Name() string { return "gvisor/" + d.version }
+
+// Capabilities implements runtime.Runtime.
+func (d *Driver) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{LiveCheckpoint: true, Pause: true, DiskLimit: true}
+}
+
+func (d *Driver) instDir(id string) string    { return filepath.Join(d.cfg.StateDir, "inst", id) }
+func (d *Driver) bundleDir(id string) string  { return filepath.Join(d.instDir(id), "bundle") }
+func (d *Driver) overlayDir(id string) string { return filepath.Join(d.instDir(id), "overlay") }
+
+// exists reports whether runsc holds state for exactly this ID. runsc itself
+// resolves unique prefixes, so every call checks the exact ID first.
+func (d *Driver) exists(id string) bool {
+	m, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, "root", globEscape(id)+"_sandbox:*.state"))
+	return len(m) > 0
+}
+
+func globEscape(s string) string {
+	r := strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `\`, `\\`)
+	return r.Replace(s)
+}
+
+func (d *Driver) checkID(id string) error {
+	return ids.Validate("instance ID", id)
+}
+
+func (d *Driver) mustExist(id string) error {
+	if err := d.checkID(id); err != nil {
+		return err
+	}
+	if !d.exists(id) {
+		return fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// Start implements runtime.Runtime.
+func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
+	if err := d.prepare(spec); err != nil {
+		return err
+	}
+	_, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, d.startFlags(spec, "run", "-detach", "--bundle", d.bundleDir(spec.ID), spec.ID)...)
+	if err != nil {
+		d.cleanup(spec.ID)
+		return fmt.Errorf("start instance %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// Restore implements runtime.Runtime.
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	if _, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil {
+		return fmt.Errorf("restore instance %s: image %s: %w", spec.ID, imageDir, errdefs.ErrNotFound)
+	}
+	if err := d.prepare(spec); err != nil {
+		return err
+	}
+	_, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
+	if err != nil {
+		d.cleanup(spec.ID)
+		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+func (d *Driver) startFlags(spec runtime.Spec, verb ...string) []string {
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	overlay := "root:dir=" + d.overlayDir(spec.ID)
+	if spec.Limits.DiskMB > 0 {
+		overlay += ",size=" + strconv.FormatInt(spec.Limits.DiskMB, 10) + "m"
+	}
+	return append([]string{"--network=" + network, "--overlay2=" + overlay}, verb...)
+}
+
+// prepare validates spec and writes the instance's bundle.
+func (d *Driver) prepare(spec runtime.Spec) error {
+	if err := d.checkID(spec.ID); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(spec.RootFS) {
+		return errdefs.Invalidf("instance %s: root filesystem %q must be an absolute path", spec.ID, spec.RootFS)
+	}
+	if st, err := os.Stat(spec.RootFS); err != nil || !st.IsDir() {
+		return fmt.Errorf("instance %s: root filesystem %s: %w", spec.ID, spec.RootFS, errdefs.ErrNotFound)
+	}
+	if len(spec.Args) == 0 {
+		return errdefs.Invalidf("instance %s: empty start command", spec.ID)
+	}
+	if l := spec.Limits; l.VCPUs < 0 || l.MemoryMB < 0 || l.MaxProcs < 0 || l.DiskMB < 0 {
+		return errdefs.Invalidf("instance %s: negative resource limit", spec.ID)
+	}
+	if d.exists(spec.ID) {
+		return fmt.Errorf("instance %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+	}
+	// A directory left by a crash before runsc knew the ID is stale.
+	_ = os.RemoveAll(d.instDir(spec.ID))
+	for _, dir := range []string{d.bundleDir(spec.ID), d.overlayDir(spec.ID)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("instance %s: %w", spec.ID, err)
+		}
+	}
+	b, err := json.Marshal(ociSpec(spec, d.cfg.CgroupParent))
+	if err != nil {
+		return fmt.Errorf("instance %s: %w", spec.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(d.bundleDir(spec.ID), "config.json"), b, 0o600); err != nil {
+		d.cleanup(spec.ID)
+		return fmt.Errorf("instance %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+func (d *Driver) cleanup(id string) {
+	if err := os.RemoveAll(d.instDir(id)); err != nil {
+		d.log.Warn("remove instance dir", "instance", id, "err", err)
+	}
+}
+
+// Checkpoint implements runtime.Runtime.
+func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runtime.CheckpointOptions) error {
+	if err := d.mustExist(id); err != nil {
+		return err
+	}
+	args := []string{"checkpoint", "--image-path", imageDir}
+	if opts.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if _, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, append(args, id)...); err != nil {
+		return fmt.Errorf("checkpoint instance %s: %w", id, err)
+	}
+	if !opts.LeaveRunning {
+		// runsc stops the sandbox after a plain checkpoint; free the rest.
+		if err := d.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Exec implements runtime.Runtime.
+func (d *Driver) Exec(ctx context.Context, id string, spec runtime.ExecSpec) (int, error) {
+	if err := d.mustExist(id); err != nil {
+		return -1, err
+	}
+	if len(spec.Args) == 0 {
+		return -1, errdefs.Invalidf("exec in %s: empty command", id)
+	}
+	args := []string{"exec", "--user", fmt.Sprintf("%d:%d", spec.User.UID, spec.User.GID)}
+	if spec.Cwd != "" {
+		args = append(args, "--cwd", spec.Cwd)
+	}
+	for _, e := range spec.Env {
+		args = append(args, "--env", e)
+	}
+	args = append(args, id)
+	args = append(args, spec.Args...)
+	cmd := exec.CommandContext(ctx, d.cfg.Runsc, d.globalFlags(args)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = time.Second
+	cmd.Stdin = spec.Stdin
+	// Pipes, never the caller's files: runsc exec may write at offset 0.
+	cmd.Stdout = orDiscard(spec.Stdout)
+	cmd.Stderr = orDiscard(spec.Stderr)
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.As(err, &ee) && ctx.Err() == nil:
+		return ee.ExitCode(), nil
+	case ctx.Err() != nil:
+		return -1, fmt.Errorf("exec in %s: %w", id, ctx.Err())
+	default:
+		return -1, fmt.Errorf("exec in %s: %w: %v", id, errdefs.ErrInternal, err)
+	}
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
+// Pause implements runtime.Runtime.
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	if err := d.mustExist(id); err != nil {
+		return err
+	}
+	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "pause", id); err != nil {
+		return fmt.Errorf("pause instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume implements runtime.Runtime.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	if err := d.mustExist(id); err != nil {
+		return err
+	}
+	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "resume", id); err != nil {
+		return fmt.Errorf("resume instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// Kill implements runtime.Runtime.
+func (d *Driver) Kill(ctx context.Context, id string) error {
+	if err := d.checkID(id); err != nil {
+		return err
+	}
+	if !d.exists(id) {
+		_, statErr := os.Stat(d.instDir(id))
+		d.cleanup(id)
+		if statErr == nil {
+			return nil // a half-created instance: its directory was all there was
+		}
+		return fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
+	}
+	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
+		return fmt.Errorf("kill instance %s: %w", id, err)
+	}
+	d.cleanup(id)
+	return nil
+}
+
+type runscState struct {
+	ID      string    `json:"id"`
+	PID     int       `json:"pid"`
+	Status  string    `json:"status"`
+	Created time.Time `json:"created"`
+}
+
+func (s runscState) info() runtime.Info {
+	st := runtime.StateStopped
+	switch s.Status {
+	case "running", "created":
+		st = runtime.StateRunning
+	case "paused":
+		st = runtime.StatePaused
+	}
+	return runtime.Info{ID: s.ID, State: st, PID: s.PID, Created: s.Created}
+}
+
+// State implements runtime.Runtime.
+func (d *Driver) State(ctx context.Context, id string) (runtime.Info, error) {
+	if err := d.mustExist(id); err != nil {
+		return runtime.Info{}, err
+	}
+	out, err := d.runsc(ctx, d.cfg.Timeout, nil, "state", id)
+	if err != nil {
+		if !d.exists(id) { // deleted concurrently
+			return runtime.Info{}, fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
+		}
+		return runtime.Info{}, fmt.Errorf("state of instance %s: %w", id, err)
+	}
+	var s runscState
+	if err := json.Unmarshal(out, &s); err != nil {
+		return runtime.Info{}, fmt.Errorf("state of instance %s: %w: decode: %v", id, errdefs.ErrInternal, err)
+	}
+	return s.info(), nil
+}
+
+// List implements runtime.Runtime.
+func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
+	out, err := d.runsc(ctx, d.cfg.Timeout, nil, "list", "--format=json")
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	var states []runscState
+	if err := json.Unmarshal(bytes.TrimSpace(out), &states); err != nil {
+		return nil, fmt.Errorf("list instances: %w: decode: %v", errdefs.ErrInternal, err)
+	}
+	infos := make([]runtime.Info, 0, len(states))
+	for _, s := range states {
+		infos = append(infos, s.info())
+	}
+	return infos, nil
+}
+
+// Recover implements runtime.Runtime.
+func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
+	info, err := d.State(ctx, id)
+	if err != nil {
+		return runtime.Info{}, err
+	}
+	if info.State == runtime.StateStopped || !pidAlive(info.PID) {
+		if err := d.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			return runtime.Info{}, err
+		}
+		return runtime.Info{}, fmt.Errorf("instance %s has exited: %w", id, errdefs.ErrNotFound)
+	}
+	return info, nil
+}
+
+// Purge kills every instance the driver holds and unmounts what runsc
+// pinned under its root (its shared empty network namespace), so that the
+// state directory can be removed. The driver is unusable afterwards.
+func (d *Driver) Purge(ctx context.Context) error {
+	list, err := d.List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, i := range list {
+		if err := d.Kill(ctx, i.ID); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	nullNS := filepath.Join(d.cfg.StateDir, "root", "null-netns")
+	for syscall.Unmount(nullNS, syscall.MNT_DETACH) == nil {
+	}
+	return errors.Join(errs...)
+}
+
+func pidAlive(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}
+
+func (d *Driver) globalFlags(args []string) []string {
+	flags := []string{"--root=" + filepath.Join(d.cfg.StateDir, "root"), "--platform=" + d.cfg.Platform}
+	flags = append(flags, d.cfg.ExtraFlags...)
+	return append(flags, args...)
+}
+
+// runsc runs one runsc command under a deadline and returns its stdout. A
+// failure carries runsc's stderr.
+func (d *Driver) runsc(ctx context.Context, timeout time.Duration, stdin io.Reader, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.cfg.Runsc, d.globalFlags(args)...)
+	// If the engine dies, its in-flight runsc calls die with it, so a
+	// restarted engine never races a half-finished call it did not start.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = time.Second
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
+	var logf *os.File
+	if v := verbOf(args); v == "run" || v == "restore" {
+		// The sandbox process runsc leaves behind inherits stdout and
+		// stderr: pipes would never close. Give it an unlinked file.
+		f, err := os.CreateTemp(d.cfg.StateDir, "runsc-"+v+"-*.log")
+		if err != nil {
+			return nil, fmt.Errorf("runsc %s: %w", v, err)
+		}
+		os.Remove(f.Name())
+		defer f.Close()
+		cmd.Stdout, cmd.Stderr, logf = f, f, f
+	}
+	start := time.Now()
+	err := cmd.Run()
+	if logf != nil && err != nil {
+		b, _ := io.ReadAll(io.NewSectionReader(logf, 0, 1<<20))
+		stderr.Write(b)
+	}
+	d.log.Debug("runsc", "args", args, "took", time.Since(start), "err", err)
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 4096 {
+			msg = msg[len(msg)-4096:]
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("runsc %s: %w after %v: %v: %s", verbOf(args), errdefs.ErrUnavailable, timeout, ctx.Err(), msg)
+		}
+		return nil, fmt.Errorf("runsc %s: %w: %v: %s", verbOf(args), errdefs.ErrInternal, err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+func verbOf(args []string) string {
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return strings.Join(args, " ")
+}

@@ -1,0 +1,123 @@
+// Package runtime defines the contract between the Spore engine and the
+// sandbox runtime that runs its sandboxes (gVisor's runsc today; a microVM
+// driver on hosts with hardware virtualization could join later).
+//
+// A runtime manages instances. An instance is one running (or paused) copy of
+// a sandbox, named by an instance ID the engine picks. The engine maps its
+// sandbox IDs to instances, which is how a rollback or a resume from
+// hibernation keeps a sandbox's ID while the instance underneath changes.
+//
+// Every method takes a context; implementations bound each call with a
+// deadline and wrap errors with an errdefs kind and the instance ID.
+package runtime
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Limits are the resources an instance may use. Zero means "no limit".
+type Limits struct {
+	VCPUs    float64 `json:"vcpus,omitempty"`     // CPU time, in cores
+	MemoryMB int64   `json:"memory_mb,omitempty"` // memory, including the sandbox kernel
+	MaxProcs int64   `json:"max_procs,omitempty"` // host tasks (threads) of the instance
+	DiskMB   int64   `json:"disk_mb,omitempty"`   // size of the writable root overlay
+}
+
+// User is the identity a process runs as inside the sandbox.
+type User struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+}
+
+// Spec describes how to start (or restore) an instance.
+type Spec struct {
+	ID       string   // instance ID
+	RootFS   string   // absolute path of the read-only lower root filesystem
+	Args     []string // start command (the instance's init)
+	Env      []string // KEY=VALUE
+	Cwd      string
+	User     User
+	Hostname string
+	Limits   Limits
+	// NetNS is the path of the network namespace the instance joins, or ""
+	// for no network at all.
+	NetNS string
+}
+
+// State of an instance.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped" // init exited; the instance still holds resources until Kill
+)
+
+// Info describes one instance.
+type Info struct {
+	ID      string
+	State   State
+	PID     int // host PID of the sandbox process
+	Created time.Time
+}
+
+// CheckpointOptions tune Checkpoint.
+type CheckpointOptions struct {
+	// LeaveRunning keeps the instance running after the image is written;
+	// otherwise the instance is stopped and removed.
+	LeaveRunning bool
+}
+
+// ExecSpec describes a command run inside a running instance.
+type ExecSpec struct {
+	Args   []string
+	Env    []string
+	Cwd    string
+	User   User
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Capabilities says which optional features a runtime has.
+type Capabilities struct {
+	LiveCheckpoint bool // Checkpoint with LeaveRunning
+	Pause          bool // Pause and Resume
+	DiskLimit      bool // Limits.DiskMB is enforced
+}
+
+// Runtime runs sandbox instances.
+type Runtime interface {
+	// Name identifies the runtime and its version ("gvisor/<version>"),
+	// recorded in snapshots so an image is only restored by a runtime that
+	// can read it.
+	Name() string
+	Capabilities() Capabilities
+
+	// Start boots a new instance from spec.RootFS with spec.Args as init.
+	Start(ctx context.Context, spec Spec) error
+	// Restore starts a new instance from a checkpoint image. spec.ID must be
+	// new; spec.RootFS must be the root filesystem the image was taken from.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// Checkpoint writes the instance's whole state (processes, memory, root
+	// overlay) into imageDir, which must exist and be empty.
+	Checkpoint(ctx context.Context, id, imageDir string, opts CheckpointOptions) error
+	// Exec runs a command in the instance and returns its exit code.
+	Exec(ctx context.Context, id string, spec ExecSpec) (int, error)
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Kill stops the instance and frees everything it holds. Killing an
+	// instance that does not exist returns an errdefs.ErrNotFound error.
+	Kill(ctx context.Context, id string) error
+	// State reports one instance.
+	State(ctx context.Context, id string) (Info, error)
+	// List reports every instance this runtime holds, including ones
+	// started before the calling process (re)started.
+	List(ctx context.Context) ([]Info, error)
+	// Recover re-attaches to an instance that survived a restart of the
+	// calling process, returning its state. An instance whose init has
+	// exited is freed and reported as not found.
+	Recover(ctx context.Context, id string) (Info, error)
+}

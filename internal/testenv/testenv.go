@@ -1,0 +1,55 @@
+// Package testenv locates the real runtime pieces tests run against (the
+// runsc binary and the base root filesystem that `make setup` installs).
+// A missing piece fails the test loudly: nothing skips.
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// DataDir is where `make setup` installs the runtime (SPORE_DATA_DIR
+// overrides it).
+func DataDir() string {
+	if d := os.Getenv("SPORE_DATA_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/spore"
+}
+
+// Runsc returns the runsc binary, failing t when it is missing.
+func Runsc(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("SPORE_RUNSC")
+	if p == "" {
+		p = filepath.Join(DataDir(), "bin", "runsc")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("runsc not found at %s (run `make setup`): %v", p, err)
+	}
+	return p
+}
+
+// RootFSDir returns the directory holding the named root filesystems.
+func RootFSDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(DataDir(), "rootfs")
+	if _, err := os.Stat(filepath.Join(dir, "base", "usr", "bin", "python3")); err != nil {
+		t.Fatalf("base root filesystem not found under %s (run `make setup`): %v", dir, err)
+	}
+	return dir
+}
+
+// BaseRootFS returns the path of the base root filesystem.
+func BaseRootFS(t testing.TB) string {
+	return filepath.Join(RootFSDir(t), "base")
+}
+
+// RequireRoot fails t unless it runs as root (runsc needs it).
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test runs real sandboxes and needs root")
+	}
+}
