@@ -153,7 +153,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	}
 	_, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, d.startFlags(spec, "run", "-detach", "--bundle", d.bundleDir(spec.ID), spec.ID)...)
 	if err != nil {
-		d.cleanup(spec.ID)
+		d.abandon(spec.ID)
 		return fmt.Errorf("start instance %s: %w", spec.ID, err)
 	}
 	return nil
@@ -169,7 +169,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 	}
 	_, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
 	if err != nil {
-		d.cleanup(spec.ID)
+		d.abandon(spec.ID)
 		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
 	}
 	return nil
@@ -223,6 +223,19 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 		return fmt.Errorf("instance %s: %w", spec.ID, err)
 	}
 	return nil
+}
+
+// abandon frees whatever a failed start or restore may have left: runsc's
+// own state if it got that far, and the instance directory.
+func (d *Driver) abandon(id string) {
+	if d.exists(id) {
+		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
+		defer cancel()
+		if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
+			d.log.Warn("delete failed instance", "instance", id, "err", err)
+		}
+	}
+	d.cleanup(id)
 }
 
 func (d *Driver) cleanup(id string) {
@@ -408,6 +421,46 @@ func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 	return info, nil
 }
 
+// Sweep removes what instances that no longer exist left behind: instance
+// directories runsc never knew (a crash between writing the bundle and
+// starting) and empty cgroups under the driver's cgroup parent.
+func (d *Driver) Sweep(ctx context.Context) error {
+	ents, err := os.ReadDir(filepath.Join(d.cfg.StateDir, "inst"))
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, e := range ents {
+		if !d.exists(e.Name()) {
+			d.log.Info("sweeping stale instance directory", "instance", e.Name())
+			d.cleanup(e.Name())
+		}
+	}
+	for _, dir := range d.cgroupDirs() {
+		kids, _ := os.ReadDir(dir)
+		for _, k := range kids {
+			if k.IsDir() && !d.exists(k.Name()) {
+				// Fails (EBUSY) while tasks remain: then it is not stale.
+				_ = syscall.Rmdir(filepath.Join(dir, k.Name()))
+			}
+		}
+	}
+	return nil
+}
+
+// cgroupDirs returns the driver's cgroup parent in every mounted hierarchy.
+func (d *Driver) cgroupDirs() []string {
+	var dirs []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, r := range roots {
+		p := filepath.Join(r, d.cfg.CgroupParent)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			dirs = append(dirs, p)
+		}
+	}
+	return dirs
+}
+
 // Purge kills every instance the driver holds and unmounts what runsc
 // pinned under its root (its shared empty network namespace), so that the
 // state directory can be removed. The driver is unusable afterwards.
@@ -424,6 +477,12 @@ func (d *Driver) Purge(ctx context.Context) error {
 	}
 	nullNS := filepath.Join(d.cfg.StateDir, "root", "null-netns")
 	for syscall.Unmount(nullNS, syscall.MNT_DETACH) == nil {
+	}
+	if err := d.Sweep(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for _, dir := range d.cgroupDirs() {
+		_ = syscall.Rmdir(dir) // only if empty: other drivers may share the parent
 	}
 	return errors.Join(errs...)
 }

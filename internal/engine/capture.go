@@ -1,0 +1,263 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// SnapshotOptions tune Snapshot.
+type SnapshotOptions struct {
+	Names []string
+}
+
+// SnapshotResult reports a snapshot taken.
+type SnapshotResult struct {
+	Manifest snapshot.Manifest
+	// Paused is how long the sandbox was stopped for the capture (the
+	// runtime's checkpoint call, an upper bound); Took is the whole
+	// operation including the commit.
+	Paused time.Duration
+	Took   time.Duration
+}
+
+// Snapshot captures a running or paused sandbox live: it keeps running (or
+// stays paused) and the snapshot is committed atomically.
+func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (SnapshotResult, error) {
+	for _, n := range opts.Names {
+		if err := ids.ValidateName("snapshot name", n); err != nil {
+			return SnapshotResult{}, err
+		}
+		if _, err := e.snaps.Get(n); err == nil {
+			return SnapshotResult{}, fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
+		}
+	}
+	start := time.Now()
+	rec, unlock, err := e.lock(ctx, id)
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	defer unlock()
+	if err := wantState(rec, "snapshot", StateRunning, StatePaused); err != nil {
+		return SnapshotResult{}, err
+	}
+	st, err := e.snaps.Stage(ids.New('s'))
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	defer st.Abort()
+	paused, err := e.capture(ctx, rec, opSnapshot, st.ImageDir())
+	if err != nil {
+		return SnapshotResult{}, err
+	}
+	m, err := st.Commit(e.manifestOf(rec, snapshot.KindSnapshot, opts.Names), snapshot.CommitOptions{})
+	if err != nil {
+		return SnapshotResult{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	e.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", m.ID, "paused", paused, "size", m.SizeBytes)
+	return SnapshotResult{Manifest: m, Paused: paused, Took: time.Since(start)}, nil
+}
+
+// capture checkpoints rec's instance into dir, leaving it running, with op
+// journaled for the duration. It returns how long the checkpoint took.
+func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (time.Duration, error) {
+	rec.Pending = &pending{Op: o, Started: time.Now().UTC()}
+	if err := e.save(rec); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	err := e.rt.Checkpoint(ctx, rec.Instance, dir, runtime.CheckpointOptions{LeaveRunning: true})
+	paused := time.Since(t0)
+	if err != nil && rec.State == StateRunning {
+		// A failed checkpoint may leave the instance stopped mid-save.
+		cctx, cancel := cleanupCtx()
+		if info, serr := e.rt.State(cctx, rec.Instance); serr == nil && info.State == runtime.StatePaused {
+			_ = e.rt.Resume(cctx, rec.Instance)
+		}
+		cancel()
+	}
+	rec.Pending = nil
+	if serr := e.save(rec); serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: checkpoint: %w", rec.ID, err)
+	}
+	return paused, nil
+}
+
+func (e *Engine) manifestOf(rec *record, kind snapshot.Kind, names []string) snapshot.Manifest {
+	return snapshot.Manifest{
+		Names: names, Kind: kind, Parent: rec.Parent, Origin: rec.ID, Template: rec.Template,
+		RootFS: rec.RootFS, RootFSID: rec.RootFSID, Runtime: e.rt.Name(), Run: rec.Run,
+	}
+}
+
+// MaxFork is the largest number of children one fork makes.
+const MaxFork = 100
+
+// ForkOptions tune Fork.
+type ForkOptions struct {
+	Count int
+	// Concurrency bounds the restores running at once (default 4, at most
+	// Count).
+	Concurrency int
+}
+
+// ForkChild is the outcome for one child.
+type ForkChild struct {
+	Sandbox Sandbox
+	Err     error
+}
+
+// ForkResult reports a fork.
+type ForkResult struct {
+	Children []ForkChild
+	Paused   time.Duration // how long the source was stopped for the capture
+	Took     time.Duration
+}
+
+// Fork captures a sandbox once and restores the image into Count new
+// sandboxes. The source keeps running; the children share no writable
+// state with it or with each other. Each child's outcome is reported; a
+// child that failed leaves nothing behind.
+func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkResult, error) {
+	if opts.Count < 1 || opts.Count > MaxFork {
+		return ForkResult{}, errdefs.Invalidf("fork count %d out of range 1..%d", opts.Count, MaxFork)
+	}
+	if opts.Concurrency < 0 || opts.Concurrency > MaxFork {
+		return ForkResult{}, errdefs.Invalidf("fork concurrency %d out of range 0..%d", opts.Concurrency, MaxFork)
+	}
+	if opts.Concurrency == 0 {
+		opts.Concurrency = 4
+	}
+	opts.Concurrency = min(opts.Concurrency, opts.Count)
+	start := time.Now()
+	rec, unlock, err := e.lock(ctx, id)
+	if err != nil {
+		return ForkResult{}, err
+	}
+	if err := wantState(rec, "fork", StateRunning, StatePaused); err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
+	img, err := e.tmpDir("fork-")
+	if err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
+	defer os.RemoveAll(img)
+	paused, err := e.capture(ctx, rec, opFork, img)
+	unlock() // the source is free once captured
+	if err != nil {
+		return ForkResult{}, err
+	}
+	m := e.manifestOf(rec, snapshot.KindSnapshot, nil)
+	m.ID = rec.Parent
+	res := ForkResult{Children: make([]ForkChild, opts.Count), Paused: paused}
+	sem := make(chan struct{}, opts.Concurrency)
+	var wg sync.WaitGroup
+	for i := range opts.Count {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			child := &record{
+				ID: ids.New('i'), State: StateRunning, Template: rec.Template, Parent: rec.Parent,
+				RootFS: rec.RootFS, RootFSID: rec.RootFSID, Run: rec.Run, CreatedAt: time.Now().UTC(),
+			}
+			if err := e.restoreNew(ctx, child, m, "fork of "+id, img); err != nil {
+				res.Children[i].Err = err
+				return
+			}
+			res.Children[i].Sandbox = child.view()
+		}()
+	}
+	wg.Wait()
+	res.Took = time.Since(start)
+	e.log.Info("forked", "sandbox_id", id, "count", opts.Count, "paused", paused, "took", res.Took)
+	return res, nil
+}
+
+// Rollback puts a sandbox back to a snapshot in place: same sandbox ID,
+// the snapshot's processes, memory and files. The snapshot is restored
+// into a new instance while the current one keeps running; only once the
+// restore succeeded is the current one replaced. If the restore fails the
+// sandbox is left exactly as it was.
+func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox, error) {
+	m, release, err := e.acquireSnapshot(snapshotRef)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
+	if m.Kind == snapshot.KindHibernation {
+		return Sandbox{}, errdefs.Invalidf("snapshot %s holds a hibernated sandbox and cannot be rolled back to", m.ID)
+	}
+	rec, unlock, err := e.lock(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer unlock()
+	if err := wantState(rec, "roll back", StateRunning, StatePaused); err != nil {
+		return Sandbox{}, err
+	}
+	instance := rec.nextInstance()
+	spec, err := e.instanceSpec(instance, m)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	rec.Pending = &pending{Op: opRollback, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
+	if err := e.save(rec); err != nil {
+		return Sandbox{}, err
+	}
+	if err := e.rt.Restore(ctx, spec, e.snaps.ImageDir(m.ID)); err != nil {
+		rec.Pending = nil
+		if serr := e.save(rec); serr != nil {
+			e.log.Error("clear rollback journal", "sandbox_id", id, "err", serr)
+		}
+		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
+	}
+	// Commit point: the record now names the new instance.
+	old := rec.Instance
+	rec.Instance, rec.Gen, rec.Parent, rec.Run, rec.State = instance, rec.Gen+1, m.ID, m.Run, StateRunning
+	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
+	if err := e.save(rec); err != nil {
+		cctx, cancel := cleanupCtx()
+		defer cancel()
+		_ = e.killInstance(cctx, instance)
+		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
+	}
+	e.finishDiscard(ctx, rec)
+	e.log.Info("rolled back", "sandbox_id", id, "snapshot_id", m.ID, "instance", instance)
+	return rec.view(), nil
+}
+
+// finishDiscard frees what a committed operation replaced and clears the
+// journal. A failure is logged and left to recovery (the journal stays).
+func (e *Engine) finishDiscard(ctx context.Context, rec *record) {
+	cctx, cancel := cleanupCtx()
+	defer cancel()
+	p := rec.Pending
+	if err := e.killInstance(cctx, p.Instance); err != nil {
+		e.log.Error("free replaced instance", "sandbox_id", rec.ID, "instance", p.Instance, "err", err)
+		return
+	}
+	if p.Snapshot != "" {
+		if err := e.snaps.Delete(p.Snapshot); err != nil && !errdefs.IsNotFound(err) {
+			e.log.Error("delete replaced snapshot", "sandbox_id", rec.ID, "snapshot_id", p.Snapshot, "err", err)
+			return
+		}
+	}
+	rec.Pending = nil
+	if err := e.save(rec); err != nil {
+		e.log.Error("clear journal", "sandbox_id", rec.ID, "err", err)
+	}
+}

@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/rootfs"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// TemplateSpec describes a template to build.
+type TemplateSpec struct {
+	Name   string
+	RootFS string // name of the root filesystem (default "base")
+	Run    snapshot.RunConfig
+	// Ready is run in the sandbox until it exits 0; then the snapshot is
+	// taken. Empty means ready as soon as it boots.
+	Ready        []string
+	ReadyTimeout time.Duration // default 60s
+}
+
+// BuildTemplate boots a root filesystem with the start command, waits for
+// the readiness check and snapshots the result as a template. A template
+// with the same name is replaced (sandboxes already created from it are not
+// affected); the old one is deleted unless a restore is reading it.
+func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot.Manifest, error) {
+	if err := ids.ValidateName("template name", spec.Name); err != nil {
+		return snapshot.Manifest{}, err
+	}
+	if spec.RootFS == "" {
+		spec.RootFS = "base"
+	}
+	if len(spec.Run.Args) == 0 {
+		return snapshot.Manifest{}, errdefs.Invalidf("template %s: empty start command", spec.Name)
+	}
+	if spec.ReadyTimeout <= 0 {
+		spec.ReadyTimeout = 60 * time.Second
+	}
+	stamp, err := rootfs.Lookup(e.rootfsDir, spec.RootFS)
+	if err != nil {
+		return snapshot.Manifest{}, err
+	}
+	old, oldErr := e.snaps.Get(spec.Name)
+	// The build instance has no record: if the engine dies mid-build, the
+	// next Open removes it as an orphan.
+	instance := ids.New('b')
+	log := e.log.With("template_id", spec.Name, "instance", instance)
+	rs := runtime.Spec{
+		ID: instance, RootFS: rootfs.Path(e.rootfsDir, spec.RootFS), Args: spec.Run.Args, Env: spec.Run.Env,
+		Cwd: spec.Run.Cwd, User: spec.Run.User, Hostname: spec.Run.Hostname, Limits: spec.Run.Limits,
+	}
+	start := time.Now()
+	if err := e.rt.Start(ctx, rs); err != nil {
+		return snapshot.Manifest{}, fmt.Errorf("template %s: boot: %w", spec.Name, err)
+	}
+	defer func() {
+		cctx, cancel := cleanupCtx()
+		defer cancel()
+		_ = e.killInstance(cctx, instance)
+	}()
+	if err := e.waitReady(ctx, instance, spec); err != nil {
+		return snapshot.Manifest{}, err
+	}
+	st, err := e.snaps.Stage(ids.New('s'))
+	if err != nil {
+		return snapshot.Manifest{}, err
+	}
+	defer st.Abort()
+	if err := e.rt.Checkpoint(ctx, instance, st.ImageDir(), runtime.CheckpointOptions{}); err != nil {
+		return snapshot.Manifest{}, fmt.Errorf("template %s: %w", spec.Name, err)
+	}
+	m, err := st.Commit(snapshot.Manifest{
+		Names: []string{spec.Name}, Kind: snapshot.KindTemplate, Template: spec.Name,
+		RootFS: spec.RootFS, RootFSID: stamp.ID, Runtime: e.rt.Name(), Run: spec.Run,
+	}, snapshot.CommitOptions{MoveNames: true})
+	if err != nil {
+		return snapshot.Manifest{}, err
+	}
+	log.Info("template built", "snapshot_id", m.ID, "took", time.Since(start), "size", m.SizeBytes)
+	if oldErr == nil && old.Kind == snapshot.KindTemplate {
+		if err := e.DeleteSnapshot(ctx, old.ID); err != nil {
+			log.Warn("old template kept", "snapshot_id", old.ID, "err", err)
+		}
+	}
+	return m, nil
+}
+
+func (e *Engine) waitReady(ctx context.Context, instance string, spec TemplateSpec) error {
+	if len(spec.Ready) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	for {
+		out.Reset()
+		code, err := e.rt.Exec(ctx, instance, runtime.ExecSpec{Args: spec.Ready, Stdout: &out, Stderr: &out, User: spec.Run.User})
+		if err == nil && code == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("template %s: readiness check %q did not pass within %v (last exit %d, %v): %s: %w",
+				spec.Name, spec.Ready, spec.ReadyTimeout, code, err, out.String(), errdefs.ErrUnavailable)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// CreateOptions tune Create.
+type CreateOptions struct {
+	// Template is a template name or any snapshot's ID or name.
+	Template string
+	// Env is added to the sandbox's default environment for commands.
+	Env []string
+	// VCPUs and MemoryMB, when set, override the template's limits (they
+	// are host-side and apply to a restored sandbox; the disk size and the
+	// process limit are part of the image).
+	VCPUs    float64
+	MemoryMB int64
+}
+
+// Create makes a new sandbox by restoring a template (or any snapshot): its
+// processes continue from the moment the snapshot was taken.
+func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error) {
+	if opts.Template == "" {
+		return Sandbox{}, errdefs.Invalidf("create: template is required")
+	}
+	if opts.VCPUs < 0 || opts.MemoryMB < 0 {
+		return Sandbox{}, errdefs.Invalidf("create: negative resource limit")
+	}
+	m, release, err := e.acquireSnapshot(opts.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
+	if m.Kind == snapshot.KindHibernation {
+		return Sandbox{}, errdefs.Invalidf("snapshot %s holds a hibernated sandbox: resume that sandbox instead", m.ID)
+	}
+	run := m.Run
+	run.Env = append(append([]string(nil), run.Env...), opts.Env...)
+	if opts.VCPUs > 0 {
+		run.Limits.VCPUs = opts.VCPUs
+	}
+	if opts.MemoryMB > 0 {
+		run.Limits.MemoryMB = opts.MemoryMB
+	}
+	template := m.Template
+	if template == "" {
+		template = m.ID
+	}
+	rec := &record{
+		ID: ids.New('i'), State: StateRunning, Template: template, Parent: m.ID,
+		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(),
+	}
+	if err := e.restoreNew(ctx, rec, m, m.ID, e.snaps.ImageDir(m.ID)); err != nil {
+		return Sandbox{}, err
+	}
+	return rec.view(), nil
+}
+
+// restoreNew brings a new sandbox to life from an image: journal the
+// create, restore, commit. On failure nothing is left.
+func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifest, parent, image string) error {
+	instance := rec.nextInstance()
+	spec, err := e.instanceSpec(instance, m)
+	if err != nil {
+		return err
+	}
+	spec.Limits = rec.Run.Limits
+	rec.Pending = &pending{Op: opCreate, Instance: instance, Started: time.Now().UTC()}
+	if err := e.save(rec); err != nil {
+		return err
+	}
+	if err := e.rt.Restore(ctx, spec, image); err != nil {
+		_ = e.forget(rec.ID)
+		return fmt.Errorf("sandbox %s: restore from %s: %w", rec.ID, parent, err)
+	}
+	rec.Instance, rec.Gen, rec.Pending = instance, rec.Gen+1, nil
+	if err := e.save(rec); err != nil {
+		cctx, cancel := cleanupCtx()
+		defer cancel()
+		_ = e.killInstance(cctx, instance)
+		_ = e.forget(rec.ID)
+		return err
+	}
+	e.log.Info("sandbox created", "sandbox_id", rec.ID, "snapshot_id", parent, "instance", instance)
+	return nil
+}

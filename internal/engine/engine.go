@@ -1,0 +1,253 @@
+// Package engine runs Spore's sandbox operations on one host: template
+// build, create, snapshot, fork, rollback, pause, hibernate, resume and
+// kill, over a runtime.Runtime and a snapshot repository.
+//
+// Every operation on a sandbox is serialized by a per-sandbox lock and
+// journaled in the sandbox's record before it changes anything, so that an
+// engine killed at any moment (even by SIGKILL) finishes or undoes the
+// operation when it is opened again (see recover.go).
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/rootfs"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Config wires an engine.
+type Config struct {
+	// Dir holds the engine's records; one engine owns it at a time.
+	Dir string
+	// RootFSDir holds the named root filesystems (see package rootfs).
+	RootFSDir string
+	Runtime   runtime.Runtime
+	Snapshots *snapshot.Repo
+	Logger    *slog.Logger
+}
+
+// Engine runs sandboxes on one host.
+type Engine struct {
+	dir       string
+	rootfsDir string
+	rt        runtime.Runtime
+	snaps     *snapshot.Repo
+	log       *slog.Logger
+	lockFile  *os.File
+
+	mu      sync.Mutex
+	records map[string]*record
+	locks   map[string]opLock
+	inUse   map[string]int // snapshot ID -> restores reading its image
+}
+
+// Open takes ownership of cfg.Dir, loads the sandbox records and recovers:
+// it re-attaches to instances still running, finishes or undoes operations
+// a crash interrupted, and removes orphans (see recover.go).
+func Open(ctx context.Context, cfg Config) (*Engine, error) {
+	if cfg.Runtime == nil || cfg.Snapshots == nil {
+		return nil, errdefs.Invalidf("engine: runtime and snapshot repository are required")
+	}
+	if !filepath.IsAbs(cfg.Dir) || !filepath.IsAbs(cfg.RootFSDir) {
+		return nil, errdefs.Invalidf("engine: directories must be absolute paths (%q, %q)", cfg.Dir, cfg.RootFSDir)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "tmp")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+	}
+	lf, err := os.OpenFile(filepath.Join(cfg.Dir, "engine.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("engine: %s is owned by another running engine: %w", cfg.Dir, errdefs.ErrUnavailable)
+	}
+	e := &Engine{
+		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
+		log: cfg.Logger, lockFile: lf,
+		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
+	}
+	if err := e.recover(ctx); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("engine: recover: %w", err)
+	}
+	return e, nil
+}
+
+// Close releases the engine's directory. Sandboxes keep running; the next
+// Open re-attaches to them.
+func (e *Engine) Close() error {
+	return e.lockFile.Close()
+}
+
+// Runtime returns the runtime the engine drives.
+func (e *Engine) Runtime() runtime.Runtime { return e.rt }
+
+// Snapshots returns the engine's snapshot repository.
+func (e *Engine) Snapshots() *snapshot.Repo { return e.snaps }
+
+// Get returns one sandbox.
+func (e *Engine) Get(ctx context.Context, id string) (Sandbox, error) {
+	rec, err := e.load(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return rec.view(), nil
+}
+
+// List returns every sandbox, oldest first.
+func (e *Engine) List(ctx context.Context) []Sandbox {
+	e.mu.Lock()
+	out := make([]Sandbox, 0, len(e.records))
+	for _, r := range e.records {
+		out = append(out, r.view())
+	}
+	e.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Exec runs a command in a running sandbox and returns its exit code. The
+// sandbox's environment and working directory are the defaults.
+func (e *Engine) Exec(ctx context.Context, id string, spec runtime.ExecSpec) (int, error) {
+	rec, err := e.load(id)
+	if err != nil {
+		return -1, err
+	}
+	if rec.State != StateRunning || rec.Instance == "" {
+		return -1, fmt.Errorf("sandbox %s is %s: cannot exec in it: %w", id, rec.view().State, errdefs.ErrConflict)
+	}
+	spec.Env = append(append([]string(nil), rec.Run.Env...), spec.Env...)
+	if spec.Cwd == "" {
+		spec.Cwd = rec.Run.Cwd
+	}
+	code, err := e.rt.Exec(ctx, rec.Instance, spec)
+	if errdefs.IsNotFound(err) {
+		// The instance changed under us (rollback, hibernate, kill).
+		return -1, fmt.Errorf("sandbox %s changed while exec started: %w", id, errdefs.ErrConflict)
+	}
+	return code, err
+}
+
+// DeleteSnapshot deletes a snapshot (or template). A snapshot that a
+// restore is reading, or that holds a hibernated sandbox, is refused.
+func (e *Engine) DeleteSnapshot(ctx context.Context, ref string) error {
+	m, err := e.snaps.Get(ref)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	busy := e.inUse[m.ID] > 0
+	for _, r := range e.records {
+		if r.Hibernation == m.ID {
+			busy = true
+		}
+	}
+	if busy {
+		e.mu.Unlock()
+		return fmt.Errorf("snapshot %s is in use: %w", m.ID, errdefs.ErrConflict)
+	}
+	// Hold it as in use while deleting so no restore starts meanwhile.
+	e.inUse[m.ID] = -1 << 30
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.inUse, m.ID)
+		e.mu.Unlock()
+	}()
+	return e.snaps.Delete(m.ID)
+}
+
+// acquireSnapshot resolves ref and marks the snapshot as being read, so it
+// cannot be deleted until release is called.
+func (e *Engine) acquireSnapshot(ref string) (snapshot.Manifest, func(), error) {
+	m, err := e.snaps.Get(ref)
+	if err != nil {
+		return snapshot.Manifest{}, nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.inUse[m.ID] < 0 {
+		return snapshot.Manifest{}, nil, fmt.Errorf("snapshot %s: %w (being deleted)", m.ID, errdefs.ErrNotFound)
+	}
+	e.inUse[m.ID]++
+	return m, func() {
+		e.mu.Lock()
+		e.inUse[m.ID]--
+		if e.inUse[m.ID] == 0 {
+			delete(e.inUse, m.ID)
+		}
+		e.mu.Unlock()
+	}, nil
+}
+
+// instanceSpec is the runtime spec of a new instance restored from m.
+func (e *Engine) instanceSpec(instance string, m snapshot.Manifest) (runtime.Spec, error) {
+	stamp, err := rootfs.Lookup(e.rootfsDir, m.RootFS)
+	if err != nil {
+		return runtime.Spec{}, err
+	}
+	if stamp.ID != m.RootFSID {
+		return runtime.Spec{}, fmt.Errorf("snapshot %s was taken over root filesystem %s build %s, but %s is now build %s (rebuild the template): %w",
+			m.ID, m.RootFS, m.RootFSID, m.RootFS, stamp.ID, errdefs.ErrConflict)
+	}
+	if m.Runtime != e.rt.Name() {
+		return runtime.Spec{}, fmt.Errorf("snapshot %s was written by runtime %s, this engine runs %s: %w",
+			m.ID, m.Runtime, e.rt.Name(), errdefs.ErrConflict)
+	}
+	return runtime.Spec{
+		ID: instance, RootFS: rootfs.Path(e.rootfsDir, m.RootFS),
+		Args: m.Run.Args, Env: m.Run.Env, Cwd: m.Run.Cwd, User: m.Run.User,
+		Hostname: m.Run.Hostname, Limits: m.Run.Limits,
+	}, nil
+}
+
+// tmpDir makes a scratch directory (fork images); Open empties the parent.
+func (e *Engine) tmpDir(prefix string) (string, error) {
+	return os.MkdirTemp(filepath.Join(e.dir, "tmp"), prefix)
+}
+
+// cleanupCtx is a context for undoing an operation whose own context may
+// have ended: cleanup must run to completion.
+func cleanupCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 2*time.Minute)
+}
+
+// killInstance kills an instance, treating "already gone" as success.
+func (e *Engine) killInstance(ctx context.Context, instance string) error {
+	if instance == "" {
+		return nil
+	}
+	if err := e.rt.Kill(ctx, instance); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+func isRecordFile(name string) (string, bool) {
+	if !strings.HasSuffix(name, ".json") || strings.HasPrefix(name, ".") {
+		return "", false
+	}
+	return strings.TrimSuffix(name, ".json"), true
+}

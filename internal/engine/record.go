@@ -1,0 +1,206 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spore-run/spore/internal/atomicfs"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// Stable states, and the transitional states a sandbox shows while an
+// operation runs on it.
+const (
+	StateCreating     State = "creating"
+	StateRunning      State = "running"
+	StatePaused       State = "paused"
+	StateHibernated   State = "hibernated"
+	StateSnapshotting State = "snapshotting"
+	StateForking      State = "forking"
+	StateRollingBack  State = "rolling_back"
+	StateHibernating  State = "hibernating"
+	StateResuming     State = "resuming"
+	StateKilling      State = "killing"
+)
+
+// op names an operation in flight. It is journaled in the sandbox's record
+// before the operation touches anything, so that recovery after a crash
+// knows what to finish or undo.
+type op string
+
+const (
+	opCreate    op = "create"    // undo: kill Instance; forget the sandbox
+	opSnapshot  op = "snapshot"  // undo: resume the source if left paused
+	opFork      op = "fork"      // same as snapshot (children journal their own creates)
+	opRollback  op = "rollback"  // undo: kill Instance (the new one); keep the old
+	opHibernate op = "hibernate" // undo: delete Snapshot if committed; resume the instance
+	opResume    op = "resume"    // undo: kill Instance (the new one); stay hibernated
+	opKill      op = "kill"      // finish: kill everything; forget the sandbox
+	opDiscard   op = "discard"   // finish: the operation committed; kill Instance / delete Snapshot
+)
+
+var opState = map[op]State{
+	opCreate: StateCreating, opSnapshot: StateSnapshotting, opFork: StateForking,
+	opRollback: StateRollingBack, opHibernate: StateHibernating, opResume: StateResuming,
+	opKill: StateKilling,
+}
+
+// pending is the journal entry of an operation in flight.
+type pending struct {
+	Op       op        `json:"op"`
+	Instance string    `json:"instance,omitempty"` // instance the operation creates (or must discard)
+	Snapshot string    `json:"snapshot,omitempty"` // snapshot it writes (or must delete)
+	Started  time.Time `json:"started"`
+}
+
+// record is what the engine keeps about a sandbox, one JSON file each.
+type record struct {
+	ID          string             `json:"id"`
+	State       State              `json:"state"`              // stable state: running, paused, hibernated
+	Instance    string             `json:"instance,omitempty"` // runtime instance backing it ("" when hibernated)
+	Gen         int                `json:"gen"`                // bumps with each new instance
+	Template    string             `json:"template"`
+	Parent      string             `json:"parent,omitempty"` // snapshot last restored into it
+	RootFS      string             `json:"rootfs"`
+	RootFSID    string             `json:"rootfs_id"`
+	Run         snapshot.RunConfig `json:"run"`
+	CreatedAt   time.Time          `json:"created_at"`
+	Hibernation string             `json:"hibernation,omitempty"` // snapshot holding it while hibernated
+	Pending     *pending           `json:"pending,omitempty"`
+}
+
+// nextInstance names the instance of the record's next generation.
+func (r *record) nextInstance() string {
+	return r.ID + "-" + strconv.Itoa(r.Gen+1)
+}
+
+// Sandbox is the public view of a sandbox.
+type Sandbox struct {
+	ID        string             `json:"id"`
+	State     State              `json:"state"`
+	Template  string             `json:"template"`
+	Parent    string             `json:"parent,omitempty"`
+	RootFS    string             `json:"rootfs"`
+	Run       snapshot.RunConfig `json:"run"`
+	CreatedAt time.Time          `json:"created_at"`
+	Instance  string             `json:"instance,omitempty"`
+}
+
+func (r *record) view() Sandbox {
+	st := r.State
+	if r.Pending != nil {
+		if s, ok := opState[r.Pending.Op]; ok {
+			st = s
+		}
+	}
+	return Sandbox{ID: r.ID, State: st, Template: r.Template, Parent: r.Parent, RootFS: r.RootFS,
+		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance}
+}
+
+func (e *Engine) recordPath(id string) string {
+	return filepath.Join(e.dir, "sandboxes", id+".json")
+}
+
+// save persists rec (atomically) and publishes it to readers.
+func (e *Engine) save(rec *record) error {
+	cp := *rec
+	if rec.Pending != nil {
+		p := *rec.Pending
+		cp.Pending = &p
+	}
+	if err := atomicfs.WriteJSON(e.recordPath(rec.ID), &cp); err != nil {
+		return fmt.Errorf("sandbox %s: save record: %w", rec.ID, err)
+	}
+	e.mu.Lock()
+	e.records[rec.ID] = &cp
+	e.mu.Unlock()
+	return nil
+}
+
+// forget removes a sandbox's record.
+func (e *Engine) forget(id string) error {
+	if err := os.Remove(e.recordPath(id)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("sandbox %s: remove record: %w", id, err)
+	}
+	_ = atomicfs.SyncDir(filepath.Dir(e.recordPath(id)))
+	e.mu.Lock()
+	delete(e.records, id)
+	delete(e.locks, id)
+	e.mu.Unlock()
+	return nil
+}
+
+// load returns a copy of a sandbox's record.
+func (e *Engine) load(id string) (*record, error) {
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.records[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	cp := *r
+	if r.Pending != nil {
+		p := *r.Pending
+		cp.Pending = &p
+	}
+	return &cp, nil
+}
+
+// opLock serializes operations on one sandbox. It is a channel so that a
+// waiting caller gives up when its context ends.
+type opLock chan struct{}
+
+// lock takes the operation lock of sandbox id and returns its record as it
+// is once the lock is held. Operations on one sandbox are serialized; the
+// state checks each operation makes after locking refuse the ones that no
+// longer apply.
+func (e *Engine) lock(ctx context.Context, id string) (*record, func(), error) {
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, nil, err
+	}
+	e.mu.Lock()
+	if _, ok := e.records[id]; !ok {
+		e.mu.Unlock()
+		return nil, nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	l, ok := e.locks[id]
+	if !ok {
+		l = make(opLock, 1)
+		e.locks[id] = l
+	}
+	e.mu.Unlock()
+	select {
+	case l <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("sandbox %s: waiting for the operation in progress: %w", id, ctx.Err())
+	}
+	unlock := func() { <-l }
+	rec, err := e.load(id) // it may have been killed while we waited
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return rec, unlock, nil
+}
+
+// wantState refuses an operation on a sandbox in the wrong state.
+func wantState(rec *record, verb string, allowed ...State) error {
+	for _, s := range allowed {
+		if rec.State == s {
+			return nil
+		}
+	}
+	return fmt.Errorf("sandbox %s is %s: cannot %s it: %w", rec.ID, rec.State, verb, errdefs.ErrConflict)
+}
