@@ -421,10 +421,13 @@ func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 	return info, nil
 }
 
-// Sweep removes what instances that no longer exist left behind: instance
-// directories runsc never knew (a crash between writing the bundle and
-// starting) and empty cgroups under the driver's cgroup parent.
+// Sweep removes what instances that no longer exist left behind: sandbox
+// and gofer processes of a start or restore killed before runsc recorded
+// it, instance directories runsc never knew, and empty cgroups under the
+// driver's cgroup parent. Run it only when no call of this driver is in
+// flight (the engine runs it while recovering).
 func (d *Driver) Sweep(ctx context.Context) error {
+	d.killStrays(ctx)
 	ents, err := os.ReadDir(filepath.Join(d.cfg.StateDir, "inst"))
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
