@@ -90,6 +90,21 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	return m, nil
 }
 
+// EnsureTemplate builds the template unless one with this name exists and
+// is still restorable here (same root filesystem build, same runtime).
+// It reports whether it built.
+func (e *Engine) EnsureTemplate(ctx context.Context, spec TemplateSpec) (snapshot.Manifest, bool, error) {
+	if m, err := e.snaps.Get(spec.Name); err == nil {
+		if _, serr := e.instanceSpec("probe", m); serr == nil && m.Kind == snapshot.KindTemplate {
+			return m, false, nil
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return snapshot.Manifest{}, false, err
+	}
+	m, err := e.BuildTemplate(ctx, spec)
+	return m, err == nil, err
+}
+
 func (e *Engine) waitReady(ctx context.Context, instance string, spec TemplateSpec) error {
 	if len(spec.Ready) == 0 {
 		return nil

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -461,4 +462,42 @@ func TestBadInput(t *testing.T) {
 	if got, _ := e.eng.Get(ctx, sb.ID); got.State != engine.StateRunning {
 		t.Fatalf("sandbox state %s after bad input", got.State)
 	}
+}
+
+// A template over a rebuilt root filesystem is stale: creating from it is
+// refused with a clear conflict, and EnsureTemplate rebuilds it.
+func TestStaleTemplateRebuilt(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	spec := engine.TemplateSpec{Name: "stale", Run: snapshot.RunConfig{Args: []string{"/usr/bin/sleep", "infinity"}}}
+	m1, built, err := e.eng.EnsureTemplate(ctx, spec)
+	if err != nil || !built {
+		t.Fatalf("first EnsureTemplate = %v, built %v", err, built)
+	}
+	if m, built, err := e.eng.EnsureTemplate(ctx, spec); err != nil || built || m.ID != m1.ID {
+		t.Fatalf("second EnsureTemplate rebuilt: %v %v", built, err)
+	}
+	// Pretend the root filesystem was rebuilt: a copy of the test rootfs
+	// stamps with a new identity.
+	m1.RootFSID = "rsomeotherbuild00000"
+	path := filepath.Join(e.eng.Snapshots().Dir(), m1.ID, "manifest.json")
+	b, _ := os.ReadFile(path)
+	var raw map[string]any
+	json.Unmarshal(b, &raw)
+	raw["rootfs_id"] = m1.RootFSID
+	b, _ = json.Marshal(raw)
+	os.WriteFile(path, b, 0o600)
+	e.reopen()
+	if _, err := e.eng.Create(ctx, engine.CreateOptions{Template: "stale"}); !errdefs.IsConflict(err) || !strings.Contains(err.Error(), "rebuild the template") {
+		t.Fatalf("create from a stale template = %v, want a conflict naming the rebuild", err)
+	}
+	m2, built, err := e.eng.EnsureTemplate(ctx, spec)
+	if err != nil || !built || m2.ID == m1.ID {
+		t.Fatalf("EnsureTemplate over a stale template = %+v, %v, %v", m2, built, err)
+	}
+	if _, err := e.eng.Snapshots().Get(m1.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("stale template kept: %v", err)
+	}
+	sb := e.create(ctx, "stale")
+	e.sh(ctx, sb.ID, "true")
 }

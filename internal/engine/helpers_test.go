@@ -24,7 +24,7 @@ import (
 
 // env is one engine's world: its data directory, runtime and engine.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	cgroup  string
 	drv     *gvisor.Driver
@@ -40,7 +40,7 @@ func logger() *slog.Logger {
 
 // newEnv opens an engine in a fresh data directory and builds the counter
 // template. Everything it creates is removed when the test ends.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
 	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), rootfs: testenv.RootFSDir(t), logger: logger()}
@@ -114,7 +114,7 @@ func (e *env) destroy() {
 	}
 }
 
-func ctxFor(t *testing.T) context.Context {
+func ctxFor(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
@@ -176,7 +176,7 @@ func (e *env) wantContinues(ctx context.Context, id string, prev runtimetest.Cou
 
 // tree lists every path under dir with its size, to compare the disk
 // before and after an operation that must change nothing.
-func tree(t *testing.T, dir string) string {
+func tree(t testing.TB, dir string) string {
 	var lines []string
 	filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
 		if err != nil {

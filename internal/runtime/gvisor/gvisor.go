@@ -96,6 +96,11 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("gvisor: runsc --version: %w", err)
 	}
 	d.version = parseVersion(out)
+	// Builds installed with `go install` report no version; setup records
+	// the pinned module version beside the binary.
+	if b, err := os.ReadFile(cfg.Runsc + ".version"); err == nil {
+		d.version = strings.TrimSpace(string(b))
+	}
 	return d, nil
 }
 

@@ -1,0 +1,37 @@
+# Spore: the two set-up commands are `make up` and `make test` (see README.md).
+# Both work on a fresh Debian machine as root: they install what is missing.
+
+DATA_DIR  ?= /var/lib/spore
+CACHE_DIR ?= /var/cache/spore
+GO        ?= go
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+
+export SPORE_DATA_DIR  := $(DATA_DIR)
+export SPORE_CACHE_DIR := $(CACHE_DIR)
+
+.PHONY: build setup test up bench clean
+
+## build: compile the binaries into bin/
+build:
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/spore ./cmd/spore
+
+## setup: install the runtime (Debian packages, pinned gVisor runsc, base root filesystem); idempotent
+setup: build
+	bin/spore setup
+
+## test: every test, against real runsc sandboxes
+test: setup
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 45m ./...
+
+## up: set up, build, and start the all-in-one server
+up: setup
+	bin/spore up
+
+## bench: engine benchmarks side by side with bare runsc
+bench: setup
+	$(GO) test -run '^$$' -bench . -benchtime 10x -timeout 30m ./internal/engine/
+
+clean:
+	rm -rf bin/

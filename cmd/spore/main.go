@@ -1,0 +1,61 @@
+// Command spore is Spore's one binary: host setup today; the server, the
+// all-in-one `up` and the CLI verbs join it as they land.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "spore:", err)
+		os.Exit(1)
+	}
+}
+
+// globalFlags are shared by every verb.
+type globalFlags struct {
+	dataDir  string
+	cacheDir string
+}
+
+func newRoot() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "spore",
+		Short:         "Sandboxes for AI agents with live snapshot, fork, rollback and hibernate",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", envOr("SPORE_DATA_DIR", "/var/lib/spore"), "data directory (env SPORE_DATA_DIR)")
+	root.PersistentFlags().StringVar(&g.cacheDir, "cache-dir", envOr("SPORE_CACHE_DIR", "/var/cache/spore"), "download and build cache (env SPORE_CACHE_DIR)")
+	root.AddCommand(newSetupCmd(g), newUpCmd(g), newVersionCmd())
+	return root
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "spore", version) },
+	}
+}

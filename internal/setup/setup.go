@@ -1,0 +1,168 @@
+// Package setup installs what Spore needs on a host: Debian packages, the
+// pinned gVisor runsc (built static from the Go module proxy) and the base
+// root filesystem. Every step is idempotent: what is present and current
+// is kept, downloads are cached outside the data directory.
+package setup
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/progress"
+	"github.com/spore-run/spore/internal/rootfs"
+)
+
+// RunscModule is the pinned gVisor build. A cgo build cannot boot
+// sandboxes (runsc re-execs itself in an empty chroot), so it is built
+// with CGO_ENABLED=0.
+const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
+
+// Packages are the Debian packages the runtime needs.
+var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates"}
+
+// Config says where things go.
+type Config struct {
+	DataDir  string // /var/lib/spore: bin/runsc, rootfs/<name>
+	CacheDir string // /var/cache/spore: runsc builds, debootstrap packages
+	Out      io.Writer
+}
+
+// RunscPath is where setup installs runsc under a data directory.
+func RunscPath(dataDir string) string { return filepath.Join(dataDir, "bin", "runsc") }
+
+// RootFSDir is where setup builds root filesystems under a data directory.
+func RootFSDir(dataDir string) string { return filepath.Join(dataDir, "rootfs") }
+
+// Run performs every step.
+func Run(ctx context.Context, cfg Config) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("setup needs root (it installs packages and builds a root filesystem)")
+	}
+	bar := progress.New(cfg.Out, 3, "spore setup")
+	start := time.Now()
+
+	bar.Step("Debian packages")
+	note, err := ensurePackages(ctx, bar.Writer())
+	if err != nil {
+		return err
+	}
+	bar.StepDone(note)
+
+	bar.Step("gVisor runsc " + RunscModule[strings.Index(RunscModule, "@")+1:])
+	note, err = ensureRunsc(ctx, cfg, bar.Writer())
+	if err != nil {
+		return err
+	}
+	bar.StepDone(note)
+
+	bar.Step("base root filesystem")
+	spec := rootfs.BaseSpec()
+	if rootfs.UpToDate(RootFSDir(cfg.DataDir), spec) {
+		bar.StepDone("up to date")
+	} else {
+		st, err := rootfs.Build(ctx, RootFSDir(cfg.DataDir), filepath.Join(cfg.CacheDir, "debootstrap"), spec, bar.Writer())
+		if err != nil {
+			return err
+		}
+		bar.StepDone("built " + st.ID)
+	}
+	fmt.Fprintf(outOrStderr(cfg.Out), "setup done in %v: runsc %s, root filesystems in %s\n",
+		time.Since(start).Round(time.Millisecond), RunscPath(cfg.DataDir), RootFSDir(cfg.DataDir))
+	return nil
+}
+
+func outOrStderr(w io.Writer) io.Writer {
+	if w == nil {
+		return os.Stderr
+	}
+	return w
+}
+
+func ensurePackages(ctx context.Context, log io.Writer) (string, error) {
+	var missing []string
+	for _, p := range Packages {
+		out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Status}", p).Output()
+		if err != nil || !bytes.Contains(out, []byte("install ok installed")) {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return "all present", nil
+	}
+	if err := run(ctx, log, nil, "apt-get", "update"); err != nil {
+		return "", err
+	}
+	env := []string{"DEBIAN_FRONTEND=noninteractive"}
+	if err := run(ctx, log, env, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
+		return "", err
+	}
+	return "installed " + strings.Join(missing, " "), nil
+}
+
+// ensureRunsc builds the pinned runsc once into the cache and installs it
+// with a version file the gVisor driver reads (go-installed builds report
+// no version of their own).
+func ensureRunsc(ctx context.Context, cfg Config, log io.Writer) (string, error) {
+	dst := RunscPath(cfg.DataDir)
+	version := RunscModule[strings.Index(RunscModule, "@")+1:]
+	if b, err := os.ReadFile(dst + ".version"); err == nil && strings.TrimSpace(string(b)) == version {
+		if _, err := os.Stat(dst); err == nil {
+			return "up to date", nil
+		}
+	}
+	cacheBin := filepath.Join(cfg.CacheDir, "runsc-"+version)
+	built := filepath.Join(cacheBin, "runsc")
+	note := "cached build"
+	if _, err := os.Stat(built); err != nil {
+		if _, err := exec.LookPath("go"); err != nil {
+			return "", fmt.Errorf("building runsc needs the go command: %w", err)
+		}
+		env := []string{"CGO_ENABLED=0", "GOBIN=" + cacheBin}
+		if err := run(ctx, log, env, "go", "install", "-ldflags=-s -w", RunscModule); err != nil {
+			return "", fmt.Errorf("build runsc: %w", err)
+		}
+		note = "built"
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(built)
+	if err != nil {
+		return "", err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(dst+".version", []byte(version+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	return note + ", installed " + dst, nil
+}
+
+func run(ctx context.Context, log io.Writer, env []string, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var tail bytes.Buffer
+	w := io.MultiWriter(log, &tail)
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.Dir = os.TempDir() // never inside a module: go install must not see a go.mod
+	if err := cmd.Run(); err != nil {
+		t := tail.String()
+		if len(t) > 2000 {
+			t = t[len(t)-2000:]
+		}
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, t)
+	}
+	return nil
+}
