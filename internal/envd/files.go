@@ -1,0 +1,238 @@
+package envd
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spore-run/spore/internal/envd/filesystem"
+	"github.com/spore-run/spore/internal/envd/identity"
+)
+
+// fileAuth authorizes a /files request: the access token, or a presigned
+// URL's signature for this path, operation and user.
+func (s *Server) fileAuth(r *http.Request, op string) error {
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		if !s.tokenOK(r) {
+			return errUnauthorized
+		}
+		return nil
+	}
+	token := s.defaults.Token()
+	if token == "" {
+		return errUnauthorized // nothing to verify a signature against
+	}
+	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || time.Now().Unix() > n {
+			return errExpired
+		}
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) != 1 {
+		return errUnauthorized
+	}
+	return nil
+}
+
+var (
+	errUnauthorized = errors.New("missing or wrong access token or signature")
+	errExpired      = errors.New("signature expired")
+)
+
+// download serves GET /files?path=&username=.
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	if err := s.fileAuth(r, "read"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := s.resolveUser(r.URL.Query().Get("username"))
+	if err != nil {
+		jsonError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		jsonError(w, http.StatusBadRequest, "path is required")
+		return
+	}
+	p = identity.Resolve(u, p)
+	f, err := os.Open(p)
+	if err != nil {
+		fileError(w, p, err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		fileError(w, p, err)
+		return
+	}
+	if st.IsDir() {
+		jsonError(w, http.StatusBadRequest, fmt.Sprintf("path %s is a directory", p))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(p)}))
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		io.Copy(gz, f)
+		gz.Close()
+		return
+	}
+	http.ServeContent(w, r, "", st.ModTime(), f)
+}
+
+type writtenFile struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// upload serves POST /files: multipart/form-data (field "file"; each part's
+// file name is its destination when no path is given) or an
+// application/octet-stream body (optionally gzip-encoded) to path.
+// Parent directories are created; files belong to the chosen user.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	if err := s.fileAuth(r, "write"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := s.resolveUser(r.URL.Query().Get("username"))
+	if err != nil {
+		jsonError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	path := r.URL.Query().Get("path")
+	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []writtenFile
+	switch {
+	case ct == "multipart/form-data":
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				jsonError(w, http.StatusBadRequest, "malformed multipart body: "+err.Error())
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			dest := path
+			if dest == "" {
+				dest = part.FileName()
+			}
+			if dest == "" {
+				jsonError(w, http.StatusBadRequest, "a file part has no destination: give ?path= or a file name")
+				return
+			}
+			wf, status, err := writeFile(u, dest, part)
+			part.Close()
+			if err != nil {
+				jsonError(w, status, err.Error())
+				return
+			}
+			out = append(out, wf)
+		}
+		if len(out) == 0 {
+			jsonError(w, http.StatusBadRequest, `no "file" part in the multipart body`)
+			return
+		}
+	case ct == "application/octet-stream" || ct == "":
+		if path == "" {
+			jsonError(w, http.StatusBadRequest, "path is required for an octet-stream upload")
+			return
+		}
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			gz, err := gzip.NewReader(r.Body)
+			if err != nil {
+				jsonError(w, http.StatusBadRequest, "body is not gzip: "+err.Error())
+				return
+			}
+			defer gz.Close()
+			body = gz
+		}
+		wf, status, err := writeFile(u, path, body)
+		if err != nil {
+			jsonError(w, status, err.Error())
+			return
+		}
+		out = append(out, wf)
+	default:
+		jsonError(w, http.StatusBadRequest, "unsupported content type "+ct+": use multipart/form-data or application/octet-stream")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+func writeFile(u identity.User, dest string, src io.Reader) (writtenFile, int, error) {
+	p := identity.Resolve(u, dest)
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		return writtenFile{}, http.StatusBadRequest, fmt.Errorf("path %s is a directory", p)
+	}
+	if err := filesystem.MkdirAllOwned(filepath.Dir(p), u); err != nil {
+		return writtenFile{}, statusOf(err), fmt.Errorf("create %s: %v", filepath.Dir(p), err)
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return writtenFile{}, statusOf(err), fmt.Errorf("open %s: %v", p, err)
+	}
+	_, err = io.Copy(f, src)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return writtenFile{}, statusOf(err), fmt.Errorf("write %s: %v", p, err)
+	}
+	os.Chown(p, int(u.UID), int(u.GID))
+	return writtenFile{Path: p, Name: filepath.Base(p), Type: "file"}, 0, nil
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden
+	default:
+		return http.StatusBadRequest
+	}
+}
+
+func fileError(w http.ResponseWriter, p string, err error) {
+	st := statusOf(err)
+	msg := fmt.Sprintf("%s: %v", p, err)
+	if st == http.StatusNotFound {
+		msg = fmt.Sprintf("path %s does not exist", p)
+	}
+	jsonError(w, st, msg)
+}

@@ -1,0 +1,57 @@
+package envd
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/spore-run/spore/internal/envd/identity"
+)
+
+// InitRequest is the body of POST /init. The node sends it after every
+// create, restore and fork, so each sandbox gets its own identity and
+// access token even when many are restored from one image.
+type InitRequest struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	AccessToken    *string           `json:"accessToken,omitempty"` // nil keeps the token; "" removes it
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+	SandboxID      string            `json:"sandboxID,omitempty"`
+}
+
+const maxInitBody = 1 << 20
+
+func (s *Server) init(w http.ResponseWriter, r *http.Request) {
+	var req InitRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxInitBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil && err != io.EOF {
+		jsonError(w, http.StatusBadRequest, "malformed /init body: "+err.Error())
+		return
+	}
+	if req.DefaultUser != "" {
+		if _, err := identity.Lookup(req.DefaultUser); err != nil {
+			jsonError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	for k := range req.EnvVars {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			jsonError(w, http.StatusBadRequest, "invalid environment variable name "+k)
+			return
+		}
+	}
+	token := ""
+	if req.AccessToken != nil {
+		token = *req.AccessToken
+	}
+	s.defaults.Update(req.EnvVars, req.DefaultUser, req.DefaultWorkdir, token, req.SandboxID, req.AccessToken != nil)
+	s.log.Info("init", "sandbox_id", req.SandboxID, "env_vars", len(req.EnvVars), "token_set", req.AccessToken != nil)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) envs(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(s.defaults.Env())
+}
