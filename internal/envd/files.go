@@ -145,7 +145,10 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 			dest := path
 			if dest == "" {
-				dest = part.FileName()
+				// The part's file name is the destination path; Go's
+				// part.FileName() keeps only its base name.
+				_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				dest = dp["filename"]
 			}
 			if dest == "" {
 				jsonError(w, http.StatusBadRequest, "a file part has no destination: give ?path= or a file name")

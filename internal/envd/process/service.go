@@ -116,6 +116,9 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, ch
 	if cwd == "" {
 		cwd = u.Home
 	}
+	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
+		cwd = "/" // a user without a home (nobody) starts in /
+	}
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
 		cwd = identity.Resolve(u, cfg.GetCwd())
 	}
