@@ -25,7 +25,7 @@ import (
 const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 
 // Packages are the Debian packages the runtime needs.
-var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates"}
+var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3"}
 
 // Config says where things go.
 type Config struct {
