@@ -1,0 +1,407 @@
+// Package netns gives each sandbox instance its own network, in a topology
+// that survives checkpoint, restore and fork (see
+// shared/notes/sandbox-networking.md for the measurements behind it):
+//
+//	sandbox netns "<p>-sb-<instance>":  lo, eth0 10.0.0.2/30 (fixed MAC), default via 10.0.0.1
+//	gateway netns "<p>-gw-<instance>":  gw0 10.0.0.1/30 <-> eth0; up0 10.200.S.2/30 <-> host "<p>h<S>"
+//	root netns:                         "<p>h<S>" 10.200.S.1/30
+//
+// Every sandbox sees the same inside addresses (gVisor re-reads them from
+// the namespace at restore), so one image restores into any number of
+// clones. The host reaches the sandbox's ports at 10.200.S.2 (DNAT in the
+// gateway). The gateway's forward chain is default-drop and holds the
+// egress policy; the root namespace drops new connections from sandboxes to
+// the host and between sandboxes.
+package netns
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"github.com/vishvananda/netns"
+
+	"github.com/spore-run/spore/internal/errdefs"
+)
+
+// Inside addresses, identical in every sandbox.
+var (
+	SandboxIP = netip.MustParseAddr("10.0.0.2")
+	GatewayIP = netip.MustParseAddr("10.0.0.1")
+	sandboxMAC, _ = net.ParseMAC("02:53:50:00:00:02")
+)
+
+// Policy is a sandbox's egress policy.
+type Policy struct {
+	Internet bool           `json:"internet"` // outbound traffic allowed by default
+	Allow    []netip.Prefix `json:"allow,omitempty"`
+	Deny     []netip.Prefix `json:"deny,omitempty"` // wins over Allow
+}
+
+// Net is one instance's network.
+type Net struct {
+	Instance string     `json:"instance"`
+	Slot     int        `json:"slot"`
+	NetNS    string     `json:"netns"`   // path of the sandbox namespace, for the OCI spec
+	Addr     netip.Addr `json:"addr"`    // where the host reaches the sandbox's ports
+	HostAddr netip.Addr `json:"host"`    // the host end
+	Policy   Policy     `json:"policy"`
+}
+
+// Config configures the manager.
+type Config struct {
+	// Prefix names everything the manager creates ("sp"); keep it short:
+	// interface names have 15 characters.
+	Prefix string
+	// StateDir records which instance holds which slot.
+	StateDir string
+	Logger   *slog.Logger
+}
+
+// Manager creates and removes instance networks.
+type Manager struct {
+	cfg  Config
+	base netip.Addr // 10.200.0.0
+	mu   sync.Mutex
+}
+
+const maxSlots = 1 << 14 // 10.200.0.0/16 in /30 blocks
+
+// New prepares the host side (root namespace rules, forwarding).
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "sp"
+	}
+	if len(cfg.Prefix) > 4 {
+		return nil, errdefs.Invalidf("netns prefix %q longer than 4 characters", cfg.Prefix)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, base: netip.MustParseAddr("10.200.0.0")}
+	if err := sharedRunDir(); err != nil {
+		return nil, fmt.Errorf("netns: %w", err)
+	}
+	if err := m.hostRules(); err != nil {
+		return nil, fmt.Errorf("netns: host rules: %w", err)
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return nil, fmt.Errorf("netns: enable forwarding: %w", err)
+	}
+	return m, nil
+}
+
+func (m *Manager) sbName(instance string) string { return m.cfg.Prefix + "-sb-" + instance }
+func (m *Manager) gwName(instance string) string { return m.cfg.Prefix + "-gw-" + instance }
+func (m *Manager) hostIf(slot int) string        { return fmt.Sprintf("%sh%d", m.cfg.Prefix, slot) }
+func (m *Manager) hostIfPrefix() string          { return m.cfg.Prefix + "h" }
+func (m *Manager) statePath(instance string) string {
+	return filepath.Join(m.cfg.StateDir, instance+".json")
+}
+
+func (m *Manager) slotAddr(slot, n int) netip.Addr {
+	b := m.base.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(slot*4 + n)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Get returns an instance's network.
+func (m *Manager) Get(instance string) (Net, error) {
+	var n Net
+	b, err := os.ReadFile(m.statePath(instance))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Net{}, fmt.Errorf("network of %s: %w", instance, errdefs.ErrNotFound)
+		}
+		return Net{}, err
+	}
+	if err := json.Unmarshal(b, &n); err != nil {
+		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
+	}
+	return n, nil
+}
+
+// List returns the instances that have networks.
+func (m *Manager) List() ([]string, error) {
+	ents, err := os.ReadDir(m.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// allocate picks the lowest free slot and records it (under m.mu).
+func (m *Manager) allocate(instance string, p Policy) (Net, error) {
+	used := map[int]bool{}
+	ids, err := m.List()
+	if err != nil {
+		return Net{}, err
+	}
+	for _, id := range ids {
+		if id == instance {
+			return Net{}, fmt.Errorf("network of %s: %w", instance, errdefs.ErrAlreadyExists)
+		}
+		if n, err := m.Get(id); err == nil {
+			used[n.Slot] = true
+		}
+	}
+	for s := 0; s < maxSlots; s++ {
+		if used[s] {
+			continue
+		}
+		n := Net{
+			Instance: instance, Slot: s, NetNS: "/var/run/netns/" + m.sbName(instance),
+			Addr: m.slotAddr(s, 2), HostAddr: m.slotAddr(s, 1), Policy: p,
+		}
+		b, _ := json.Marshal(n)
+		if err := os.WriteFile(m.statePath(instance), b, 0o600); err != nil {
+			return Net{}, err
+		}
+		return n, nil
+	}
+	return Net{}, fmt.Errorf("no free network slot: %w", errdefs.ErrResourceLimit)
+}
+
+// Setup creates the instance's namespaces, links, addresses and rules.
+// On failure nothing is left.
+func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, error) {
+	m.mu.Lock()
+	n, err := m.allocate(instance, p)
+	m.mu.Unlock()
+	if err != nil {
+		return Net{}, err
+	}
+	if err := m.build(n); err != nil {
+		m.Teardown(ctx, instance)
+		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
+	}
+	return n, nil
+}
+
+// build does the work of Setup.
+func (m *Manager) build(n Net) error {
+	sb, err := newNamed(m.sbName(n.Instance))
+	if err != nil {
+		return fmt.Errorf("create sandbox namespace: %w", err)
+	}
+	defer sb.Close()
+	gw, err := newNamed(m.gwName(n.Instance))
+	if err != nil {
+		return fmt.Errorf("create gateway namespace: %w", err)
+	}
+	defer gw.Close()
+
+	root, err := netlink.NewHandle()
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tmpA, tmpB := fmt.Sprintf("%sa%d", m.cfg.Prefix, n.Slot), fmt.Sprintf("%sb%d", m.cfg.Prefix, n.Slot)
+	tmpU := fmt.Sprintf("%su%d", m.cfg.Prefix, n.Slot)
+	// sandbox <-> gateway
+	if err := root.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tmpA, Namespace: netlink.NsFd(sb)}, PeerName: tmpB, PeerNamespace: netlink.NsFd(gw)}); err != nil {
+		return fmt.Errorf("veth sandbox-gateway: %w", err)
+	}
+	// gateway <-> host
+	if err := root.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.hostIf(n.Slot)}, PeerName: tmpU, PeerNamespace: netlink.NsFd(gw)}); err != nil {
+		return fmt.Errorf("veth gateway-host: %w", err)
+	}
+	if err := configure(root, m.hostIf(n.Slot), "", netip.PrefixFrom(n.HostAddr, 30), nil, netip.Addr{}); err != nil {
+		return fmt.Errorf("host end: %w", err)
+	}
+	hs, err := netlink.NewHandleAt(sb)
+	if err != nil {
+		return err
+	}
+	defer hs.Close()
+	if lo, err := hs.LinkByName("lo"); err == nil {
+		hs.LinkSetUp(lo)
+	}
+	if err := configure(hs, tmpA, "eth0", netip.PrefixFrom(SandboxIP, 30), sandboxMAC, GatewayIP); err != nil {
+		return fmt.Errorf("sandbox eth0: %w", err)
+	}
+	hg, err := netlink.NewHandleAt(gw)
+	if err != nil {
+		return err
+	}
+	defer hg.Close()
+	if lo, err := hg.LinkByName("lo"); err == nil {
+		hg.LinkSetUp(lo)
+	}
+	if err := configure(hg, tmpB, "gw0", netip.PrefixFrom(GatewayIP, 30), nil, netip.Addr{}); err != nil {
+		return fmt.Errorf("gateway gw0: %w", err)
+	}
+	if err := configure(hg, tmpU, "up0", netip.PrefixFrom(n.Addr, 30), nil, n.HostAddr); err != nil {
+		return fmt.Errorf("gateway up0: %w", err)
+	}
+	if err := inNS(gw, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		return fmt.Errorf("gateway forwarding: %w", err)
+	}
+	if err := m.gatewayRules(gw, n); err != nil {
+		return fmt.Errorf("gateway rules: %w", err)
+	}
+	return nil
+}
+
+// configure renames (when newName is set), addresses and raises a link,
+// and adds a default route via gw when valid.
+func configure(h *netlink.Handle, name, newName string, addr netip.Prefix, mac net.HardwareAddr, gw netip.Addr) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if newName != "" {
+		if err := h.LinkSetName(l, newName); err != nil {
+			return err
+		}
+	}
+	if mac != nil {
+		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
+			return err
+		}
+	}
+	ip := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: ip}); err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return err
+	}
+	if gw.IsValid() {
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+			return fmt.Errorf("default route: %w", err)
+		}
+	}
+	return nil
+}
+
+// Teardown removes an instance's namespaces, links and record. It is
+// idempotent; a missing network is not an error.
+func (m *Manager) Teardown(ctx context.Context, instance string) error {
+	var errs []error
+	n, err := m.Get(instance)
+	if err == nil {
+		if h, err := netlink.NewHandle(); err == nil {
+			if l, err := h.LinkByName(m.hostIf(n.Slot)); err == nil {
+				if err := h.LinkDel(l); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			h.Close()
+		}
+	}
+	for _, name := range []string{m.sbName(instance), m.gwName(instance)} {
+		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errNotMounted) {
+			if _, serr := os.Stat(filepath.Join(runDir, name)); serr == nil {
+				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
+			}
+		}
+	}
+	if err := os.Remove(m.statePath(instance)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+var errNotMounted = errors.New("invalid argument")
+
+// Sweep removes namespaces with the manager's prefix that no record
+// claims (left by a crash between creating them and recording).
+func (m *Manager) Sweep(ctx context.Context, keep map[string]bool) error {
+	ents, _ := os.ReadDir(runDir)
+	var errs []error
+	for _, e := range ents {
+		for _, kind := range []string{"-sb-", "-gw-"} {
+			if inst, ok := strings.CutPrefix(e.Name(), m.cfg.Prefix+kind); ok && !keep[inst] {
+				if err := m.Teardown(ctx, inst); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	ids, _ := m.List()
+	for _, id := range ids {
+		if !keep[id] {
+			if err := m.Teardown(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+const runDir = "/var/run/netns"
+
+// sharedRunDir makes the namespace directory a shared mount point, the way
+// iproute2 does on its first `ip netns add`. Without it, an `ip netns`
+// command run later re-mounts the directory over itself and hides every
+// namespace created before.
+func sharedRunDir() error {
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", runDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err := unix.Mount(runDir, runDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", runDir, err)
+		}
+		err = unix.Mount("", runDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s shared: %w", runDir, err)
+	}
+	return nil
+}
+
+// newNamed creates a named network namespace without moving the calling
+// goroutine's thread into it for longer than the call.
+func newNamed(name string) (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return netns.None(), err
+	}
+	defer orig.Close()
+	defer netns.Set(orig)
+	return netns.NewNamed(name)
+}
+
+// inNS runs fn with the calling thread in ns.
+func inNS(ns netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	defer netns.Set(orig)
+	return fn()
+}

@@ -1,0 +1,201 @@
+package netns_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/netns"
+)
+
+// These tests check the topology with ordinary Linux processes placed in
+// the namespaces (the engine tests run gVisor sandboxes on it).
+
+func newManager(t *testing.T) *netns.Manager {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("network tests need root")
+	}
+	m, err := netns.New(context.Background(), netns.Config{Prefix: "spt", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Sweep(context.Background(), nil); err != nil {
+			t.Errorf("sweep: %v", err)
+		}
+		m.RemoveHostRules()
+		if ents, _ := os.ReadDir("/var/run/netns"); len(ents) > 0 {
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), "spt-") {
+					t.Errorf("namespace left: %s", e.Name())
+				}
+			}
+		}
+	})
+	return m
+}
+
+// serve runs an HTTP server answering name on addr inside namespace ns.
+func serve(t *testing.T, ns, addr, name string) {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(dir+"/who", []byte(name), 0o644)
+	host, port, _ := strings.Cut(addr, ":")
+	// http.server's own bind looks the address up in DNS before it
+	// listens, which stalls in a namespace without DNS: skip that.
+	script := `import functools, http.server, socketserver, sys
+class S(http.server.HTTPServer):
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "test", int(sys.argv[2])
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
+S((sys.argv[1], int(sys.argv[2])), h).serve_forever()`
+	args := []string{"/usr/bin/python3", "-c", script, host, port, dir}
+	if ns != "" {
+		args = append([]string{"ip", "netns", "exec", ns}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+}
+
+// get fetches http://addr/who from inside namespace ns ("" = the host).
+func get(ns, addr string) (string, error) {
+	args := []string{"/usr/bin/python3", "-c", fmt.Sprintf("import urllib.request;print(urllib.request.urlopen('http://%s/who', timeout=1).read().decode(), end='')", addr)}
+	if ns != "" {
+		args = append([]string{"ip", "netns", "exec", ns}, args...)
+	}
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%v: %s", err, out)
+	}
+	return string(out), nil
+}
+
+func eventually(t *testing.T, f func() error) {
+	t.Helper()
+	var err error
+	for range 50 {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal(err)
+}
+
+func TestTopologyIsolationAndEgress(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	a, err := m.Setup(ctx, "inst-a", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Setup(ctx, "inst-b", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Addr == b.Addr || a.Slot == b.Slot {
+		t.Fatalf("two instances share an address: %+v %+v", a, b)
+	}
+	if _, err := m.Setup(ctx, "inst-a", netns.Policy{}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("second Setup of one instance = %v", err)
+	}
+	// Both sandboxes listen on the same inside address; the host reaches
+	// each through its own address.
+	serve(t, "spt-sb-inst-a", "10.0.0.2:8000", "a")
+	serve(t, "spt-sb-inst-b", "10.0.0.2:8000", "b")
+	for n, want := range map[netip.Addr]string{a.Addr: "a", b.Addr: "b"} {
+		eventually(t, func() error {
+			got, err := get("", n.String()+":8000")
+			if err == nil && got != want {
+				err = fmt.Errorf("got %q from %s, want %q", got, n, want)
+			}
+			return err
+		})
+	}
+	// A sandbox cannot reach a host service, nor another sandbox.
+	serve(t, "", "0.0.0.0:8001", "host")
+	eventually(t, func() error { _, err := get("", "127.0.0.1:8001"); return err })
+	for _, target := range []string{a.HostAddr.String() + ":8001", b.HostAddr.String() + ":8001", b.Addr.String() + ":8000"} {
+		if got, err := get("spt-sb-inst-a", target); err == nil {
+			t.Fatalf("sandbox a reached %s: %q", target, got)
+		}
+	}
+
+	// Egress to an outside test host (a namespace of this test, on the
+	// benchmarking range 198.18.0.0/15): allowed, then denied by a deny
+	// list, then with internet off, then allowed again by an allow list.
+	peer := exec.Command("sh", "-c", `ip netns add spt-peer && ip link add sptpeer0 type veth peer name sptpeer1 netns spt-peer &&
+		ip addr add 198.18.0.1/30 dev sptpeer0 && ip link set sptpeer0 up &&
+		ip -n spt-peer addr add 198.18.0.2/30 dev sptpeer1 && ip -n spt-peer link set sptpeer1 up && ip -n spt-peer link set lo up &&
+		ip -n spt-peer route add default via 198.18.0.1`)
+	if out, err := peer.CombinedOutput(); err != nil {
+		t.Fatalf("peer: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", "sptpeer0").Run(); exec.Command("ip", "netns", "del", "spt-peer").Run() })
+	serve(t, "spt-peer", "198.18.0.2:8002", "outside")
+	out := "198.18.0.2:8002"
+	eventually(t, func() error {
+		_, err := get("spt-sb-inst-a", out)
+		if err != nil {
+			ss, _ := exec.Command("ip", "netns", "exec", "spt-peer", "ss", "-ltn").CombinedOutput()
+			_, herr := get("", out)
+			err = fmt.Errorf("%.200s\npeer listening: %s\nfrom host: %v", err, ss, herr)
+		}
+		return err
+	})
+	deny := netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/30")}}
+	if err := m.SetPolicy(ctx, "inst-a", deny); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-a", out); err == nil {
+		t.Fatal("deny list not enforced")
+	}
+	if _, err := get("spt-sb-inst-b", out); err != nil {
+		t.Fatalf("b's policy changed with a's: %v", err)
+	}
+	if err := m.SetPolicy(ctx, "inst-a", netns.Policy{Internet: false}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-a", out); err == nil {
+		t.Fatal("internet off not enforced")
+	}
+	if err := m.SetPolicy(ctx, "inst-a", netns.Policy{Internet: false, Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.2/32")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-a", out); err != nil {
+		t.Fatalf("allow list not honoured: %v", err)
+	}
+	if got, _ := m.Get("inst-a"); got.Policy.Internet || len(got.Policy.Allow) != 1 {
+		t.Fatalf("recorded policy %+v", got.Policy)
+	}
+	// The host can still reach the sandbox whatever its egress policy.
+	if _, err := get("", a.Addr.String()+":8000"); err != nil {
+		t.Fatalf("host to sandbox after policy change: %v", err)
+	}
+
+	if err := m.Teardown(ctx, "inst-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/var/run/netns/spt-sb-inst-a"); !os.IsNotExist(err) {
+		t.Fatal("namespace left after teardown")
+	}
+	if err := m.Teardown(ctx, "inst-a"); err != nil {
+		t.Fatalf("second teardown: %v", err)
+	}
+	// The freed slot is reused.
+	c, err := m.Setup(ctx, "inst-c", netns.Policy{})
+	if err != nil || c.Slot != a.Slot {
+		t.Fatalf("slot reuse: %+v %v", c, err)
+	}
+}
