@@ -15,6 +15,7 @@ export SPORE_CACHE_DIR := $(CACHE_DIR)
 ## build: compile the binaries into bin/
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/spore ./cmd/spore
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/spore-envd ./cmd/spore-envd
 
 ## setup: install the runtime (Debian packages, pinned gVisor runsc, base root filesystem); idempotent
 setup: build

@@ -170,11 +170,13 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			run := rec.Run
+			run.AccessToken = newToken() // each child gets its own
 			child := &record{
 				ID: ids.New('i'), State: StateRunning, Template: rec.Template, Parent: rec.Parent,
-				RootFS: rec.RootFS, RootFSID: rec.RootFSID, Run: rec.Run, CreatedAt: time.Now().UTC(),
+				RootFS: rec.RootFS, RootFSID: rec.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: rec.Policy,
 			}
-			if err := e.restoreNew(ctx, child, m, "fork of "+id, img); err != nil {
+			if err := e.restoreNew(ctx, child, m, "fork of "+id, img, rec.Run.AccessToken); err != nil {
 				res.Children[i].Err = err
 				return
 			}
@@ -218,16 +220,30 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err
 	}
-	if err := e.rt.Restore(ctx, spec, e.snaps.ImageDir(m.ID)); err != nil {
+	fail := func(err error) (Sandbox, error) {
 		rec.Pending = nil
 		if serr := e.save(rec); serr != nil {
 			e.log.Error("clear rollback journal", "sandbox_id", id, "err", serr)
 		}
 		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
 	}
+	addr, err := e.launch(ctx, spec, e.snaps.ImageDir(m.ID), rec.Policy)
+	if err != nil {
+		return fail(err)
+	}
+	// The restored daemon keeps this sandbox's identity and token.
+	next := *rec
+	next.Run = m.Run
+	next.Run.AccessToken = rec.Run.AccessToken
+	if err := e.initDaemon(ctx, &next, addr, m.Run.AccessToken); err != nil {
+		cctx, cancel := cleanupCtx()
+		defer cancel()
+		_ = e.killInstance(cctx, instance)
+		return fail(err)
+	}
 	// Commit point: the record now names the new instance.
 	old := rec.Instance
-	rec.Instance, rec.Gen, rec.Parent, rec.Run, rec.State = instance, rec.Gen+1, m.ID, m.Run, StateRunning
+	rec.Instance, rec.Gen, rec.Parent, rec.Run, rec.State, rec.Addr = instance, rec.Gen+1, m.ID, next.Run, StateRunning, addr
 	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		cctx, cancel := cleanupCtx()

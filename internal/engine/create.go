@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
@@ -53,9 +55,11 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	rs := runtime.Spec{
 		ID: instance, RootFS: rootfs.Path(e.rootfsDir, spec.RootFS), Args: spec.Run.Args, Env: spec.Run.Env,
 		Cwd: spec.Run.Cwd, User: spec.Run.User, Hostname: spec.Run.Hostname, Limits: spec.Run.Limits,
+		Mounts: spec.Run.Mounts,
 	}
+	spec.Run.AccessToken = "" // a template's daemon has no token until /init
 	start := time.Now()
-	if err := e.rt.Start(ctx, rs); err != nil {
+	if _, err := e.launch(ctx, rs, "", netns.Policy{Internet: true}); err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("template %s: boot: %w", spec.Name, err)
 	}
 	defer func() {
@@ -95,7 +99,9 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 // It reports whether it built.
 func (e *Engine) EnsureTemplate(ctx context.Context, spec TemplateSpec) (snapshot.Manifest, bool, error) {
 	if m, err := e.snaps.Get(spec.Name); err == nil {
-		if _, serr := e.instanceSpec("probe", m); serr == nil && m.Kind == snapshot.KindTemplate {
+		_, serr := e.instanceSpec("probe", m)
+		same := reflect.DeepEqual(m.Run.Args, spec.Run.Args) && reflect.DeepEqual(m.Run.Mounts, spec.Run.Mounts)
+		if serr == nil && same && m.Kind == snapshot.KindTemplate {
 			return m, false, nil
 		}
 	} else if !errdefs.IsNotFound(err) {
@@ -138,6 +144,10 @@ type CreateOptions struct {
 	// process limit are part of the image).
 	VCPUs    float64
 	MemoryMB int64
+	// Policy is the egress policy (default: internet allowed).
+	Policy *netns.Policy
+	// AccessToken for the sandbox's daemon (generated when empty).
+	AccessToken string
 }
 
 // Create makes a new sandbox by restoring a template (or any snapshot): its
@@ -169,19 +179,28 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 	if template == "" {
 		template = m.ID
 	}
+	policy := netns.Policy{Internet: true}
+	if opts.Policy != nil {
+		policy = *opts.Policy
+	}
+	run.AccessToken = opts.AccessToken
+	if run.AccessToken == "" {
+		run.AccessToken = newToken()
+	}
 	rec := &record{
 		ID: ids.New('i'), State: StateRunning, Template: template, Parent: m.ID,
-		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(),
+		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: policy,
 	}
-	if err := e.restoreNew(ctx, rec, m, m.ID, e.snaps.ImageDir(m.ID)); err != nil {
+	if err := e.restoreNew(ctx, rec, m, m.ID, e.snaps.ImageDir(m.ID), m.Run.AccessToken); err != nil {
 		return Sandbox{}, err
 	}
 	return rec.view(), nil
 }
 
 // restoreNew brings a new sandbox to life from an image: journal the
-// create, restore, commit. On failure nothing is left.
-func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifest, parent, image string) error {
+// create, restore, re-initialise its daemon, commit. On failure nothing is
+// left. imageToken is the daemon token held in the image.
+func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifest, parent, image, imageToken string) error {
 	instance := rec.nextInstance()
 	spec, err := e.instanceSpec(instance, m)
 	if err != nil {
@@ -192,11 +211,19 @@ func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifes
 	if err := e.save(rec); err != nil {
 		return err
 	}
-	if err := e.rt.Restore(ctx, spec, image); err != nil {
+	addr, err := e.launch(ctx, spec, image, rec.Policy)
+	if err != nil {
 		_ = e.forget(rec.ID)
 		return fmt.Errorf("sandbox %s: restore from %s: %w", rec.ID, parent, err)
 	}
-	rec.Instance, rec.Gen, rec.Pending = instance, rec.Gen+1, nil
+	if err := e.initDaemon(ctx, rec, addr, imageToken); err != nil {
+		cctx, cancel := cleanupCtx()
+		defer cancel()
+		_ = e.killInstance(cctx, instance)
+		_ = e.forget(rec.ID)
+		return fmt.Errorf("sandbox %s: restored from %s, but its daemon: %w", rec.ID, parent, err)
+	}
+	rec.Instance, rec.Gen, rec.Addr, rec.Pending = instance, rec.Gen+1, addr, nil
 	if err := e.save(rec); err != nil {
 		cctx, cancel := cleanupCtx()
 		defer cancel()

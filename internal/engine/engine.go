@@ -35,6 +35,11 @@ type Config struct {
 	Runtime   runtime.Runtime
 	Snapshots *snapshot.Repo
 	Logger    *slog.Logger
+	// Network, when set, gives every instance its own network namespace.
+	Network Network
+	// Init, when set, re-initialises the in-sandbox daemon after every
+	// restore (new identity and access token per sandbox).
+	Init Initializer
 }
 
 // Engine runs sandboxes on one host.
@@ -45,6 +50,8 @@ type Engine struct {
 	snaps     *snapshot.Repo
 	log       *slog.Logger
 	lockFile  *os.File
+	net       Network
+	init      Initializer
 
 	mu      sync.Mutex
 	records map[string]*record
@@ -80,7 +87,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
-		log: cfg.Logger, lockFile: lf,
+		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 	}
 	if err := e.recover(ctx); err != nil {
@@ -219,7 +226,7 @@ func (e *Engine) instanceSpec(instance string, m snapshot.Manifest) (runtime.Spe
 	return runtime.Spec{
 		ID: instance, RootFS: rootfs.Path(e.rootfsDir, m.RootFS),
 		Args: m.Run.Args, Env: m.Run.Env, Cwd: m.Run.Cwd, User: m.Run.User,
-		Hostname: m.Run.Hostname, Limits: m.Run.Limits,
+		Hostname: m.Run.Hostname, Limits: m.Run.Limits, Mounts: m.Run.Mounts,
 	}, nil
 }
 
@@ -232,17 +239,6 @@ func (e *Engine) tmpDir(prefix string) (string, error) {
 // have ended: cleanup must run to completion.
 func cleanupCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 2*time.Minute)
-}
-
-// killInstance kills an instance, treating "already gone" as success.
-func (e *Engine) killInstance(ctx context.Context, instance string) error {
-	if instance == "" {
-		return nil
-	}
-	if err := e.rt.Kill(ctx, instance); err != nil && !errdefs.IsNotFound(err) {
-		return err
-	}
-	return nil
 }
 
 func isRecordFile(name string) (string, bool) {

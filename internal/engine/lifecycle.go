@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -81,13 +82,21 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	if err := e.save(rec); err != nil {
 		return err
 	}
-	if err := e.rt.Restore(ctx, spec, e.snaps.ImageDir(m.ID)); err != nil {
+	addr, err := e.launch(ctx, spec, e.snaps.ImageDir(m.ID), rec.Policy)
+	if err == nil {
+		if err = e.initDaemon(ctx, rec, addr, m.Run.AccessToken); err != nil {
+			cctx, cancel := cleanupCtx()
+			_ = e.killInstance(cctx, instance)
+			cancel()
+		}
+	}
+	if err != nil {
 		rec.Pending = nil
 		_ = e.save(rec)
 		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
 	}
 	// Commit point.
-	rec.State, rec.Instance, rec.Gen, rec.Hibernation = StateRunning, instance, rec.Gen+1, ""
+	rec.State, rec.Instance, rec.Gen, rec.Hibernation, rec.Addr = StateRunning, instance, rec.Gen+1, "", addr
 	rec.Pending = &pending{Op: opDiscard, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		cctx, cancel := cleanupCtx()
@@ -150,11 +159,11 @@ func (e *Engine) Hibernate(ctx context.Context, id string) error {
 		return undo(err)
 	}
 	// Commit point: the record says hibernated; the instance is discarded.
-	old := rec.Instance
-	rec.State, rec.Instance, rec.Hibernation = StateHibernated, "", m.ID
+	old, oldAddr := rec.Instance, rec.Addr
+	rec.State, rec.Instance, rec.Hibernation, rec.Addr = StateHibernated, "", m.ID, netip.Addr{}
 	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
-		rec.State, rec.Instance, rec.Hibernation = prev, old, ""
+		rec.State, rec.Instance, rec.Hibernation, rec.Addr = prev, old, "", oldAddr
 		_ = e.snaps.Delete(m.ID)
 		return undo(err)
 	}

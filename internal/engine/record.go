@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"github.com/spore-run/spore/internal/atomicfs"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/snapshot"
 )
 
@@ -75,6 +77,8 @@ type record struct {
 	Run         snapshot.RunConfig `json:"run"`
 	CreatedAt   time.Time          `json:"created_at"`
 	Hibernation string             `json:"hibernation,omitempty"` // snapshot holding it while hibernated
+	Policy      netns.Policy       `json:"policy"`                // egress policy
+	Addr        netip.Addr         `json:"addr,omitzero"`         // where the host reaches the instance
 	Pending     *pending           `json:"pending,omitempty"`
 }
 
@@ -93,6 +97,10 @@ type Sandbox struct {
 	Run       snapshot.RunConfig `json:"run"`
 	CreatedAt time.Time          `json:"created_at"`
 	Instance  string             `json:"instance,omitempty"`
+	// Addr is where the host reaches the sandbox's ports (invalid without
+	// network or while hibernated).
+	Addr   netip.Addr   `json:"addr,omitzero"`
+	Policy netns.Policy `json:"policy"`
 }
 
 func (r *record) view() Sandbox {
@@ -103,7 +111,7 @@ func (r *record) view() Sandbox {
 		}
 	}
 	return Sandbox{ID: r.ID, State: st, Template: r.Template, Parent: r.Parent, RootFS: r.RootFS,
-		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance}
+		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy}
 }
 
 func (e *Engine) recordPath(id string) string {

@@ -176,5 +176,10 @@ func (e *Engine) removeOrphans(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if e.net != nil {
+		if err := e.net.Sweep(ctx, claimed); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }

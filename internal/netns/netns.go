@@ -25,20 +25,21 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
 // Inside addresses, identical in every sandbox.
 var (
-	SandboxIP = netip.MustParseAddr("10.0.0.2")
-	GatewayIP = netip.MustParseAddr("10.0.0.1")
+	SandboxIP     = netip.MustParseAddr("10.0.0.2")
+	GatewayIP     = netip.MustParseAddr("10.0.0.1")
 	sandboxMAC, _ = net.ParseMAC("02:53:50:00:00:02")
 )
 
@@ -53,9 +54,9 @@ type Policy struct {
 type Net struct {
 	Instance string     `json:"instance"`
 	Slot     int        `json:"slot"`
-	NetNS    string     `json:"netns"`   // path of the sandbox namespace, for the OCI spec
-	Addr     netip.Addr `json:"addr"`    // where the host reaches the sandbox's ports
-	HostAddr netip.Addr `json:"host"`    // the host end
+	NetNS    string     `json:"netns"` // path of the sandbox namespace, for the OCI spec
+	Addr     netip.Addr `json:"addr"`  // where the host reaches the sandbox's ports
+	HostAddr netip.Addr `json:"host"`  // the host end
 	Policy   Policy     `json:"policy"`
 }
 
@@ -144,7 +145,7 @@ func (m *Manager) List() ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok && !strings.HasPrefix(id, ".") {
 			out = append(out, id)
 		}
 	}
@@ -166,10 +167,19 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 			used[n.Slot] = true
 		}
 	}
-	for s := 0; s < maxSlots; s++ {
+	// Round-robin from the last slot handed out: an address freed now is
+	// not reused at once, so a client's pooled connection to a killed
+	// sandbox never lands on a new one.
+	cursor := 0
+	if b, err := os.ReadFile(filepath.Join(m.cfg.StateDir, "cursor")); err == nil {
+		cursor, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	for i := 0; i < maxSlots; i++ {
+		s := (cursor + i) % maxSlots
 		if used[s] {
 			continue
 		}
+		os.WriteFile(filepath.Join(m.cfg.StateDir, "cursor"), []byte(strconv.Itoa(s+1)), 0o600)
 		n := Net{
 			Instance: instance, Slot: s, NetNS: "/var/run/netns/" + m.sbName(instance),
 			Addr: m.slotAddr(s, 2), HostAddr: m.slotAddr(s, 1), Policy: p,

@@ -44,6 +44,16 @@ type Spec struct {
 	// NetNS is the path of the network namespace the instance joins, or ""
 	// for no network at all.
 	NetNS string
+	// Mounts are host directories bound into the instance (read-only when
+	// asked). A restore must be given the same mounts as the checkpoint.
+	Mounts []Mount
+}
+
+// Mount binds a host directory into an instance.
+type Mount struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	ReadOnly    bool   `json:"read_only,omitempty"`
 }
 
 // State of an instance.

@@ -50,6 +50,13 @@ type RunConfig struct {
 	User     runtime.User   `json:"user"`
 	Hostname string         `json:"hostname,omitempty"`
 	Limits   runtime.Limits `json:"limits"`
+	// Mounts are host directories bound into the sandbox (the in-sandbox
+	// daemon); a restore needs the same ones.
+	Mounts []runtime.Mount `json:"mounts,omitempty"`
+	// AccessToken is the in-sandbox daemon's access token held in the
+	// image's memory: whoever restores the image needs it to re-initialise
+	// the daemon with a new one.
+	AccessToken string `json:"access_token,omitempty"`
 }
 
 // Manifest describes a committed snapshot.

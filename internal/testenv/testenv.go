@@ -4,8 +4,11 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -52,4 +55,33 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs real sandboxes and needs root")
 	}
+}
+
+var (
+	envdOnce sync.Once
+	envdPath string
+	envdErr  error
+)
+
+// EnvdBinary builds spore-envd (static) once per test binary and returns
+// its path.
+func EnvdBinary(t testing.TB) string {
+	t.Helper()
+	envdOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "spore-envd-build-")
+		if err != nil {
+			envdErr = err
+			return
+		}
+		envdPath = filepath.Join(dir, "spore-envd")
+		cmd := exec.Command("go", "build", "-o", envdPath, "github.com/spore-run/spore/cmd/spore-envd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			envdErr = fmt.Errorf("build spore-envd: %v: %s", err, out)
+		}
+	})
+	if envdErr != nil {
+		t.Fatal(envdErr)
+	}
+	return envdPath
 }

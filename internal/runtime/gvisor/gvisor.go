@@ -209,6 +209,14 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 	if l := spec.Limits; l.VCPUs < 0 || l.MemoryMB < 0 || l.MaxProcs < 0 || l.DiskMB < 0 {
 		return errdefs.Invalidf("instance %s: negative resource limit", spec.ID)
 	}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Destination) || filepath.Clean(m.Destination) == "/" {
+			return errdefs.Invalidf("instance %s: mount %s -> %s needs absolute paths and a destination other than /", spec.ID, m.Source, m.Destination)
+		}
+		if _, err := os.Stat(m.Source); err != nil {
+			return fmt.Errorf("instance %s: mount source %s: %w", spec.ID, m.Source, errdefs.ErrNotFound)
+		}
+	}
 	if d.exists(spec.ID) {
 		return fmt.Errorf("instance %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}

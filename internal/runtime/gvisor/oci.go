@@ -36,6 +36,20 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 		caps = &specs.LinuxCapabilities{Bounding: defaultCaps}
 	}
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNS}
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	for _, m := range s.Mounts {
+		opts := []string{"rbind"}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		mounts = append(mounts, specs.Mount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: opts})
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -48,13 +62,7 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 		},
 		Root:     &specs.Root{Path: s.RootFS},
 		Hostname: hostname,
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-		},
+		Mounts:   mounts,
 		Linux: &specs.Linux{
 			CgroupsPath: cgroupParent + "/" + s.ID,
 			Resources:   resources(s.Limits),

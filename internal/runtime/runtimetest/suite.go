@@ -7,6 +7,7 @@ package runtimetest
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,6 +29,7 @@ func Run(t *testing.T, rt runtime.Runtime, rootfs string) {
 	t.Run("CheckpointStop", s.testCheckpointStop)
 	t.Run("ListAndRecover", s.testListRecover)
 	t.Run("Limits", s.testLimits)
+	t.Run("Mounts", s.testMounts)
 	t.Run("BadInput", s.testBadInput)
 }
 
@@ -330,6 +332,52 @@ for k in kids:
     os.kill(k, signal.SIGKILL)
     os.waitpid(k, 0)
 `
+
+func (s *suite) testMounts(t *testing.T) {
+	ctx := ctxFor(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("from host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := s.spec(ids.New('t'), runtime.Limits{})
+	spec.Mounts = []runtime.Mount{{Source: dir, Destination: "/opt/host", ReadOnly: true}}
+	if err := s.rt.Start(ctx, spec); err != nil {
+		t.Fatalf("Start with a mount: %v", err)
+	}
+	s.cleanup(t, spec.ID)
+	if out, code := s.sh(t, ctx, spec.ID, "cat /opt/host/hello"); code != 0 || out != "from host\n" {
+		t.Fatalf("read through the mount: %d %q", code, out)
+	}
+	if _, code := s.sh(t, ctx, spec.ID, "echo x > /opt/host/new"); code == 0 {
+		t.Fatal("wrote through a read-only mount")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new")); !os.IsNotExist(err) {
+		t.Fatal("a file appeared on the host")
+	}
+	// A checkpoint restores with the same mount.
+	img := t.TempDir()
+	if err := s.rt.Checkpoint(ctx, spec.ID, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		t.Fatal(err)
+	}
+	clone := spec
+	clone.ID = ids.New('t')
+	if err := s.rt.Restore(ctx, clone, img); err != nil {
+		t.Fatalf("Restore with the mount: %v", err)
+	}
+	s.cleanup(t, clone.ID)
+	if out, _ := s.sh(t, ctx, clone.ID, "cat /opt/host/hello"); out != "from host\n" {
+		t.Fatalf("clone reads %q", out)
+	}
+	bad := s.spec(ids.New('t'), runtime.Limits{})
+	bad.Mounts = []runtime.Mount{{Source: "relative", Destination: "/x"}}
+	if err := s.rt.Start(ctx, bad); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("relative mount source = %v", err)
+	}
+	bad.Mounts = []runtime.Mount{{Source: filepath.Join(dir, "missing"), Destination: "/x"}}
+	if err := s.rt.Start(ctx, bad); !errdefs.IsNotFound(err) {
+		t.Fatalf("missing mount source = %v", err)
+	}
+}
 
 func atoi(s string) int {
 	n := 0

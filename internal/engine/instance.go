@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"strings"
+
+	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/runtime"
+)
+
+// Network gives each instance its own network (implemented by
+// netns.Manager). Optional: without it sandboxes have no network.
+type Network interface {
+	Setup(ctx context.Context, instance string, p netns.Policy) (netns.Net, error)
+	Teardown(ctx context.Context, instance string) error
+	SetPolicy(ctx context.Context, instance string, p netns.Policy) error
+	Sweep(ctx context.Context, keep map[string]bool) error
+}
+
+// Initializer re-initialises the in-sandbox daemon after a restore, so each
+// restored sandbox gets its own identity and access token (implemented by
+// envdclient.Client). Optional: needs a Network.
+type Initializer interface {
+	Init(ctx context.Context, addr netip.Addr, token string, req envd.InitRequest) error
+}
+
+// launch sets up the instance's network, then boots it (image == "") or
+// restores it from image. On failure nothing is left.
+func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
+	var addr netip.Addr
+	if e.net != nil {
+		n, err := e.net.Setup(ctx, spec.ID, policy)
+		if err != nil {
+			return addr, err
+		}
+		spec.NetNS, addr = n.NetNS, n.Addr
+	}
+	var err error
+	if image == "" {
+		err = e.rt.Start(ctx, spec)
+	} else {
+		err = e.rt.Restore(ctx, spec, image)
+	}
+	if err != nil {
+		if e.net != nil {
+			cctx, cancel := cleanupCtx()
+			defer cancel()
+			if terr := e.net.Teardown(cctx, spec.ID); terr != nil {
+				e.log.Warn("teardown network", "instance", spec.ID, "err", terr)
+			}
+		}
+		return netip.Addr{}, err
+	}
+	return addr, nil
+}
+
+// killInstance kills an instance and frees its network, treating "already
+// gone" as success.
+func (e *Engine) killInstance(ctx context.Context, instance string) error {
+	if instance == "" {
+		return nil
+	}
+	if err := e.rt.Kill(ctx, instance); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if e.net != nil {
+		return e.net.Teardown(ctx, instance)
+	}
+	return nil
+}
+
+// initDaemon re-initialises the daemon of a just-restored instance with
+// rec's identity, token and environment; imageToken is the token the
+// image's daemon holds.
+func (e *Engine) initDaemon(ctx context.Context, rec *record, addr netip.Addr, imageToken string) error {
+	if e.init == nil || !addr.IsValid() {
+		return nil
+	}
+	token := rec.Run.AccessToken
+	env := map[string]string{}
+	for _, kv := range rec.Run.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	return e.init.Init(ctx, addr, imageToken, envd.InitRequest{AccessToken: &token, SandboxID: rec.ID, EnvVars: env})
+}
+
+// newToken returns a fresh access token for a sandbox's daemon.
+func newToken() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// SetPolicy changes a running sandbox's egress policy.
+func (e *Engine) SetPolicy(ctx context.Context, id string, p netns.Policy) error {
+	rec, unlock, err := e.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if e.net == nil {
+		return errdefs.Invalidf("this engine runs sandboxes without network")
+	}
+	if rec.Instance != "" {
+		if err := e.net.SetPolicy(ctx, rec.Instance, p); err != nil {
+			return err
+		}
+	}
+	rec.Policy = p
+	return e.save(rec)
+}

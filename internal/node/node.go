@@ -1,0 +1,185 @@
+// Package node wires one host's pieces into a working node: the gVisor
+// runtime, per-instance networks, the snapshot repository, the engine,
+// the in-sandbox daemon (installed into the data directory and bound into
+// every sandbox) and the default templates.
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/envdclient"
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/runtime/gvisor"
+	"github.com/spore-run/spore/internal/setup"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Config configures a node.
+type Config struct {
+	DataDir string // /var/lib/spore
+	// RootFSDir overrides <DataDir>/rootfs (tests share one).
+	RootFSDir string
+	// Runsc overrides <DataDir>/bin/runsc.
+	Runsc string
+	// EnvdBinary is the spore-envd to install (default: beside the running
+	// executable).
+	EnvdBinary string
+	// NetPrefix names the node's network objects (default "sp").
+	NetPrefix string
+	// CgroupParent for instances (default "/spore").
+	CgroupParent string
+	Logger       *slog.Logger
+}
+
+// Node is a running node.
+type Node struct {
+	Engine  *engine.Engine
+	Runtime *gvisor.Driver
+	Net     *netns.Manager
+	Envd    *envdclient.Client
+	envdDir string
+	log     *slog.Logger
+}
+
+// Open wires the node and recovers its sandboxes.
+func Open(ctx context.Context, cfg Config) (*Node, error) {
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RootFSDir == "" {
+		cfg.RootFSDir = setup.RootFSDir(dataDir)
+	}
+	if cfg.Runsc == "" {
+		cfg.Runsc = setup.RunscPath(dataDir)
+	}
+	if cfg.EnvdBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.EnvdBinary = filepath.Join(filepath.Dir(exe), "spore-envd")
+	}
+	envdDir, err := installEnvd(cfg.EnvdBinary, filepath.Join(dataDir, "envd"))
+	if err != nil {
+		return nil, fmt.Errorf("install envd: %w", err)
+	}
+	drv, err := gvisor.New(ctx, gvisor.Config{
+		Runsc: cfg.Runsc, StateDir: filepath.Join(dataDir, "runtime"), CgroupParent: cfg.CgroupParent, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	repo, err := snapshot.Open(filepath.Join(dataDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	client := envdclient.New()
+	eng, err := engine.Open(ctx, engine.Config{
+		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
+		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, log: cfg.Logger}, nil
+}
+
+// Close releases the node; sandboxes keep running.
+func (n *Node) Close() error { return n.Engine.Close() }
+
+// EnvdDir is the installed daemon's directory (bound at /opt/spore).
+func (n *Node) EnvdDir() string { return n.envdDir }
+
+// installEnvd copies the daemon binary into a directory named by its
+// content, so a snapshot keeps the daemon build it was taken with and a
+// new build makes new templates.
+func installEnvd(bin, root string) (string, error) {
+	f, err := os.Open(bin)
+	if err != nil {
+		return "", fmt.Errorf("%s (run `make build`): %w", bin, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(root, hex.EncodeToString(h.Sum(nil))[:16])
+	dst := filepath.Join(dir, "bin", "spore-envd")
+	if _, err := os.Stat(dst); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".envd-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, f); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	tmp.Chmod(0o755)
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	return dir, os.Rename(tmp.Name(), dst)
+}
+
+// Template names every node builds.
+const (
+	TemplateBase            = "base"
+	TemplateCodeInterpreter = "code-interpreter-v1"
+)
+
+// TemplateSpecs are the default templates: the daemon as init, ready once
+// it answers; the code interpreter's with a Python context already warm
+// (its kernel is in the snapshot, so the first runCode is instant).
+func (n *Node) TemplateSpecs() []engine.TemplateSpec {
+	run := snapshot.RunConfig{
+		Args:   []string{"/opt/spore/bin/spore-envd"},
+		Env:    []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Cwd:    "/",
+		User:   runtime.User{UID: 0, GID: 0},
+		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096},
+		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: "/opt/spore", ReadOnly: true}},
+	}
+	return []engine.TemplateSpec{
+		{Name: TemplateBase, Run: run, Ready: []string{"/opt/spore/bin/spore-envd", "-health"}},
+		{Name: TemplateCodeInterpreter, Run: run, Ready: []string{"/bin/sh", "-c",
+			`/opt/spore/bin/spore-envd -health && curl -sf -X POST http://127.0.0.1:49999/execute -d '{"code":"1"}' >/dev/null`}},
+	}
+}
+
+// EnsureTemplates builds the default templates that are missing or stale.
+func (n *Node) EnsureTemplates(ctx context.Context) error {
+	for _, spec := range n.TemplateSpecs() {
+		m, built, err := n.Engine.EnsureTemplate(ctx, spec)
+		if err != nil {
+			return fmt.Errorf("template %s: %w", spec.Name, err)
+		}
+		n.log.Info("template ready", "template_id", spec.Name, "snapshot_id", m.ID, "built", built)
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+package node_test
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/node"
+	processpb "github.com/spore-run/spore/proto/gen/process"
+)
+
+// envd inside a real sandbox: commands as the default user and as root,
+// stdin, files up and down (binary, 10 MB), the token.
+func TestEnvdInSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase, Env: []string{"FROM_CREATE=yes"}})
+	c := e.client(sb, connect.WithProtoJSON())
+
+	if got := c.sh(ctx, "id -un; pwd; echo $FROM_CREATE $E2B_SANDBOX_ID"); got != "user\n/home/user\nyes "+sb.ID+"\n" {
+		t.Fatalf("default user/cwd/env = %q", got)
+	}
+	c.user = "root"
+	if got := c.sh(ctx, "id -u"); got != "0\n" {
+		t.Fatalf("as root = %q", got)
+	}
+	c.user = ""
+	r, err := c.run(ctx, "echo err >&2; exit 42")
+	if err != nil || r.exit != 42 || r.stderr != "err\n" {
+		t.Fatalf("exit code = %+v %v", r, err)
+	}
+
+	// Binary upload and download of 10 MB through the files API.
+	blob := make([]byte, 10<<20)
+	for i := range blob {
+		blob[i] = byte(i*31 + i>>11)
+	}
+	status, body := c.http(ctx, "POST", envd.Port, "/files?path=data/blob.bin", bytes.NewReader(blob), map[string]string{"Content-Type": "application/octet-stream"})
+	if status != 200 || !strings.Contains(string(body), "/home/user/data/blob.bin") {
+		t.Fatalf("upload = %d %s", status, body)
+	}
+	if got := c.sh(ctx, "stat -c '%U %s' /home/user/data/blob.bin"); got != "user 10485760\n" {
+		t.Fatalf("uploaded file = %q", got)
+	}
+	status, body = c.http(ctx, "GET", envd.Port, "/files?path=/home/user/data/blob.bin", nil, nil)
+	if status != 200 || !bytes.Equal(body, blob) {
+		t.Fatalf("download = %d, %d bytes, equal %v", status, len(body), bytes.Equal(body, blob))
+	}
+	if status, _ := c.http(ctx, "GET", envd.Port, "/files?path=/nope", nil, nil); status != 404 {
+		t.Fatalf("missing file = %d", status)
+	}
+	// The token is enforced.
+	c.token = "wrong"
+	if _, err := c.run(ctx, "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("wrong token = %v", err)
+	}
+	if status, _ := c.http(ctx, "GET", envd.Port, "/health", nil, nil); status != 204 {
+		t.Fatalf("health = %d", status)
+	}
+}
+
+// A background process started before a snapshot keeps running in each
+// fork; each fork gets its own identity and token; a code-interpreter
+// variable set before the fork is in every fork, and changes stay their own.
+func TestForkContinuesProcessesAndKernels(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	src := e.create(ctx, engine.CreateOptions{Template: node.TemplateCodeInterpreter})
+	c := e.client(src)
+	tag := "ticker"
+	st, err := c.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{
+		Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/ticks; sleep 0.05; done"}},
+		Tag:     &tag,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Receive()
+	if got := c.runCode(ctx, "x = 'before'\nx"); got != "'before'" {
+		t.Fatalf("runCode = %q", got)
+	}
+
+	fr, err := e.n.Engine.Fork(ctx, src.ID, engine.ForkOptions{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]bool{src.Run.AccessToken: true}
+	var kids []*client
+	for _, ch := range fr.Children {
+		if ch.Err != nil {
+			t.Fatal(ch.Err)
+		}
+		if tokens[ch.Sandbox.Run.AccessToken] {
+			t.Fatalf("fork %s shares a token", ch.Sandbox.ID)
+		}
+		tokens[ch.Sandbox.Run.AccessToken] = true
+		kids = append(kids, e.client(ch.Sandbox))
+	}
+	for _, k := range kids {
+		// The ticker is listed under its tag and keeps counting.
+		list, err := k.proc.List(ctx, connect.NewRequest(&processpb.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, p := range list.Msg.GetProcesses() {
+			found = found || p.GetTag() == "ticker"
+		}
+		if !found {
+			t.Fatalf("%s: background process not listed: %v", k.sb.ID, list.Msg.GetProcesses())
+		}
+		a, _ := strconv.Atoi(strings.TrimSpace(k.sh(ctx, "cat /tmp/ticks")))
+		time.Sleep(300 * time.Millisecond)
+		b, _ := strconv.Atoi(strings.TrimSpace(k.sh(ctx, "cat /tmp/ticks")))
+		if a == 0 || b <= a {
+			t.Fatalf("%s: ticker %d then %d: not running", k.sb.ID, a, b)
+		}
+		if got := k.sh(ctx, "echo $E2B_SANDBOX_ID"); got != k.sb.ID+"\n" {
+			t.Fatalf("fork identity = %q, want %s", got, k.sb.ID)
+		}
+		// The parent's token does not open the child.
+		other := e.client(k.sb)
+		other.token = src.Run.AccessToken
+		if _, err := other.run(ctx, "true"); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("parent's token on a fork = %v", err)
+		}
+		if got := k.runCode(ctx, "x"); got != "'before'" {
+			t.Fatalf("%s: variable = %q", k.sb.ID, got)
+		}
+	}
+	kids[0].runCode(ctx, "x = 'changed in fork 0'")
+	if got := kids[0].runCode(ctx, "x"); got != "'changed in fork 0'" {
+		t.Fatalf("fork 0 = %q", got)
+	}
+	if got := kids[1].runCode(ctx, "x"); got != "'before'" {
+		t.Fatalf("fork 1 sees %q", got)
+	}
+	if got := c.runCode(ctx, "x"); got != "'before'" {
+		t.Fatalf("source sees %q", got)
+	}
+}
+
+// Rollback and hibernate keep the daemon working with the sandbox's token,
+// and the interpreter's variables come back with memory.
+func TestRollbackAndHibernateKeepDaemon(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateCodeInterpreter})
+	c := e.client(sb)
+	c.runCode(ctx, "v = 1")
+	c.sh(ctx, "echo kept > /home/user/f")
+	snap, err := e.n.Engine.Snapshot(ctx, sb.ID, engine.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.runCode(ctx, "v = 2")
+	c.sh(ctx, "echo broken > /home/user/f")
+	rb, err := e.n.Engine.Rollback(ctx, sb.ID, snap.Manifest.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = e.client(rb) // same ID and token; the address may change
+	if rb.Run.AccessToken != sb.Run.AccessToken || rb.ID != sb.ID {
+		t.Fatalf("rollback changed identity: %+v", rb)
+	}
+	if got := c.runCode(ctx, "v"); got != "1" {
+		t.Fatalf("after rollback v = %q", got)
+	}
+	if got := c.sh(ctx, "cat /home/user/f"); got != "kept\n" {
+		t.Fatalf("after rollback f = %q", got)
+	}
+	if err := e.n.Engine.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.n.Engine.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := e.n.Engine.Get(ctx, sb.ID)
+	c = e.client(now)
+	if got := c.runCode(ctx, "v + 41"); got != "42" {
+		t.Fatalf("after hibernate v+41 = %q", got)
+	}
+}
+
+// A sandbox cannot reach a server on the host (its 127.0.0.1 or any host
+// address) or another sandbox; the host reaches sandboxes only through
+// their own addresses.
+func TestIsolation(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	a := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	b := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	ca, cb := e.client(a), e.client(b)
+	// A server on the host, on every address.
+	srv := exec.Command("/usr/bin/python3", "-c", `import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 18777)); s.listen(8)
+while True:
+    c, _ = s.accept(); c.sendall(b"host-secret\n"); c.close()`)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	cb.sh(ctx, "nohup python3 -c \"import socket\ns=socket.socket(); s.bind(('0.0.0.0', 18778)); s.listen(8)\nwhile True:\n  c,_=s.accept(); c.sendall(b'b-secret\\n'); c.close()\" >/dev/null 2>&1 &")
+	probe := func(c *client, addr string) string {
+		r, _ := c.run(ctx, fmt.Sprintf(`python3 -c "
+import socket
+try:
+    s = socket.create_connection(('%s', %s), timeout=2); print(s.recv(100).decode().strip())
+except Exception as e:
+    print('blocked', type(e).__name__)"`, strings.Split(addr, ":")[0], strings.Split(addr, ":")[1]))
+		return strings.TrimSpace(r.stdout)
+	}
+	// Sanity: the host reaches b's server through b's address.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf("import socket;print(socket.create_connection(('%s', 18778), timeout=2).recv(100).decode().strip())", b.Addr)).Output()
+		if strings.TrimSpace(string(out)) == "b-secret" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host cannot reach b's server at %s", b.Addr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	hostEnd := netip.MustParseAddr(b.Addr.String()).Prev() // b's host-side address
+	for _, target := range []string{
+		"127.0.0.1:18777",                   // the host's loopback (the sandbox's own loopback, in gVisor)
+		hostEnd.String() + ":18777",         // the host through a sandbox's gateway
+		b.Addr.String() + ":18778",          // another sandbox
+		netns.GatewayIP.String() + ":18777", // its own gateway
+	} {
+		if got := probe(ca, target); !strings.HasPrefix(got, "blocked") {
+			t.Errorf("sandbox a reached %s: %q", target, got)
+		}
+	}
+}
+
+// Egress: a test host outside (a namespace of this test on 198.18.0.0/15)
+// is reachable by default, not with a deny list, not with internet off,
+// and again with an allow list; policies change at run time.
+func TestEgressPolicy(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	setupPeer(t)
+	open := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	closed := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase, Policy: &netns.Policy{Internet: false}})
+	get := func(sb engine.Sandbox) string {
+		r, _ := e.client(sb).run(ctx, `curl -s -m 2 http://198.18.0.2:18779/ || echo blocked`)
+		return strings.TrimSpace(r.stdout)
+	}
+	waitFor(t, func() bool { return get(open) == "outside" })
+	if got := get(closed); got != "blocked" {
+		t.Fatalf("internet off reached outside: %q", got)
+	}
+	if err := e.n.Engine.SetPolicy(ctx, open.ID, netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16")}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(open); got != "blocked" {
+		t.Fatalf("deny list not enforced: %q", got)
+	}
+	if err := e.n.Engine.SetPolicy(ctx, closed.ID, netns.Policy{Internet: false, Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.2/32")}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(closed); got != "outside" {
+		t.Fatalf("allow list not honoured: %q", got)
+	}
+	// A fork inherits its source's policy.
+	fr, err := e.n.Engine.Fork(ctx, open.ID, engine.ForkOptions{Count: 1})
+	if err != nil || fr.Children[0].Err != nil {
+		t.Fatalf("fork: %v %v", err, fr.Children)
+	}
+	if got := get(fr.Children[0].Sandbox); got != "blocked" {
+		t.Fatalf("fork escaped the deny list: %q", got)
+	}
+}
+
+func setupPeer(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", `ip netns add spn-peer && ip link add spnpeer0 type veth peer name spnpeer1 netns spn-peer &&
+		ip addr add 198.18.0.1/30 dev spnpeer0 && ip link set spnpeer0 up &&
+		ip -n spn-peer addr add 198.18.0.2/30 dev spnpeer1 && ip -n spn-peer link set spnpeer1 up && ip -n spn-peer link set lo up &&
+		ip -n spn-peer route add default via 198.18.0.1`)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("peer: %v %s", err, out)
+	}
+	srv := exec.Command("ip", "netns", "exec", "spn-peer", "/usr/bin/python3", "-c", `import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("198.18.0.2", 18779)); s.listen(8)
+while True:
+    c, _ = s.accept(); c.recv(1000); c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\noutside"); c.close()`)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Process.Kill()
+		srv.Wait()
+		exec.Command("ip", "link", "del", "spnpeer0").Run()
+		exec.Command("ip", "netns", "del", "spn-peer").Run()
+	})
+}
+
+func waitFor(t *testing.T, f func() bool) {
+	t.Helper()
+	for range 100 {
+		if f() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("condition not met in 10s")
+}
