@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test up bench clean
+.PHONY: build setup test up bench clean proto
 
 ## build: compile the binaries into bin/
 build:
@@ -20,6 +20,10 @@ build:
 ## setup: install the runtime (Debian packages, pinned gVisor runsc, base root filesystem); idempotent
 setup: build
 	bin/spore setup
+
+## proto: regenerate the envd protocol code (committed)
+proto:
+	PATH="$(CACHE_DIR)/tools:$$PATH" proto/gen.sh
 
 ## test: every test, against real runsc sandboxes
 test: setup

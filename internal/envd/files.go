@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -96,12 +97,21 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(p)}))
 	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 		w.Header().Set("Content-Encoding", "gzip")
-		gz := gzip.NewWriter(w)
-		io.Copy(gz, f)
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		copyLarge(gz, f)
 		gz.Close()
 		return
 	}
-	http.ServeContent(w, r, "", st.ModTime(), f)
+	if r.Header.Get("Range") != "" {
+		http.ServeContent(w, r, "", st.ModTime(), f)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
+	w.Header().Set("Last-Modified", st.ModTime().UTC().Format(http.TimeFormat))
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		copyLarge(w, f)
+	}
 }
 
 type writtenFile struct {
@@ -207,7 +217,7 @@ func writeFile(u identity.User, dest string, src io.Reader) (writtenFile, int, e
 	if err != nil {
 		return writtenFile{}, statusOf(err), fmt.Errorf("open %s: %v", p, err)
 	}
-	_, err = io.Copy(f, src)
+	_, err = copyLarge(f, src)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -217,6 +227,18 @@ func writeFile(u identity.User, dest string, src io.Reader) (writtenFile, int, e
 	os.Chown(p, int(u.UID), int(u.GID))
 	return writtenFile{Path: p, Name: filepath.Base(p), Type: "file"}, 0, nil
 }
+
+// copyLarge copies with 1 MiB buffers: inside gVisor every read and write
+// is a trip through the sandbox kernel, so fewer, larger ones are faster
+// than io.Copy's 32 KiB (measured: see docs/envd.md).
+func copyLarge(dst io.Writer, src io.Reader) (int64, error) {
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	// Hide ReaderFrom/WriterTo so the buffer is really used.
+	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *buf)
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 func statusOf(err error) int {
 	switch {

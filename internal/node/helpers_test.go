@@ -30,13 +30,13 @@ import (
 )
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	cgroup string
 	n      *node.Node
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
 	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g')}
@@ -104,7 +104,7 @@ func (e *env) create(ctx context.Context, opts engine.CreateOptions) engine.Sand
 
 // client is an envd client for one sandbox, as an SDK would hold it.
 type client struct {
-	t     *testing.T
+	t     testing.TB
 	sb    engine.Sandbox
 	token string
 	user  string
@@ -115,11 +115,13 @@ type client struct {
 func (e *env) client(sb engine.Sandbox, opts ...connect.ClientOption) *client {
 	c := &client{t: e.t, sb: sb, token: sb.Run.AccessToken}
 	opts = append(opts, connect.WithInterceptors(c))
-	c.hc = &http.Client{Transport: &http.Transport{}}
+	c.hc = &http.Client{Transport: &http.Transport{ReadBufferSize: 1 << 20, WriteBufferSize: 1 << 20, DisableCompression: true}}
 	e.t.Cleanup(c.hc.CloseIdleConnections)
 	c.proc = processpbconnect.NewProcessClient(c.hc, envdclient.URL(sb.Addr, envd.Port), opts...)
 	return c
 }
+
+func (c *client) url(port int) string { return envdclient.URL(c.sb.Addr, port) }
 
 func (c *client) header(h http.Header) {
 	if c.token != "" {

@@ -25,7 +25,18 @@ import (
 const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 
 // Packages are the Debian packages the runtime needs.
-var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3"}
+// (protobuf-compiler regenerates the envd protocol code; a test checks the
+// committed code is fresh.)
+var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl", "protobuf-compiler"}
+
+// Tools are the pinned code generators, built into <cache>/tools.
+var Tools = []string{
+	"google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12",
+	"connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1",
+}
+
+// ToolsDir is where setup installs the code generators.
+func ToolsDir(cacheDir string) string { return filepath.Join(cacheDir, "tools") }
 
 // Config says where things go.
 type Config struct {
@@ -45,7 +56,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("setup needs root (it installs packages and builds a root filesystem)")
 	}
-	bar := progress.New(cfg.Out, 3, "spore setup")
+	bar := progress.New(cfg.Out, 4, "spore setup")
 	start := time.Now()
 
 	bar.Step("Debian packages")
@@ -57,6 +68,13 @@ func Run(ctx context.Context, cfg Config) error {
 
 	bar.Step("gVisor runsc " + RunscModule[strings.Index(RunscModule, "@")+1:])
 	note, err = ensureRunsc(ctx, cfg, bar.Writer())
+	if err != nil {
+		return err
+	}
+	bar.StepDone(note)
+
+	bar.Step("code generators")
+	note, err = ensureTools(ctx, cfg, bar.Writer())
 	if err != nil {
 		return err
 	}
@@ -148,6 +166,24 @@ func ensureRunsc(ctx context.Context, cfg Config, log io.Writer) (string, error)
 		return "", err
 	}
 	return note + ", installed " + dst, nil
+}
+
+func ensureTools(ctx context.Context, cfg Config, log io.Writer) (string, error) {
+	dir := ToolsDir(cfg.CacheDir)
+	stamp := filepath.Join(dir, ".versions")
+	want := strings.Join(Tools, "\n")
+	if b, err := os.ReadFile(stamp); err == nil && string(b) == want {
+		return "up to date", nil
+	}
+	for _, t := range Tools {
+		if err := run(ctx, log, []string{"GOBIN=" + dir}, "go", "install", t); err != nil {
+			return "", err
+		}
+	}
+	if err := os.WriteFile(stamp, []byte(want), 0o644); err != nil {
+		return "", err
+	}
+	return "installed " + dir, nil
 }
 
 func run(ctx context.Context, log io.Writer, env []string, name string, args ...string) error {

@@ -1,0 +1,49 @@
+// Package guard holds the architecture's guardrails as tests.
+package guard
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The in-sandbox daemon is a separate static binary placed in every root
+// filesystem: it must not pull in host-side packages (the runtime, the
+// engine, networking, storage).
+func TestEnvdImportsNothingHostSide(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/spore-run/spore/cmd/spore-envd").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v: %s", err, out)
+	}
+	allowed := []string{
+		"github.com/spore-run/spore/cmd/spore-envd",
+		"github.com/spore-run/spore/internal/envd",
+		"github.com/spore-run/spore/proto/gen/",
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(pkg, "github.com/spore-run/spore/") {
+			continue
+		}
+		ok := false
+		for _, a := range allowed {
+			ok = ok || strings.HasPrefix(pkg, a)
+		}
+		if !ok {
+			t.Errorf("spore-envd depends on host-side package %s", pkg)
+		}
+	}
+}
+
+// The engine works through the runtime contract: it must not reach into a
+// runtime implementation.
+func TestEngineUsesRuntimeContractOnly(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/spore-run/spore/internal/engine").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v: %s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "github.com/spore-run/spore/internal/runtime/") {
+			t.Errorf("engine depends on runtime implementation %s", pkg)
+		}
+	}
+}
