@@ -1,0 +1,452 @@
+// Package sqlite implements store.Store on an embedded SQLite database
+// (pure Go: modernc.org/sqlite, no cgo), with versioned migrations.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// DB is a SQLite-backed store.
+type DB struct {
+	db *sql.DB
+}
+
+var _ store.Store = (*DB)(nil)
+
+// migrations are applied in order, each once, each in a transaction.
+var migrations = []string{
+	// 1: sandboxes, their metadata (for filtering), snapshots, API keys.
+	`CREATE TABLE sandboxes (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		state TEXT NOT NULL,
+		template_id TEXT NOT NULL,
+		end_at INTEGER NOT NULL,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX sandboxes_state_end ON sandboxes(state, end_at);
+	CREATE TABLE sandbox_metadata (
+		sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+		key TEXT NOT NULL,
+		value TEXT NOT NULL,
+		PRIMARY KEY (sandbox_id, key)
+	);
+	CREATE INDEX sandbox_metadata_kv ON sandbox_metadata(key, value);
+	CREATE TABLE snapshots (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		sandbox_id TEXT NOT NULL,
+		data TEXT NOT NULL
+	);
+	CREATE TABLE snapshot_names (
+		snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+		name TEXT NOT NULL UNIQUE
+	);
+	CREATE TABLE api_keys (
+		id TEXT PRIMARY KEY,
+		hash TEXT NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL
+	);`,
+}
+
+// Open opens (creating and migrating) the database at path.
+func Open(ctx context.Context, path string) (*DB, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(FULL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	// One writer at a time: SQLite serializes writes anyway, and a single
+	// connection never sees SQLITE_BUSY.
+	db.SetMaxOpenConns(1)
+	s := &DB{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *DB) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	var have int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if have > len(migrations) {
+		return fmt.Errorf("database schema version %d is newer than this binary knows (%d)", have, len(migrations))
+	}
+	for v := have + 1; v <= len(migrations); v++ {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %d: %w", v, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version) VALUES (?)`, v); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %d: %w", v, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migration %d: %w", v, err)
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *DB) Close() error { return s.db.Close() }
+
+func isUnique(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+func encodeCursor(seq int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("seq:" + strconv.FormatInt(seq, 10)))
+}
+
+func decodeCursor(c string) (int64, error) {
+	if c == "" {
+		return 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		if v, ok := strings.CutPrefix(string(b), "seq:"); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+				return n, nil
+			}
+		}
+	}
+	return 0, errdefs.Invalidf("malformed paging token %q", c)
+}
+
+// CreateSandbox implements store.Store.
+func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	data, _ := json.Marshal(sb)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, template_id, end_at, data) VALUES (?, ?, ?, ?, ?)`,
+		sb.ID, sb.State, sb.TemplateID, sb.EndAt.UnixMilli(), string(data)); err != nil {
+		if isUnique(err) {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	if err := putMetadata(ctx, tx, sb); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func putMetadata(ctx context.Context, tx *sql.Tx, sb store.Sandbox) error {
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, sb.ID); err != nil {
+		return err
+	}
+	for k, v := range sb.Metadata {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_metadata(sandbox_id, key, value) VALUES (?, ?, ?)`, sb.ID, k, v); err != nil {
+			return fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+		}
+	}
+	return nil
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+}
+
+func getSandbox(ctx context.Context, q querier, id string) (store.Sandbox, error) {
+	var data string
+	err := q.QueryRowContext(ctx, `SELECT data FROM sandboxes WHERE id = ?`, id).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	var sb store.Sandbox
+	if err := json.Unmarshal([]byte(data), &sb); err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: decode: %w", id, err)
+	}
+	return sb, nil
+}
+
+// GetSandbox implements store.Store.
+func (s *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	return getSandbox(ctx, s.db, id)
+}
+
+// UpdateSandbox implements store.Store.
+func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbox) error) (store.Sandbox, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer tx.Rollback()
+	sb, err := getSandbox(ctx, tx, id)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if err := fn(&sb); err != nil {
+		return store.Sandbox{}, err
+	}
+	sb.ID = id
+	data, _ := json.Marshal(sb)
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, template_id = ?, end_at = ?, data = ? WHERE id = ?`,
+		sb.State, sb.TemplateID, sb.EndAt.UnixMilli(), string(data), id); err != nil {
+		return store.Sandbox{}, err
+	}
+	if err := putMetadata(ctx, tx, sb); err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, tx.Commit()
+}
+
+// DeleteSandbox implements store.Store.
+func (s *DB) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// ListSandboxes implements store.Store.
+func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
+	after, err := decodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	q := `SELECT seq, data FROM sandboxes s WHERE seq > ?`
+	args := []any{after}
+	if len(f.States) > 0 {
+		q += ` AND state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",") + `)`
+		for _, st := range f.States {
+			args = append(args, st)
+		}
+	}
+	if f.Template != "" {
+		q += ` AND template_id = ?`
+		args = append(args, f.Template)
+	}
+	for k, v := range f.Metadata {
+		q += ` AND EXISTS (SELECT 1 FROM sandbox_metadata m WHERE m.sandbox_id = s.id AND m.key = ? AND m.value = ?)`
+		args = append(args, k, v)
+	}
+	q += ` ORDER BY seq`
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit+1)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []store.Sandbox
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		var data string
+		if err := rows.Scan(&seq, &data); err != nil {
+			return nil, "", err
+		}
+		var sb store.Sandbox
+		if err := json.Unmarshal([]byte(data), &sb); err != nil {
+			return nil, "", err
+		}
+		out, seqs = append(out, sb), append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+		next = encodeCursor(seqs[f.Limit-1])
+	}
+	return out, next, nil
+}
+
+// Expired implements store.Store.
+func (s *DB) Expired(ctx context.Context, now time.Time, states ...string) ([]store.Sandbox, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	q := `SELECT data FROM sandboxes WHERE end_at <= ? AND state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(states)), ",") + `) ORDER BY end_at`
+	args := []any{now.UnixMilli()}
+	for _, st := range states {
+		args = append(args, st)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.Sandbox
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var sb store.Sandbox
+		if err := json.Unmarshal([]byte(data), &sb); err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// PutSnapshot implements store.Store (insert or replace, names included).
+func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	data, _ := json.Marshal(sn)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.SandboxID, string(data)); err != nil {
+		return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM snapshot_names WHERE snapshot_id = ?`, sn.ID); err != nil {
+		return err
+	}
+	for _, n := range sn.Names {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshot_names(snapshot_id, name) VALUES (?, ?)`, sn.ID, n); err != nil {
+			if isUnique(err) {
+				return fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
+			}
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// GetSnapshot implements store.Store.
+func (s *DB) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error) {
+	var data string
+	err := s.db.QueryRowContext(ctx, `SELECT data FROM snapshots WHERE id = ?`, id).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	var sn store.Snapshot
+	return sn, json.Unmarshal([]byte(data), &sn)
+}
+
+// ListSnapshots implements store.Store.
+func (s *DB) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store.Snapshot, string, error) {
+	after, err := decodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	q := `SELECT seq, data FROM snapshots s WHERE seq > ?`
+	args := []any{after}
+	if f.SandboxID != "" {
+		q += ` AND sandbox_id = ?`
+		args = append(args, f.SandboxID)
+	}
+	if f.Name != "" {
+		q += ` AND EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.name = ?)`
+		args = append(args, f.Name)
+	}
+	q += ` ORDER BY seq`
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit+1)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []store.Snapshot
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		var data string
+		if err := rows.Scan(&seq, &data); err != nil {
+			return nil, "", err
+		}
+		var sn store.Snapshot
+		if err := json.Unmarshal([]byte(data), &sn); err != nil {
+			return nil, "", err
+		}
+		out, seqs = append(out, sn), append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+		next = encodeCursor(seqs[f.Limit-1])
+	}
+	return out, next, nil
+}
+
+// DeleteSnapshot implements store.Store.
+func (s *DB) DeleteSnapshot(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// AddAPIKey implements store.Store.
+func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, hash, created_at) VALUES (?, ?, ?)`, k.ID, k.Hash, k.CreatedAt.UnixMilli())
+	if isUnique(err) {
+		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
+	}
+	return err
+}
+
+// APIKeyByHash implements store.Store.
+func (s *DB) APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error) {
+	var k store.APIKey
+	var created int64
+	err := s.db.QueryRowContext(ctx, `SELECT id, hash, created_at FROM api_keys WHERE hash = ?`, hash).Scan(&k.ID, &k.Hash, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	k.CreatedAt = time.UnixMilli(created).UTC()
+	return k, err
+}
+
+// CountAPIKeys implements store.Store.
+func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
+	return n, err
+}

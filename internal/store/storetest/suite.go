@@ -1,0 +1,251 @@
+// Package storetest is the conformance suite every store.Store passes.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// Run runs the suite; open returns a fresh, empty store each call.
+func Run(t *testing.T, open func(t *testing.T) store.Store) {
+	t.Run("SandboxCRUD", func(t *testing.T) { testSandboxCRUD(t, open(t)) })
+	t.Run("ListFiltersAndPaging", func(t *testing.T) { testList(t, open(t)) })
+	t.Run("Expired", func(t *testing.T) { testExpired(t, open(t)) })
+	t.Run("ConcurrentUpdates", func(t *testing.T) { testConcurrent(t, open(t)) })
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
+	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
+}
+
+func sb(id string, md map[string]string) store.Sandbox {
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	return store.Sandbox{ID: id, TemplateID: "base", State: store.StateRunning, Metadata: md,
+		EnvVars: map[string]string{"A": "1"}, CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
+		StartedAt: now, EndAt: now.Add(time.Minute), AllowInternet: true, DenyOut: []string{"10.0.0.0/8"}, NodeID: "local"}
+}
+
+func testSandboxCRUD(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	want := sb("i1", map[string]string{"user": "alice"})
+	if err := s.CreateSandbox(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, want); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("second create = %v", err)
+	}
+	got, err := s.GetSandbox(ctx, "i1")
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("get = %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := s.GetSandbox(ctx, "nope"); !errdefs.IsNotFound(err) {
+		t.Fatalf("get missing = %v", err)
+	}
+	upd, err := s.UpdateSandbox(ctx, "i1", func(x *store.Sandbox) error {
+		x.State = store.StatePaused
+		x.Metadata["user"] = "bob"
+		return nil
+	})
+	if err != nil || upd.State != store.StatePaused {
+		t.Fatalf("update = %+v, %v", upd, err)
+	}
+	boom := errors.New("boom")
+	if _, err := s.UpdateSandbox(ctx, "i1", func(x *store.Sandbox) error { x.State = "x"; return boom }); !errors.Is(err, boom) {
+		t.Fatalf("aborted update = %v", err)
+	}
+	if got, _ := s.GetSandbox(ctx, "i1"); got.State != store.StatePaused || got.Metadata["user"] != "bob" {
+		t.Fatalf("after aborted update: %+v", got)
+	}
+	if _, err := s.UpdateSandbox(ctx, "nope", func(*store.Sandbox) error { return nil }); !errdefs.IsNotFound(err) {
+		t.Fatalf("update missing = %v", err)
+	}
+	if err := s.DeleteSandbox(ctx, "i1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSandbox(ctx, "i1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("second delete = %v", err)
+	}
+	if l, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Metadata: map[string]string{"user": "bob"}}); len(l) != 0 {
+		t.Fatalf("metadata of a deleted sandbox still matches: %v", l)
+	}
+}
+
+func ids(l []store.Sandbox) string {
+	out := ""
+	for _, s := range l {
+		out += s.ID + " "
+	}
+	return out
+}
+
+func testList(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	for i := range 7 {
+		x := sb(fmt.Sprintf("i%d", i), map[string]string{"team": []string{"a", "b"}[i%2], "n": fmt.Sprint(i)})
+		if i == 3 {
+			x.State = store.StatePaused
+			x.TemplateID = "code-interpreter-v1"
+		}
+		if err := s.CreateSandbox(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, next, err := s.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil || len(all) != 7 || next != "" || ids(all) != "i0 i1 i2 i3 i4 i5 i6 " {
+		t.Fatalf("list all = %s %q %v", ids(all), next, err)
+	}
+	a, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Metadata: map[string]string{"team": "a"}})
+	if ids(a) != "i0 i2 i4 i6 " {
+		t.Fatalf("team a = %s", ids(a))
+	}
+	two, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Metadata: map[string]string{"team": "b", "n": "3"}})
+	if ids(two) != "i3 " {
+		t.Fatalf("two pairs = %s", ids(two))
+	}
+	p, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StatePaused}})
+	if ids(p) != "i3 " {
+		t.Fatalf("paused = %s", ids(p))
+	}
+	ci, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Template: "code-interpreter-v1"})
+	if ids(ci) != "i3 " {
+		t.Fatalf("template = %s", ids(ci))
+	}
+	// Paging: every item once, in order.
+	var seen string
+	cursor := ""
+	pages := 0
+	for {
+		page, next, err := s.ListSandboxes(ctx, store.SandboxFilter{Limit: 3, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen += ids(page)
+		pages++
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if seen != "i0 i1 i2 i3 i4 i5 i6 " || pages != 3 {
+		t.Fatalf("paged = %q in %d pages", seen, pages)
+	}
+	for _, bad := range []string{"garbage", "c2VxOi0x", "!!!"} {
+		if _, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Cursor: bad}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("cursor %q = %v", bad, err)
+		}
+	}
+}
+
+func testExpired(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now()
+	for i, d := range []time.Duration{-time.Minute, time.Minute, -time.Second} {
+		x := sb(fmt.Sprintf("e%d", i), nil)
+		x.EndAt = now.Add(d)
+		if i == 2 {
+			x.State = store.StatePaused
+		}
+		s.CreateSandbox(ctx, x)
+	}
+	got, err := s.Expired(ctx, now, store.StateRunning)
+	if err != nil || ids(got) != "e0 " {
+		t.Fatalf("expired running = %s %v", ids(got), err)
+	}
+	got, _ = s.Expired(ctx, now, store.StateRunning, store.StatePaused)
+	if len(got) != 2 {
+		t.Fatalf("expired running+paused = %s", ids(got))
+	}
+}
+
+func testConcurrent(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	s.CreateSandbox(ctx, sb("c", map[string]string{"n": "0"}))
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.UpdateSandbox(ctx, "c", func(x *store.Sandbox) error {
+				x.CPUCount++
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if got, _ := s.GetSandbox(ctx, "c"); got.CPUCount != 22 {
+		t.Fatalf("lost updates: cpu %d, want 22", got.CPUCount)
+	}
+}
+
+func testSnapshots(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	for i := range 5 {
+		sn := store.Snapshot{ID: fmt.Sprintf("s%d", i), SandboxID: []string{"x", "y"}[i%2], Kind: "snapshot", CreatedAt: now, SizeBytes: int64(i)}
+		if i == 2 {
+			sn.Names = []string{"golden"}
+		}
+		if err := s.PutSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("taken name = %v", err)
+	}
+	got, err := s.GetSnapshot(ctx, "s2")
+	if err != nil || got.Names[0] != "golden" || got.SandboxID != "x" {
+		t.Fatalf("get = %+v %v", got, err)
+	}
+	named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "golden"})
+	if len(named) != 1 || named[0].ID != "s2" {
+		t.Fatalf("by name = %v", named)
+	}
+	ofX, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{SandboxID: "x"})
+	if len(ofX) != 3 {
+		t.Fatalf("of x = %v", ofX)
+	}
+	page, next, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Limit: 2})
+	rest, last, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Limit: 10, Cursor: next})
+	if len(page) != 2 || next == "" || len(rest) != 3 || last != "" {
+		t.Fatalf("paging: %d %q %d %q", len(page), next, len(rest), last)
+	}
+	if err := s.DeleteSnapshot(ctx, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSnapshot(ctx, "s2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("second delete = %v", err)
+	}
+	// The name is free again.
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", Names: []string{"golden"}}); err != nil {
+		t.Fatalf("reuse of a freed name = %v", err)
+	}
+}
+
+func testKeys(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if n, _ := s.CountAPIKeys(ctx); n != 0 {
+		t.Fatalf("fresh store has %d keys", n)
+	}
+	k := store.APIKey{ID: "k1", Hash: "abc", CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
+	if err := s.AddAPIKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddAPIKey(ctx, store.APIKey{ID: "k2", Hash: "abc"}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("duplicate hash = %v", err)
+	}
+	got, err := s.APIKeyByHash(ctx, "abc")
+	if err != nil || got.ID != "k1" || !got.CreatedAt.Equal(k.CreatedAt) {
+		t.Fatalf("by hash = %+v %v", got, err)
+	}
+	if _, err := s.APIKeyByHash(ctx, "zzz"); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown hash = %v", err)
+	}
+	if n, _ := s.CountAPIKeys(ctx); n != 1 {
+		t.Fatalf("count = %d", n)
+	}
+}
