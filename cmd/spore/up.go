@@ -1,41 +1,48 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 
-	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/server"
 )
 
 func newUpCmd(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var cfg server.Config
+	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Start the all-in-one server on this host",
-		Long: `Start Spore on this host: open the node (re-attaching to sandboxes that
-kept running and recovering interrupted operations), build the default
-templates (base, code-interpreter-v1) when missing or stale, and serve until
-interrupted.
+		Short: "Start the all-in-one server: API, proxy and the local node",
+		Long: `Start Spore on this host: the E2B-compatible API and the proxy for in-sandbox
+traffic on --listen, and the local node (re-attaching to sandboxes that kept
+running, recovering interrupted operations, building the default templates
+base and code-interpreter-v1 when missing or stale).
 
-The REST API and proxy join this command with the control plane; today it
-runs the node and its recovery.`,
+The API key comes from SPORE_API_KEY, or is generated on first start, stored
+(hashed) and written to <data-dir>/api-key.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			n, err := node.Open(ctx, node.Config{DataDir: g.dataDir, Logger: log})
-			if err != nil {
-				return err
+			cfg.DataDir = g.dataDir
+			cfg.APIKey = os.Getenv("SPORE_API_KEY")
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			cfg.Ready = func(addr, key string) {
+				fmt.Fprintf(cmd.OutOrStdout(), "Spore is up on http://%s\n", addr)
+				if key != "" && os.Getenv("SPORE_API_KEY") == "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "API key: %s (kept in %s)\n", key, server.KeyFile(g.dataDir))
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "E2B SDKs: E2B_API_URL=http://%s E2B_SANDBOX_URL=http://%s E2B_API_KEY=<key>\n", addr, addr)
 			}
-			defer n.Close()
-			if err := n.EnsureTemplates(ctx); err != nil {
-				return err
-			}
-			log.Info("spore up", "data_dir", g.dataDir, "sandboxes", len(n.Engine.List(ctx)), "snapshots", len(n.Engine.Snapshots().List()))
-			<-ctx.Done()
-			log.Info("stopping; sandboxes keep running and are re-attached at the next start")
-			return nil
+			return server.Run(cmd.Context(), cfg)
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API and the proxy on")
+	f.StringVar(&cfg.RootFSDir, "rootfs-dir", "", "root filesystems (default <data-dir>/rootfs)")
+	f.StringVar(&cfg.Runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
+	f.StringVar(&cfg.EnvdBinary, "envd", "", "spore-envd binary (default: beside this binary)")
+	f.StringVar(&cfg.NetPrefix, "net-prefix", "sp", "prefix of this server's network namespaces and interfaces")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/spore", "cgroup under which sandboxes run")
+	return cmd
 }

@@ -1,0 +1,272 @@
+// Package api is Spore's REST API: the E2B-compatible routes the stock SDKs
+// call, plus snapshots, fork, rollback and hibernate. Errors are JSON
+// {code,message}; errdefs kinds map to HTTP statuses here, at the edge.
+package api
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/store"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+// OpenAPI returns the API's OpenAPI document.
+func OpenAPI() []byte { return openAPI }
+
+// Config configures the API.
+type Config struct {
+	Control *control.Service
+	Store   store.Store
+	// Proxy serves in-sandbox traffic (requests naming a sandbox by
+	// header or Host); nil: none.
+	Proxy  http.Handler
+	Logger *slog.Logger
+}
+
+// Server is the API's HTTP handler.
+type Server struct {
+	c     *control.Service
+	st    store.Store
+	proxy http.Handler
+	log   *slog.Logger
+	mux   *http.ServeMux
+}
+
+// MaxBody is the largest JSON body accepted.
+const MaxBody = 1 << 20
+
+// New builds the API.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// ServeHTTP routes in-sandbox traffic to the proxy and the rest to the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.proxy != nil && isSandboxTraffic(r) {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// isSandboxTraffic reports whether a request is for a sandbox's port: it
+// names the sandbox by header, by Host ({port}-{id}.domain), or is a
+// presigned /files URL.
+func isSandboxTraffic(r *http.Request) bool {
+	if r.Header.Get("E2b-Sandbox-Id") != "" {
+		return true
+	}
+	host := r.Host
+	if i := strings.IndexByte(host, '.'); i > 0 {
+		if p, id, ok := strings.Cut(host[:i], "-"); ok && p != "" && id != "" && strings.Trim(p, "0123456789") == "" {
+			return true
+		}
+	}
+	return r.URL.Path == "/files" && r.URL.Query().Get("signature") != ""
+}
+
+type route struct {
+	pattern string
+	h       http.HandlerFunc
+	public  bool
+}
+
+func (s *Server) routes() {
+	rs := []route{
+		{"GET /health", s.health, true},
+		{"GET /openapi.yaml", s.openapi, true},
+		{"POST /sandboxes", s.create, false},
+		{"POST /v2/sandboxes", s.create, false},
+		{"GET /sandboxes", s.list, false},
+		{"GET /v2/sandboxes", s.list, false},
+		{"GET /sandboxes/{sandboxID}", s.get, false},
+		{"DELETE /sandboxes/{sandboxID}", s.kill, false},
+		{"POST /sandboxes/{sandboxID}/connect", s.connect, false},
+		{"POST /v2/sandboxes/{sandboxID}/connect", s.connect, false},
+		{"POST /sandboxes/{sandboxID}/resume", s.resume, false},
+		{"POST /sandboxes/{sandboxID}/pause", s.pause, false},
+		{"POST /sandboxes/{sandboxID}/hibernate", s.hibernate, false},
+		{"POST /sandboxes/{sandboxID}/timeout", s.timeout, false},
+		{"PUT /sandboxes/{sandboxID}/network", s.network, false},
+		{"GET /sandboxes/{sandboxID}/metrics", s.metrics, false},
+		{"POST /sandboxes/{sandboxID}/snapshots", s.snapshot, false},
+		{"POST /sandboxes/{sandboxID}/fork", s.fork, false},
+		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, false},
+		{"GET /snapshots", s.listSnapshots, false},
+		{"GET /templates", s.templates, false},
+		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
+	}
+	for _, r := range rs {
+		h := r.h
+		if !r.public {
+			h = s.auth(h)
+		}
+		s.mux.HandleFunc(r.pattern, h)
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// Routes lists the API's routes ("METHOD /path"), for the OpenAPI test.
+func Routes() []string {
+	s := &Server{mux: http.NewServeMux()}
+	var out []string
+	for _, p := range []string{
+		"GET /health", "GET /openapi.yaml", "POST /sandboxes", "POST /v2/sandboxes", "GET /sandboxes", "GET /v2/sandboxes",
+		"GET /sandboxes/{sandboxID}", "DELETE /sandboxes/{sandboxID}", "POST /sandboxes/{sandboxID}/connect",
+		"POST /v2/sandboxes/{sandboxID}/connect", "POST /sandboxes/{sandboxID}/resume", "POST /sandboxes/{sandboxID}/pause",
+		"POST /sandboxes/{sandboxID}/hibernate", "POST /sandboxes/{sandboxID}/timeout", "PUT /sandboxes/{sandboxID}/network",
+		"GET /sandboxes/{sandboxID}/metrics", "POST /sandboxes/{sandboxID}/snapshots", "POST /sandboxes/{sandboxID}/fork",
+		"POST /sandboxes/{sandboxID}/rollback", "GET /snapshots", "GET /templates", "DELETE /templates/{templateID}",
+	} {
+		out = append(out, p)
+	}
+	_ = s
+	return out
+}
+
+// HashKey is how API keys are stored.
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// auth requires a valid X-API-KEY (or Authorization: Bearer).
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-KEY")
+		if key == "" {
+			key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		}
+		if key == "" {
+			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
+			return
+		}
+		hash := HashKey(key)
+		k, err := s.st.APIKeyByHash(r.Context(), hash)
+		if err != nil || subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) != 1 {
+			writeError(w, http.StatusUnauthorized, "invalid API key")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	w.Write(openAPI)
+}
+
+// ErrorBody is every error's JSON.
+type ErrorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorBody{Code: status, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// StatusOf maps an error kind to an HTTP status.
+func StatusOf(err error) int {
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return http.StatusBadRequest
+	case errdefs.IsNotFound(err):
+		return http.StatusNotFound
+	case errdefs.IsAlreadyExists(err), errdefs.IsConflict(err):
+		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrResourceLimit):
+		return http.StatusTooManyRequests
+	case errdefs.IsUnavailable(err):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	st := StatusOf(err)
+	if st == http.StatusInternalServerError {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeError(w, st, err.Error())
+}
+
+// decode reads a JSON body into v: at most MaxBody bytes, no unknown
+// fields' types wrong, an empty body is an empty object.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return false
+	}
+	if len(body) > MaxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", MaxBody))
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return true
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+jsonMsg(err))
+		return false
+	}
+	return true
+}
+
+func jsonMsg(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("field %q must be %s, got %s", te.Field, te.Type, te.Value)
+	}
+	return err.Error()
+}
+
+// sandboxID reads and validates the {sandboxID} path parameter.
+func sandboxID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("sandboxID")
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", false
+	}
+	return id, true
+}
+
+func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

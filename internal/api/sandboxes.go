@@ -1,0 +1,381 @@
+package api
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// SandboxResponse is what create, connect and resume return.
+type SandboxResponse struct {
+	SandboxID          string `json:"sandboxID"`
+	TemplateID         string `json:"templateID"`
+	ClientID           string `json:"clientID"`
+	EnvdVersion        string `json:"envdVersion"`
+	EnvdAccessToken    string `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
+	Domain             string `json:"domain,omitempty"`
+	Alias              string `json:"alias,omitempty"`
+}
+
+// Network is a sandbox's egress configuration.
+type Network struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+}
+
+// Lifecycle says what a timeout does.
+type Lifecycle struct {
+	OnTimeout string `json:"onTimeout"` // kill | pause
+}
+
+// SandboxDetail is what getInfo and list return.
+type SandboxDetail struct {
+	SandboxID           string            `json:"sandboxID"`
+	TemplateID          string            `json:"templateID"`
+	ClientID            string            `json:"clientID"`
+	Alias               string            `json:"alias,omitempty"`
+	StartedAt           string            `json:"startedAt"`
+	EndAt               string            `json:"endAt"`
+	State               string            `json:"state"`      // running | paused
+	SporeState          string            `json:"sporeState"` // running | paused | hibernated
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int               `json:"memoryMB"`
+	DiskSizeMB          int               `json:"diskSizeMB"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvdVersion         string            `json:"envdVersion"`
+	EnvdAccessToken     string            `json:"envdAccessToken,omitempty"`
+	AllowInternetAccess bool              `json:"allowInternetAccess"`
+	Network             *Network          `json:"network,omitempty"`
+	Lifecycle           Lifecycle         `json:"lifecycle"`
+}
+
+func sandboxResponse(sb control.Sandbox) SandboxResponse {
+	return SandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, EnvdVersion: envd.Version,
+		EnvdAccessToken: sb.EnvdAccessToken, Alias: sb.Alias}
+}
+
+func apiState(st string) string {
+	if st == store.StateRunning {
+		return "running"
+	}
+	return "paused"
+}
+
+func detail(sb store.Sandbox, token string) SandboxDetail {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	d := SandboxDetail{
+		SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, Alias: sb.Alias,
+		StartedAt: rfc3339(sb.StartedAt), EndAt: rfc3339(sb.EndAt), State: apiState(sb.State), SporeState: sb.State,
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Metadata: md,
+		EnvdVersion: envd.Version, EnvdAccessToken: token, AllowInternetAccess: sb.AllowInternet,
+		Lifecycle: Lifecycle{OnTimeout: "kill"},
+	}
+	if sb.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
+	if len(sb.AllowOut)+len(sb.DenyOut) > 0 {
+		d.Network = &Network{AllowOut: sb.AllowOut, DenyOut: sb.DenyOut}
+	}
+	return d
+}
+
+// CreateRequest is the body of POST /sandboxes and /v2/sandboxes.
+type CreateRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           bool              `json:"autoPause"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *Network          `json:"network"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int               `json:"memoryMB"`
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	var secs int64
+	if req.Timeout != nil {
+		secs = *req.Timeout
+	}
+	timeout, err := control.ValidateTimeout(secs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	cr := control.CreateRequest{
+		TemplateID: req.TemplateID, Timeout: timeout, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		AutoPause: req.AutoPause, AllowInternet: req.AllowInternetAccess, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB,
+	}
+	if req.Network != nil {
+		cr.AllowOut, cr.DenyOut = req.Network.AllowOut, req.Network.DenyOut
+	}
+	sb, err := s.c.Create(r.Context(), cr)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sandboxResponse(sb))
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	sb, err := s.c.Get(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, detail(sb.Sandbox, sb.EnvdAccessToken))
+}
+
+// parseMetadataQuery decodes the list filter: a query string inside a
+// query parameter ("k1=v1&k2=v2", each part URL-encoded).
+func parseMetadataQuery(q string) (map[string]string, error) {
+	if q == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return nil, errdefs.Invalidf("metadata filter %q is not a query string: %v", q, err)
+	}
+	out := map[string]string{}
+	for k, v := range vals {
+		if len(v) != 1 {
+			return nil, errdefs.Invalidf("metadata filter key %q given %d times", k, len(v))
+		}
+		out[k] = v[0]
+	}
+	return out, nil
+}
+
+func parseLimit(q url.Values) (int, error) {
+	l := q.Get("limit")
+	if l == "" {
+		return 100, nil
+	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > 1000 {
+		return 0, errdefs.Invalidf("limit %q must be an integer from 1 to 1000", l)
+	}
+	return n, nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	md, err := parseMetadataQuery(q.Get("metadata"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, err := parseLimit(q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f := store.SandboxFilter{Metadata: md, Template: q.Get("template"), Limit: limit, Cursor: q.Get("nextToken")}
+	for _, st := range strings.Split(strings.Join(q["state"], ","), ",") {
+		switch strings.TrimSpace(st) {
+		case "":
+		case "running":
+			f.States = append(f.States, store.StateRunning)
+		case "paused":
+			f.States = append(f.States, store.StatePaused, store.StateHibernated)
+		default:
+			s.fail(w, r, errdefs.Invalidf("state %q must be running or paused", st))
+			return
+		}
+	}
+	page, next, err := s.c.List(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]SandboxDetail, 0, len(page))
+	for _, sb := range page {
+		out = append(out, detail(sb, ""))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	if err := s.c.Kill(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body timeoutBody
+	if !decode(w, r, &body) {
+		return
+	}
+	var secs int64
+	if body.Timeout != nil {
+		secs = *body.Timeout
+	}
+	timeout, err := control.ValidateTimeout(secs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, resumed, err := s.c.Connect(r.Context(), id, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, sandboxResponse(sb))
+}
+
+// resume is the older SDKs' resume: 409 when the sandbox is running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body timeoutBody
+	if !decode(w, r, &body) {
+		return
+	}
+	rec, err := s.st.GetSandbox(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if rec.State == store.StateRunning {
+		writeError(w, http.StatusConflict, "sandbox "+id+" is already running")
+		return
+	}
+	var secs int64
+	if body.Timeout != nil {
+		secs = *body.Timeout
+	}
+	timeout, err := control.ValidateTimeout(secs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sb, _, err := s.c.Connect(r.Context(), id, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sandboxResponse(sb))
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		Memory *bool `json:"memory"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	var err error
+	if body.Memory != nil && !*body.Memory {
+		err = s.c.Hibernate(r.Context(), id) // not kept in memory: to disk
+	} else {
+		err = s.c.Pause(r.Context(), id)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	if err := s.c.Hibernate(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body timeoutBody
+	if !decode(w, r, &body) {
+		return
+	}
+	if body.Timeout == nil {
+		writeError(w, http.StatusBadRequest, "timeout is required")
+		return
+	}
+	timeout, err := control.ValidateTimeout(*body.Timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.c.SetTimeout(r.Context(), id, timeout); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) network(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		AllowOut            []string `json:"allowOut"`
+		DenyOut             []string `json:"denyOut"`
+		AllowInternetAccess *bool    `json:"allow_internet_access"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	if err := s.c.UpdateNetwork(r.Context(), id, body.AllowInternetAccess, body.AllowOut, body.DenyOut); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,209 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// SnapshotInfo is a snapshot as the API lists it.
+type SnapshotInfo struct {
+	SnapshotID      string   `json:"snapshotID"`
+	Names           []string `json:"names"`
+	OriginSandboxID string   `json:"originSandboxID,omitempty"`
+	CreatedAt       string   `json:"createdAt"`
+	SizeBytes       int64    `json:"sizeBytes"`
+	Status          string   `json:"status"`
+}
+
+func snapshotInfo(sn store.Snapshot) SnapshotInfo {
+	names := sn.Names
+	if names == nil {
+		names = []string{}
+	}
+	return SnapshotInfo{SnapshotID: sn.ID, Names: names, OriginSandboxID: sn.SandboxID, CreatedAt: rfc3339(sn.CreatedAt), SizeBytes: sn.SizeBytes, Status: "ready"}
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		Name string `json:"name"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	sn, err := s.c.Snapshot(r.Context(), id, body.Name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotInfo(sn))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit, err := parseLimit(q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f := store.SnapshotFilter{SandboxID: q.Get("sandboxID"), Name: q.Get("name"), Limit: limit, Cursor: q.Get("nextToken")}
+	if f.SandboxID != "" {
+		if err := ids.Validate("sandbox ID", f.SandboxID); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	page, next, err := s.c.ListSnapshots(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]SnapshotInfo, 0, len(page))
+	for _, sn := range page {
+		out = append(out, snapshotInfo(sn))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	ref := r.PathValue("templateID")
+	if ids.Validate("template ID", ref) != nil && ids.ValidateName("template name", ref) != nil {
+		writeError(w, http.StatusBadRequest, "template ID "+ref+" is malformed")
+		return
+	}
+	if err := s.c.DeleteSnapshot(r.Context(), ref); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// TemplateInfo is a template as the API lists it.
+type TemplateInfo struct {
+	TemplateID string   `json:"templateID"`
+	Aliases    []string `json:"aliases"`
+	Public     bool     `json:"public"`
+	CPUCount   int      `json:"cpuCount"`
+	MemoryMB   int      `json:"memoryMB"`
+	DiskSizeMB int      `json:"diskSizeMB"`
+	CreatedAt  string   `json:"createdAt"`
+	SizeBytes  int64    `json:"sizeBytes"`
+	Status     string   `json:"buildStatus"`
+}
+
+func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
+	out := []TemplateInfo{}
+	for _, m := range s.c.Templates() {
+		out = append(out, TemplateInfo{TemplateID: m.ID, Aliases: m.Names, CPUCount: int(m.Run.Limits.VCPUs),
+			MemoryMB: int(m.Run.Limits.MemoryMB), DiskSizeMB: int(m.Run.Limits.DiskMB), CreatedAt: rfc3339(m.CreatedAt),
+			SizeBytes: m.SizeBytes, Status: "ready"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ForkChild is one element of a fork's response: a sandbox or an error.
+type ForkChild struct {
+	Sandbox *SandboxResponse `json:"sandbox,omitempty"`
+	Error   *ErrorBody       `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	count := 1
+	if body.Count != nil {
+		count = *body.Count
+	}
+	if count < 1 || count > engine.MaxFork {
+		s.fail(w, r, errdefs.Invalidf("count %d out of range 1..%d", count, engine.MaxFork))
+		return
+	}
+	var secs int64
+	if body.Timeout != nil {
+		secs = *body.Timeout
+	}
+	timeout, err := control.ValidateTimeout(secs)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	res, err := s.c.Fork(r.Context(), id, count, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]ForkChild, len(res))
+	for i, ch := range res {
+		if ch.Err != nil {
+			out[i].Error = &ErrorBody{Code: StatusOf(ch.Err), Message: ch.Err.Error()}
+			continue
+		}
+		sr := sandboxResponse(ch.Sandbox)
+		out[i].Sandbox = &sr
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// RollbackResponse reports a rollback.
+type RollbackResponse struct {
+	SandboxID       string `json:"sandboxID"`
+	SnapshotID      string `json:"snapshotID"`
+	Status          string `json:"status"`
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	if body.SnapshotID == "" {
+		writeError(w, http.StatusBadRequest, "snapshotID is required")
+		return
+	}
+	sb, err := s.c.Rollback(r.Context(), id, body.SnapshotID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, RollbackResponse{SandboxID: sb.ID, SnapshotID: body.SnapshotID, Status: "rolled_back", EnvdAccessToken: sb.EnvdAccessToken})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	m, err := s.c.Metrics(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, m)
+}

@@ -1,0 +1,64 @@
+package control
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/store"
+)
+
+// Lookup tells the proxy where a sandbox's traffic goes.
+func (s *Service) Lookup(id string) (netip.Addr, bool, bool) {
+	t, ok := s.Target(id)
+	if !ok {
+		return netip.Addr{}, false, false
+	}
+	return t.Addr, t.State == store.StateRunning && t.Addr.IsValid(), true
+}
+
+// SignedBy finds the running sandbox whose access token signed a
+// presigned /files URL (v1_ signatures, as envd verifies them).
+func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
+	sig := q.Get("signature")
+	if !strings.HasPrefix(sig, "v1_") {
+		return "", false
+	}
+	exp := q.Get("signature_expiration")
+	if exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || time.Now().Unix() > n {
+			return "", false
+		}
+	}
+	s.mu.RLock()
+	var running []string
+	for id, t := range s.targets {
+		if t.State == store.StateRunning {
+			running = append(running, id)
+		}
+	}
+	s.mu.RUnlock()
+	for _, id := range running {
+		es, err := s.eng.Get(context.Background(), id)
+		if err != nil || es.Run.AccessToken == "" {
+			continue
+		}
+		raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + es.Run.AccessToken
+		if exp != "" {
+			raw += ":" + exp
+		}
+		sum := sha256.Sum256([]byte(raw))
+		want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+		if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1 {
+			return id, true
+		}
+	}
+	return "", false
+}

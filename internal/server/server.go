@@ -1,0 +1,141 @@
+// Package server runs the all-in-one Spore: the node (engine, networks,
+// envd, templates), the metadata store, the control plane, the API and the
+// proxy, on one listener.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/store/sqlite"
+)
+
+// Config configures the server.
+type Config struct {
+	DataDir      string
+	Listen       string // 127.0.0.1:3000
+	RootFSDir    string
+	Runsc        string
+	EnvdBinary   string
+	NetPrefix    string
+	CgroupParent string
+	// APIKey, when set, is accepted (added to the store); otherwise one
+	// is generated on first start, stored (hashed) and written to
+	// <data>/api-key.
+	APIKey string
+	Logger *slog.Logger
+	// Ready is called once the server listens.
+	Ready func(addr, apiKey string)
+}
+
+// KeyFile is where a generated API key is kept (root-only).
+func KeyFile(dataDir string) string { return filepath.Join(dataDir, "api-key") }
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	log := cfg.Logger
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	n, err := node.Open(ctx, node.Config{
+		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
+		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	if err := n.EnsureTemplates(ctx); err != nil {
+		return err
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "spore.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	key, err := ensureKey(ctx, st, cfg)
+	if err != nil {
+		return err
+	}
+	ctl := control.New(control.Config{Store: st, Engine: n.Engine, Logger: log})
+	if err := ctl.Reconcile(ctx); err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	go ctl.Run(ctx, time.Second)
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, log), Logger: log})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("spore up", "listen", ln.Addr().String(), "data_dir", cfg.DataDir,
+		"sandboxes", len(n.Engine.List(ctx)), "snapshots", len(n.Engine.Snapshots().List()))
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String(), key)
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	log.Info("stopped; sandboxes keep running and are re-attached at the next start")
+	return nil
+}
+
+// ensureKey makes sure an API key is accepted and returns it when known.
+func ensureKey(ctx context.Context, st store.Store, cfg Config) (string, error) {
+	if cfg.APIKey != "" {
+		err := st.AddAPIKey(ctx, store.APIKey{ID: ids.New('k'), Hash: api.HashKey(cfg.APIKey), CreatedAt: time.Now().UTC()})
+		if err != nil && !errdefs.IsAlreadyExists(err) {
+			return "", err
+		}
+		return cfg.APIKey, nil
+	}
+	if b, err := os.ReadFile(KeyFile(cfg.DataDir)); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	n, err := st.CountAPIKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	if n > 0 {
+		return "", nil // keys exist; the generated one was moved away
+	}
+	b := make([]byte, 20)
+	rand.Read(b)
+	key := "spore_" + hex.EncodeToString(b)
+	if err := st.AddAPIKey(ctx, store.APIKey{ID: ids.New('k'), Hash: api.HashKey(key), CreatedAt: time.Now().UTC()}); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(KeyFile(cfg.DataDir), []byte(key+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return key, nil
+}
