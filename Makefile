@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test up bench clean proto
+.PHONY: build setup test up bench clean proto sdk-deps
 
 ## build: compile the binaries into bin/
 build:
@@ -25,8 +25,12 @@ setup: build
 proto:
 	PATH="$(CACHE_DIR)/tools:$$PATH" proto/gen.sh
 
-## test: every test, against real runsc sandboxes
-test: setup
+## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout)
+sdk-deps:
+	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
+
+## test: every test, against real runsc sandboxes and the stock E2B SDKs
+test: setup sdk-deps
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 

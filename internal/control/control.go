@@ -77,6 +77,10 @@ type Service struct {
 type Target struct {
 	Addr  netip.Addr
 	State string // store state
+	// Gone is closed when the instance behind Addr goes away (kill,
+	// hibernate, rollback): proxied streams to it end then, instead of
+	// hanging on a network that no longer exists.
+	Gone chan struct{}
 }
 
 // New returns the service.
@@ -266,14 +270,26 @@ func (s *Service) Target(id string) (Target, bool) {
 
 func (s *Service) setTarget(id string, addr netip.Addr, state string) {
 	s.mu.Lock()
-	s.targets[id] = Target{Addr: addr, State: state}
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	old, ok := s.targets[id]
+	if ok && old.Addr == addr {
+		old.State = state
+		s.targets[id] = old
+		return
+	}
+	if ok {
+		close(old.Gone)
+	}
+	s.targets[id] = Target{Addr: addr, State: state, Gone: make(chan struct{})}
 }
 
 func (s *Service) dropTarget(id string) {
 	s.mu.Lock()
-	delete(s.targets, id)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if old, ok := s.targets[id]; ok {
+		close(old.Gone)
+		delete(s.targets, id)
+	}
 }
 
 // refreshTarget re-reads a sandbox's address and state from the engine.

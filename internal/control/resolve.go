@@ -14,13 +14,14 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-// Lookup tells the proxy where a sandbox's traffic goes.
-func (s *Service) Lookup(id string) (netip.Addr, bool, bool) {
+// Lookup tells the proxy where a sandbox's traffic goes; gone is closed
+// when that instance goes away.
+func (s *Service) Lookup(id string) (addr netip.Addr, running, found bool, gone <-chan struct{}) {
 	t, ok := s.Target(id)
 	if !ok {
-		return netip.Addr{}, false, false
+		return netip.Addr{}, false, false, nil
 	}
-	return t.Addr, t.State == store.StateRunning && t.Addr.IsValid(), true
+	return t.Addr, t.State == store.StateRunning && t.Addr.IsValid(), true, t.Gone
 }
 
 // SignedBy finds the running sandbox whose access token signed a

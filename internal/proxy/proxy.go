@@ -26,9 +26,9 @@ import (
 
 // Resolver finds where a sandbox's traffic goes.
 type Resolver interface {
-	// Lookup returns the sandbox's address, and whether it can take
-	// traffic now (running) or why not.
-	Lookup(id string) (addr netip.Addr, running bool, found bool)
+	// Lookup returns the sandbox's address, whether it can take traffic
+	// now (running), and a channel closed when that instance goes away.
+	Lookup(id string) (addr netip.Addr, running, found bool, gone <-chan struct{})
 	// SignedBy returns the sandbox whose access token signed a presigned
 	// /files URL.
 	SignedBy(q url.Values, op string) (string, bool)
@@ -151,7 +151,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	addr, running, found := p.res.Lookup(id)
+	addr, running, found, gone := p.res.Lookup(id)
 	switch {
 	case !found:
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" not found")
@@ -160,7 +160,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" is paused: connect to it to resume it")
 		return
 	}
-	ctx := context.WithValue(r.Context(), ctxKey{}, target{addr: addr, port: port})
+	// End the exchange when the instance goes away (killed, hibernated,
+	// rolled back): its network is gone and would never answer.
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{addr: addr, port: port}))
+	defer cancel()
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -20,19 +20,28 @@ def _emit(obj):
 
 
 class _Stream:
-    """Replaces sys.stdout/sys.stderr: every write becomes an event at once."""
+    """Replaces sys.stdout/sys.stderr: each complete line becomes an event
+    as soon as it is written (print's text and newline arrive as two
+    writes); the rest goes out on flush and at the end of the execution."""
 
     def __init__(self, kind):
         self.kind = kind
         self.encoding = "utf-8"
+        self._buf = ""
 
     def write(self, text):
-        if text:
-            _emit({"type": self.kind, "text": text})
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            _emit({"type": self.kind, "text": line + "\n"})
         return len(text)
 
     def flush(self):
-        pass
+        if self._buf:
+            _emit({"type": self.kind, "text": self._buf})
+            self._buf = ""
 
     def isatty(self):
         return False
