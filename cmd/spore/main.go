@@ -1,9 +1,10 @@
-// Command spore is Spore's one binary: host setup today; the server, the
-// all-in-one `up` and the CLI verbs join it as they land.
+// Command spore is Spore's one binary: host setup, the all-in-one server
+// (`spore up`) and the CLI verbs over its API.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,6 +20,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code) // a command's own exit code
+		}
 		fmt.Fprintln(os.Stderr, "spore:", err)
 		os.Exit(1)
 	}
@@ -41,6 +46,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", envOr("SPORE_DATA_DIR", "/var/lib/spore"), "data directory (env SPORE_DATA_DIR)")
 	root.PersistentFlags().StringVar(&g.cacheDir, "cache-dir", envOr("SPORE_CACHE_DIR", "/var/cache/spore"), "download and build cache (env SPORE_CACHE_DIR)")
 	root.AddCommand(newSetupCmd(g), newUpCmd(g), newVersionCmd())
+	root.AddCommand(newClientCmds(g)...)
 	return root
 }
 

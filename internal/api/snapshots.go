@@ -34,12 +34,13 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body struct {
-		Name string `json:"name"`
+		Name     string `json:"name"`
+		Template bool   `json:"template"` // Spore: save as a template (replaces one of the same name)
 	}
 	if !decode(w, r, &body) {
 		return
 	}
-	sn, err := s.c.Snapshot(r.Context(), id, body.Name)
+	sn, err := s.c.Snapshot(r.Context(), id, body.Name, body.Template)
 	if err != nil {
 		s.fail(w, r, err)
 		return

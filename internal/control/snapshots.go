@@ -13,7 +13,7 @@ import (
 
 // Snapshot takes a live snapshot of a sandbox; it outlives the sandbox
 // and is usable as a template ID.
-func (s *Service) Snapshot(ctx context.Context, id, name string) (store.Snapshot, error) {
+func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) (store.Snapshot, error) {
 	if _, err := s.st.GetSandbox(ctx, id); err != nil {
 		return store.Snapshot{}, err
 	}
@@ -24,11 +24,17 @@ func (s *Service) Snapshot(ctx context.Context, id, name string) (store.Snapshot
 		}
 		names = []string{name}
 	}
-	res, err := s.eng.Snapshot(ctx, id, engine.SnapshotOptions{Names: names})
+	if template && name == "" {
+		return store.Snapshot{}, errdefs.Invalidf("a template needs a name")
+	}
+	res, err := s.eng.Snapshot(ctx, id, engine.SnapshotOptions{Names: names, Template: template})
 	if err != nil {
 		return store.Snapshot{}, err
 	}
 	sn := snapshotRecord(res.Manifest)
+	if template {
+		return sn, nil // templates are listed from the node, not the store
+	}
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}

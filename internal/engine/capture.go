@@ -16,6 +16,9 @@ import (
 // SnapshotOptions tune Snapshot.
 type SnapshotOptions struct {
 	Names []string
+	// Template makes the snapshot a template: it takes over its names from
+	// an older template of the same name, which is then deleted.
+	Template bool
 }
 
 // SnapshotResult reports a snapshot taken.
@@ -35,7 +38,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 		if err := ids.ValidateName("snapshot name", n); err != nil {
 			return SnapshotResult{}, err
 		}
-		if _, err := e.snaps.Get(n); err == nil {
+		if old, err := e.snaps.Get(n); err == nil && !(opts.Template && old.Kind == snapshot.KindTemplate) {
 			return SnapshotResult{}, fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
 		}
 	}
@@ -57,9 +60,28 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	if err != nil {
 		return SnapshotResult{}, err
 	}
-	m, err := st.Commit(e.manifestOf(rec, snapshot.KindSnapshot, opts.Names), snapshot.CommitOptions{})
+	kind := snapshot.KindSnapshot
+	var replaced []snapshot.Manifest
+	if opts.Template {
+		kind = snapshot.KindTemplate
+		for _, n := range opts.Names {
+			if old, err := e.snaps.Get(n); err == nil {
+				replaced = append(replaced, old)
+			}
+		}
+	}
+	manifest := e.manifestOf(rec, kind, opts.Names)
+	if opts.Template && len(opts.Names) > 0 {
+		manifest.Template = opts.Names[0]
+	}
+	m, err := st.Commit(manifest, snapshot.CommitOptions{MoveNames: opts.Template})
 	if err != nil {
 		return SnapshotResult{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	for _, old := range replaced {
+		if err := e.DeleteSnapshot(ctx, old.ID); err != nil {
+			e.log.Warn("old template kept", "snapshot_id", old.ID, "err", err)
+		}
 	}
 	e.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", m.ID, "paused", paused, "size", m.SizeBytes)
 	return SnapshotResult{Manifest: m, Paused: paused, Took: time.Since(start)}, nil

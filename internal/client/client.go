@@ -1,0 +1,352 @@
+// Package client is a Go client of the Spore API and of the sandboxes'
+// daemons through the API's proxy. The CLI is built on it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/proto/gen/filesystem/filesystempbconnect"
+	"github.com/spore-run/spore/proto/gen/process/processpbconnect"
+)
+
+// Client talks to one Spore API.
+type Client struct {
+	base string
+	key  string
+	http *http.Client
+}
+
+// New returns a client of the API at base (http://127.0.0.1:3000).
+func New(base, key string) *Client {
+	return &Client{base: strings.TrimRight(base, "/"), key: key, http: &http.Client{Transport: &http.Transport{
+		MaxIdleConnsPerHost: 16, ReadBufferSize: 1 << 20, WriteBufferSize: 1 << 20, DisableCompression: true,
+	}}}
+}
+
+// Error is an API error.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+// Unwrap maps the status to an errdefs kind.
+func (e *Error) Unwrap() error {
+	switch e.Status {
+	case 400, 413:
+		return errdefs.ErrInvalidArgument
+	case 404:
+		return errdefs.ErrNotFound
+	case 409:
+		return errdefs.ErrConflict
+	case 401:
+		return errdefs.ErrInvalidArgument
+	case 502, 503:
+		return errdefs.ErrUnavailable
+	}
+	return errdefs.ErrInternal
+}
+
+// do sends a JSON request and decodes a JSON answer into out (when not nil).
+func (c *Client) do(ctx context.Context, method, path string, in, out any) (http.Header, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-KEY", c.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %v", method, path, errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		var e api.ErrorBody
+		if json.Unmarshal(b, &e) != nil || e.Message == "" {
+			e.Message = strings.TrimSpace(string(b))
+		}
+		return resp.Header, &Error{Status: resp.StatusCode, Message: e.Message}
+	}
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			return resp.Header, fmt.Errorf("decode %s %s: %w", method, path, err)
+		}
+	}
+	return resp.Header, nil
+}
+
+// Create starts a sandbox.
+func (c *Client) Create(ctx context.Context, req api.CreateRequest) (api.SandboxResponse, error) {
+	var out api.SandboxResponse
+	_, err := c.do(ctx, "POST", "/v2/sandboxes", req, &out)
+	return out, err
+}
+
+// List returns every sandbox (following pages), filtered by metadata and
+// state when given.
+func (c *Client) List(ctx context.Context, metadata map[string]string, states []string) ([]api.SandboxDetail, error) {
+	var all []api.SandboxDetail
+	token := ""
+	for {
+		q := url.Values{}
+		if len(metadata) > 0 {
+			mq := url.Values{}
+			for k, v := range metadata {
+				mq.Set(k, v)
+			}
+			q.Set("metadata", mq.Encode())
+		}
+		if len(states) > 0 {
+			q.Set("state", strings.Join(states, ","))
+		}
+		if token != "" {
+			q.Set("nextToken", token)
+		}
+		var page []api.SandboxDetail
+		h, err := c.do(ctx, "GET", "/v2/sandboxes?"+q.Encode(), nil, &page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if token = h.Get("X-Next-Token"); token == "" {
+			return all, nil
+		}
+	}
+}
+
+// Get returns one sandbox.
+func (c *Client) Get(ctx context.Context, id string) (api.SandboxDetail, error) {
+	var out api.SandboxDetail
+	_, err := c.do(ctx, "GET", "/sandboxes/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// Kill kills a sandbox.
+func (c *Client) Kill(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "DELETE", "/sandboxes/"+url.PathEscape(id), nil, nil)
+	return err
+}
+
+// Pause pauses a sandbox in memory.
+func (c *Client) Pause(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/pause", struct{}{}, nil)
+	return err
+}
+
+// Hibernate checkpoints a sandbox to disk.
+func (c *Client) Hibernate(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/hibernate", struct{}{}, nil)
+	return err
+}
+
+// Connect resumes a paused or hibernated sandbox (a no-op when running).
+func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) (api.SandboxResponse, error) {
+	var out api.SandboxResponse
+	body := map[string]int64{}
+	if timeout > 0 {
+		body["timeout"] = int64(timeout / time.Second)
+	}
+	_, err := c.do(ctx, "POST", "/v2/sandboxes/"+url.PathEscape(id)+"/connect", body, &out)
+	return out, err
+}
+
+// SetTimeout sets a sandbox's timeout from now.
+func (c *Client) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/timeout", map[string]int64{"timeout": int64(timeout / time.Second)}, nil)
+	return err
+}
+
+// Snapshot takes a live snapshot; with template, it becomes the template
+// name.
+func (c *Client) Snapshot(ctx context.Context, id, name string, template bool) (api.SnapshotInfo, error) {
+	var out api.SnapshotInfo
+	body := map[string]any{}
+	if name != "" {
+		body["name"] = name
+	}
+	if template {
+		body["template"] = true
+	}
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/snapshots", body, &out)
+	return out, err
+}
+
+// Snapshots lists snapshots (all pages).
+func (c *Client) Snapshots(ctx context.Context, sandboxID string) ([]api.SnapshotInfo, error) {
+	var all []api.SnapshotInfo
+	token := ""
+	for {
+		q := url.Values{}
+		if sandboxID != "" {
+			q.Set("sandboxID", sandboxID)
+		}
+		if token != "" {
+			q.Set("nextToken", token)
+		}
+		var page []api.SnapshotInfo
+		h, err := c.do(ctx, "GET", "/snapshots?"+q.Encode(), nil, &page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if token = h.Get("X-Next-Token"); token == "" {
+			return all, nil
+		}
+	}
+}
+
+// DeleteTemplate deletes a snapshot or a template.
+func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "DELETE", "/templates/"+url.PathEscape(id), nil, nil)
+	return err
+}
+
+// Templates lists templates.
+func (c *Client) Templates(ctx context.Context) ([]api.TemplateInfo, error) {
+	var out []api.TemplateInfo
+	_, err := c.do(ctx, "GET", "/templates", nil, &out)
+	return out, err
+}
+
+// Fork forks a sandbox into count children.
+func (c *Client) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]api.ForkChild, error) {
+	var out []api.ForkChild
+	body := map[string]int64{"count": int64(count)}
+	if timeout > 0 {
+		body["timeout"] = int64(timeout / time.Second)
+	}
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/fork", body, &out)
+	return out, err
+}
+
+// Rollback rolls a sandbox back to a snapshot in place.
+func (c *Client) Rollback(ctx context.Context, id, snapshotID string) (api.RollbackResponse, error) {
+	var out api.RollbackResponse
+	_, err := c.do(ctx, "POST", "/sandboxes/"+url.PathEscape(id)+"/rollback", map[string]string{"snapshotID": snapshotID}, &out)
+	return out, err
+}
+
+// Sandbox is a handle on one sandbox's daemon, through the proxy.
+type Sandbox struct {
+	c     *Client
+	ID    string
+	Token string
+	Proc  processpbconnect.ProcessClient
+	FS    filesystempbconnect.FilesystemClient
+}
+
+// Open returns a handle on a running sandbox's daemon (resuming it when
+// paused).
+func (c *Client) Open(ctx context.Context, id string) (*Sandbox, error) {
+	sr, err := c.Connect(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{c: c, ID: id, Token: sr.EnvdAccessToken}
+	opts := connect.WithInterceptors(headers{s})
+	s.Proc = processpbconnect.NewProcessClient(c.http, c.base, opts)
+	s.FS = filesystempbconnect.NewFilesystemClient(c.http, c.base, opts)
+	return s, nil
+}
+
+func (s *Sandbox) header(h http.Header, port int) {
+	h.Set("E2b-Sandbox-Id", s.ID)
+	h.Set("E2b-Sandbox-Port", strconv.Itoa(port))
+	if s.Token != "" {
+		h.Set("X-Access-Token", s.Token)
+	}
+}
+
+type headers struct{ s *Sandbox }
+
+func (h headers) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		h.s.header(req.Header(), 49983)
+		return next(ctx, req)
+	}
+}
+
+func (h headers) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		h.s.header(conn.RequestHeader(), 49983)
+		return conn
+	}
+}
+
+func (h headers) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// Upload writes r to path in the sandbox.
+func (s *Sandbox) Upload(ctx context.Context, path string, r io.Reader, user string) error {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("username", user)
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", s.c.base+"/files?"+q.Encode(), r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	s.header(req.Header, 49983)
+	return s.fileDo(req, nil)
+}
+
+// Download copies path in the sandbox to w.
+func (s *Sandbox) Download(ctx context.Context, path string, w io.Writer, user string) error {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("username", user)
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", s.c.base+"/files?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	s.header(req.Header, 49983)
+	return s.fileDo(req, w)
+}
+
+func (s *Sandbox) fileDo(req *http.Request, w io.Writer) error {
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(resp.Body)
+		var e api.ErrorBody
+		if json.Unmarshal(b, &e) != nil || e.Message == "" {
+			e.Message = strings.TrimSpace(string(b))
+		}
+		return &Error{Status: resp.StatusCode, Message: e.Message}
+	}
+	if w == nil {
+		w = io.Discard
+	}
+	_, err = io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, make([]byte, 1<<20))
+	return err
+}

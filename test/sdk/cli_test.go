@@ -1,0 +1,150 @@
+package sdk
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// cli runs the spore binary against the test's server.
+func (s *server) cli(stdin string, args ...string) (string, string, int) {
+	s.t.Helper()
+	cmd := exec.Command(filepath.Join(s.bin, "spore"), args...)
+	cmd.Env = append(os.Environ(), "SPORE_API_URL=http://"+s.addr, "SPORE_API_KEY="+apiKey)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		s.t.Fatalf("spore %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func (s *server) ok(args ...string) string {
+	s.t.Helper()
+	out, errs, code := s.cli("", args...)
+	if code != 0 {
+		s.t.Fatalf("spore %v: exit %d: %s%s", args, code, out, errs)
+	}
+	return strings.TrimSpace(out)
+}
+
+func TestCLI(t *testing.T) {
+	s := newServer(t)
+	id := s.ok("start", "base", "--metadata", "suite=cli", "--env", "GREETING=hi")
+	if !strings.HasPrefix(id, "i") {
+		t.Fatalf("start printed %q", id)
+	}
+	// exec streams output and exits with the command's code.
+	out, _, code := s.cli("", "exec", id, "--", "echo $GREETING; echo err >&2; exit 3")
+	if out != "hi\n" || code != 3 {
+		t.Fatalf("exec: %q, exit %d", out, code)
+	}
+	out, _, code = s.cli("line one\nline two\n", "exec", "-i", id, "--", "cat")
+	if out != "line one\nline two\n" || code != 0 {
+		t.Fatalf("exec -i: %q, exit %d", out, code)
+	}
+	if got := s.ok("exec", "--user", "root", id, "--", "id", "-u"); got != "0" {
+		t.Fatalf("exec as root: %q", got)
+	}
+	// cp both ways, binary intact.
+	dir := t.TempDir()
+	blob := bytes.Repeat([]byte{0, 1, 2, 255, 'x'}, 300000)
+	os.WriteFile(filepath.Join(dir, "in.bin"), blob, 0o644)
+	s.ok("cp", filepath.Join(dir, "in.bin"), id+":/home/user/up/in.bin")
+	s.ok("cp", id+":/home/user/up/in.bin", filepath.Join(dir, "out.bin"))
+	if b, _ := os.ReadFile(filepath.Join(dir, "out.bin")); !bytes.Equal(b, blob) {
+		t.Fatalf("cp round trip: %d bytes back of %d", len(b), len(blob))
+	}
+	// snapshot, ls, fork, rollback.
+	snap := s.ok("snapshot", "create", id, "--name", "cli-snap")
+	if ls := s.ok("snapshot", "ls", "--sandbox-id", id); !strings.Contains(ls, snap) || !strings.Contains(ls, "cli-snap") {
+		t.Fatalf("snapshot ls: %s", ls)
+	}
+	var kids []childResult
+	if err := json.Unmarshal([]byte(s.ok("fork", id, "-n", "3", "--json")), &kids); err != nil || len(kids) != 3 || kids[0].ID == "" {
+		t.Fatalf("fork: %v %v", kids, err)
+	}
+	s.ok("exec", id, "--", "rm /home/user/up/in.bin")
+	if got := s.ok("rollback", id, "cli-snap"); !strings.Contains(got, "rolled back") {
+		t.Fatalf("rollback: %s", got)
+	}
+	if got := s.ok("exec", id, "--", "test -f /home/user/up/in.bin && echo back"); got != "back" {
+		t.Fatalf("after rollback: %q", got)
+	}
+	// pause, info, resume, timeout.
+	s.ok("pause", id)
+	var info struct {
+		SporeState string `json:"sporeState"`
+	}
+	json.Unmarshal([]byte(s.ok("info", id, "--json")), &info)
+	if info.SporeState != "paused" {
+		t.Fatalf("info after pause: %+v", info)
+	}
+	s.ok("resume", id)
+	s.ok("timeout", id, "10m")
+	s.ok("pause", "--hibernate", id)
+	// exec on a hibernated sandbox resumes it (connect semantics).
+	if got := s.ok("exec", id, "--", "echo awake"); got != "awake" {
+		t.Fatalf("exec after hibernate: %q", got)
+	}
+	// An interactive shell through a PTY (driven by a pipe here).
+	out, _, code = s.cli("echo $((6*7))\nexit 4\n", "connect", id)
+	if !strings.Contains(out, "42") || code != 4 {
+		t.Fatalf("connect: exit %d, %q", code, out)
+	}
+	// Templates: build, list, start from, remove.
+	tpl := s.ok("template", "build", "cli-tpl", "--run", "echo built > /opt/marker", "--ready", "test -f /opt/marker")
+	if ls := s.ok("template", "ls"); !strings.Contains(ls, "cli-tpl") || !strings.Contains(ls, tpl) {
+		t.Fatalf("template ls: %s", ls)
+	}
+	fromTpl := s.ok("start", "cli-tpl")
+	if got := s.ok("exec", fromTpl, "--", "cat /opt/marker"); got != "built" {
+		t.Fatalf("sandbox from the built template: %q", got)
+	}
+	// ls, with a filter, tables and JSON.
+	if ls := s.ok("ls", "--metadata", "suite=cli"); !strings.Contains(ls, id) || !strings.Contains(ls, "SANDBOX") {
+		t.Fatalf("ls: %s", ls)
+	}
+	// Errors: a clear message and a non-zero exit, nothing changed.
+	for _, bad := range [][]string{
+		{"start", "no-such-template"},
+		{"kill", "i0000000000000000000"},
+		{"fork", id, "-n", "0"},
+		{"rollback", id, "no-such-snapshot"},
+		{"exec", "../etc", "--", "true"},
+		{"timeout", id, "-5s"},
+		{"cp", "/nope", id + ":/x"},
+	} {
+		_, errs, code := s.cli("", bad...)
+		if code == 0 || !strings.HasPrefix(errs, "spore: ") {
+			t.Errorf("spore %v: exit %d, stderr %q; want a message and a non-zero exit", bad, code, errs)
+		}
+	}
+	// Kill everything this test made.
+	var all []struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	json.Unmarshal([]byte(s.ok("ls", "--json")), &all)
+	for _, sb := range all {
+		s.ok("kill", sb.SandboxID)
+	}
+	s.ok("template", "rm", "cli-tpl")
+	s.ok("snapshot", "rm", snap)
+	if got := s.ok("ls", "--json"); got != "null" && got != "[]" {
+		t.Fatalf("left after kill: %s", got)
+	}
+}
+
+type childResult struct {
+	ID  string `json:"sandboxID"`
+	Err string `json:"error"`
+}
