@@ -28,6 +28,7 @@ proto:
 ## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout)
 sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
+	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
 ## test: every test, against real runsc sandboxes and the stock E2B SDKs
 test: setup sdk-deps
