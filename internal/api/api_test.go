@@ -67,7 +67,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 }
 
-func openStore(t *testing.T) store.Store {
+func openStore(t testing.TB) store.Store {
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -109,14 +109,14 @@ func TestAuthOnEveryRoute(t *testing.T) {
 
 // harness is a full API over a real node.
 type harness struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 	ctl *control.Service
 	n   *node.Node
 	now time.Time
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	cgroup := "/spore-test-" + ids.New('g')

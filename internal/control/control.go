@@ -40,6 +40,7 @@ type Engine interface {
 	Rollback(ctx context.Context, id, snapshotRef string) (engine.Sandbox, error)
 	DeleteSnapshot(ctx context.Context, ref string) error
 	SetPolicy(ctx context.Context, id string, p netns.Policy) error
+	Reconfigure(ctx context.Context, id string, env []string, p *netns.Policy) (engine.Sandbox, error)
 	Snapshots() *snapshot.Repo
 }
 
@@ -71,6 +72,7 @@ type Service struct {
 	// lookups caches where each running sandbox is reached, for the proxy.
 	mu      sync.RWMutex
 	targets map[string]Target
+	pool    *pool
 }
 
 // Target is where the proxy sends a sandbox's traffic.
@@ -204,11 +206,15 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	for _, k := range keys {
 		env = append(env, k+"="+r.EnvVars[k])
 	}
-	es, err := s.eng.Create(ctx, engine.CreateOptions{
-		Template: r.TemplateID, Env: env, Policy: &policy, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB),
-	})
-	if err != nil {
-		return Sandbox{}, err
+	es, pooled := s.fromPool(ctx, r, env, policy)
+	if !pooled {
+		var err error
+		es, err = s.eng.Create(ctx, engine.CreateOptions{
+			Template: r.TemplateID, Env: env, Policy: &policy, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB),
+		})
+		if err != nil {
+			return Sandbox{}, err
+		}
 	}
 	now := s.now()
 	rec := store.Sandbox{

@@ -116,3 +116,34 @@ func (e *Engine) SetPolicy(ctx context.Context, id string, p netns.Policy) error
 	rec.Policy = p
 	return e.save(rec)
 }
+
+// Reconfigure gives a running sandbox a new environment for its commands
+// (merged over the template's) and, when p is set, a new egress policy:
+// what a sandbox taken from a warm pool needs to become the one a create
+// asked for. The daemon is re-initialised with the sandbox's own token.
+func (e *Engine) Reconfigure(ctx context.Context, id string, env []string, p *netns.Policy) (Sandbox, error) {
+	rec, unlock, err := e.lock(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer unlock()
+	if err := wantState(rec, "reconfigure", StateRunning); err != nil {
+		return Sandbox{}, err
+	}
+	if len(env) > 0 {
+		rec.Run.Env = append(append([]string(nil), rec.Run.Env...), env...)
+		if err := e.initDaemon(ctx, rec, rec.Addr, rec.Run.AccessToken); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if p != nil && e.net != nil {
+		if err := e.net.SetPolicy(ctx, rec.Instance, *p); err != nil {
+			return Sandbox{}, err
+		}
+		rec.Policy = *p
+	}
+	if err := e.save(rec); err != nil {
+		return Sandbox{}, err
+	}
+	return rec.view(), nil
+}

@@ -43,6 +43,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Ready is called once the server listens.
 	Ready func(addr, apiKey string)
+	// PoolSize is how many sandboxes of each default template are kept
+	// restored ahead of time (0: none).
+	PoolSize int
 }
 
 // KeyFile is where a generated API key is kept (root-only).
@@ -82,6 +85,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	go ctl.Run(ctx, time.Second)
+	poolDone := make(chan struct{})
+	go func() {
+		defer close(poolDone)
+		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
+	}()
+	defer func() { <-poolDone }()
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, log), Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
