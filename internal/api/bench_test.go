@@ -38,7 +38,10 @@ func BenchmarkCreate(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			if pooled {
-				go func() { defer close(done); h.ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase}, Size: 2}) }()
+				go func() {
+					defer close(done)
+					h.ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase}, Size: 2})
+				}()
 			} else {
 				close(done)
 			}
