@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
+	fspb "github.com/spore-run/spore/proto/gen/filesystem"
+	"github.com/spore-run/spore/proto/gen/filesystem/filesystempbconnect"
 	processpb "github.com/spore-run/spore/proto/gen/process"
 )
 
@@ -319,4 +322,76 @@ func waitFor(t *testing.T, f func() bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatal("condition not met in 10s")
+}
+
+// Signals, PTY and watch events inside a real sandbox.
+func TestSignalsPTYWatchInSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	c := e.client(sb)
+
+	// SIGTERM through SendSignal ends the whole process group.
+	st, err := c.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "sleep 300 & sleep 300"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Receive()
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	if _, err := c.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{
+		Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}, Signal: processpb.Signal_SIGNAL_SIGTERM,
+	})); err != nil {
+		t.Fatal(err)
+	}
+	status := ""
+	for st.Receive() {
+		if end := st.Msg().GetEvent().GetEnd(); end != nil {
+			status = end.GetStatus()
+		}
+	}
+	if status != "signal: terminated" {
+		t.Fatalf("after SIGTERM: %q", status)
+	}
+	if got := c.sh(ctx, "pgrep -c sleep || true"); got != "0\n" {
+		t.Fatalf("the group's other process survived: %q sleeps", got)
+	}
+
+	// A PTY with its size.
+	pst, err := c.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{
+		Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "stty size; tty"}},
+		Pty:     &processpb.PTY{Size: &processpb.PTY_Size{Cols: 100, Rows: 30}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := ""
+	for pst.Receive() {
+		out += string(pst.Msg().GetEvent().GetData().GetPty())
+	}
+	if !strings.Contains(out, "30 100") || !strings.Contains(out, "/dev/pts/") {
+		t.Fatalf("pty output %q", out)
+	}
+
+	// Watch: events for files written by a command in the sandbox.
+	fs := filesystempbconnect.NewFilesystemClient(c.hc, c.url(envd.Port), connect.WithInterceptors(c))
+	c.sh(ctx, "mkdir -p /home/user/watched")
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := fs.WatchDir(wctx, connect.NewRequest(&fspb.WatchDirRequest{Path: "/home/user/watched", Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Receive() || w.Msg().GetStart() == nil {
+		t.Fatalf("watch start: %v", w.Err())
+	}
+	c.sh(ctx, "echo x > /home/user/watched/new.txt && rm /home/user/watched/new.txt")
+	seen := map[string]bool{}
+	for !(seen["EVENT_TYPE_CREATE"] && seen["EVENT_TYPE_REMOVE"]) && w.Receive() {
+		if fe := w.Msg().GetFilesystem(); fe != nil && fe.GetName() == "new.txt" {
+			seen[fe.GetType().String()] = true
+		}
+	}
+	if !seen["EVENT_TYPE_CREATE"] || !seen["EVENT_TYPE_REMOVE"] {
+		t.Fatalf("watch events: %v (%v)", seen, w.Err())
+	}
 }
