@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test up bench clean proto sdk-deps
+.PHONY: build setup test up bench clean proto sdk-deps fuzz
 
 ## build: compile the binaries into bin/
 build:
@@ -30,10 +30,23 @@ sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
-## test: every test, against real runsc sandboxes and the stock E2B SDKs
+## test: every test, against real runsc sandboxes and the stock E2B SDKs, then a short fuzz run
 test: setup sdk-deps
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
+	$(MAKE) fuzz FUZZTIME=5s
+
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzValidate:./internal/ids FuzzCursor:./internal/store/sqlite FuzzCreateRequest:./internal/api \
+	FuzzListQuery:./internal/api FuzzProxyRoute:./internal/api FuzzUpload:./internal/envd
+
+## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz)
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 ## up: set up, build, and start the all-in-one server
 up: setup

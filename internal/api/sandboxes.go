@@ -103,19 +103,15 @@ type CreateRequest struct {
 	MemoryMB            int               `json:"memoryMB"`
 }
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	var req CreateRequest
-	if !decode(w, r, &req) {
-		return
-	}
+// ParseCreate turns a decoded create body into a validated request.
+func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 	var secs int64
 	if req.Timeout != nil {
 		secs = *req.Timeout
 	}
 	timeout, err := control.ValidateTimeout(secs)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return control.CreateRequest{}, err
 	}
 	cr := control.CreateRequest{
 		TemplateID: req.TemplateID, Timeout: timeout, Metadata: req.Metadata, EnvVars: req.EnvVars,
@@ -123,6 +119,22 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Network != nil {
 		cr.AllowOut, cr.DenyOut = req.Network.AllowOut, req.Network.DenyOut
+	}
+	if err := control.Validate(cr); err != nil {
+		return control.CreateRequest{}, err
+	}
+	return cr, nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	cr, err := ParseCreate(req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	sb, err := s.c.Create(r.Context(), cr)
 	if err != nil {
@@ -177,17 +189,15 @@ func parseLimit(q url.Values) (int, error) {
 	return n, nil
 }
 
-func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+// ParseListQuery turns a list request's query into a filter.
+func ParseListQuery(q url.Values) (store.SandboxFilter, error) {
 	md, err := parseMetadataQuery(q.Get("metadata"))
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return store.SandboxFilter{}, err
 	}
 	limit, err := parseLimit(q)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return store.SandboxFilter{}, err
 	}
 	f := store.SandboxFilter{Metadata: md, Template: q.Get("template"), Limit: limit, Cursor: q.Get("nextToken")}
 	for _, st := range strings.Split(strings.Join(q["state"], ","), ",") {
@@ -198,9 +208,17 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		case "paused":
 			f.States = append(f.States, store.StatePaused, store.StateHibernated)
 		default:
-			s.fail(w, r, errdefs.Invalidf("state %q must be running or paused", st))
-			return
+			return store.SandboxFilter{}, errdefs.Invalidf("state %q must be running or paused", st)
 		}
+	}
+	return f, nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	f, err := ParseListQuery(r.URL.Query())
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	page, next, err := s.c.List(r.Context(), f)
 	if err != nil {

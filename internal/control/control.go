@@ -21,6 +21,7 @@ import (
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/snapshot"
 	"github.com/spore-run/spore/internal/store"
@@ -179,19 +180,34 @@ func validateKV(kind string, m map[string]string, max int) error {
 	return nil
 }
 
+// Validate checks a create request without acting on it.
+func Validate(r CreateRequest) error {
+	if r.TemplateID != "" && ids.Validate("template ID", r.TemplateID) != nil && ids.ValidateName("template name", r.TemplateID) != nil {
+		return errdefs.Invalidf("templateID %q is neither a template name nor a snapshot ID", r.TemplateID)
+	}
+	if r.Timeout < 0 || r.Timeout > MaxTimeout {
+		return errdefs.Invalidf("timeout out of range")
+	}
+	if err := validateKV("metadata", r.Metadata, MaxMetadata); err != nil {
+		return err
+	}
+	if err := validateKV("envVars", r.EnvVars, MaxEnvVars); err != nil {
+		return err
+	}
+	if r.CPUCount < 0 || r.CPUCount > 64 || r.MemoryMB < 0 || r.MemoryMB > 1<<20 {
+		return errdefs.Invalidf("cpuCount (0-64) or memoryMB out of range")
+	}
+	_, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut)
+	return err
+}
+
 // Create makes a sandbox from a template or snapshot.
 func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
 	if r.TemplateID == "" {
 		r.TemplateID = "base"
 	}
-	if err := validateKV("metadata", r.Metadata, MaxMetadata); err != nil {
+	if err := Validate(r); err != nil {
 		return Sandbox{}, err
-	}
-	if err := validateKV("envVars", r.EnvVars, MaxEnvVars); err != nil {
-		return Sandbox{}, err
-	}
-	if r.CPUCount < 0 || r.CPUCount > 64 || r.MemoryMB < 0 || r.MemoryMB > 1<<20 {
-		return Sandbox{}, errdefs.Invalidf("cpuCount (0-64) or memoryMB out of range")
 	}
 	policy, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut)
 	if err != nil {

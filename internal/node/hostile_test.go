@@ -1,0 +1,139 @@
+package node_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/runtime"
+)
+
+// Hostile code cannot read or write host files: /proc/1/root, symlinks
+// and .. all stay inside the sandbox's own root.
+func TestHostileFilesystem(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	secret := filepath.Join(os.TempDir(), "spore-host-secret-"+ids.New('x'))
+	os.WriteFile(secret, []byte("host secret\n"), 0o644)
+	defer os.Remove(secret)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	c := e.client(sb)
+	c.user = "root"
+	probes := []string{
+		"cat " + secret,
+		"cat /proc/1/root" + secret,
+		"cat /proc/self/root" + secret,
+		"cat /../../../.." + secret,
+		"ln -sf " + secret + " /tmp/l && cat /tmp/l",
+		"ln -sf /proc/1/root /tmp/r && cat /tmp/r" + secret,
+		"cat /proc/1/cwd/" + filepath.Base(secret),
+	}
+	for _, p := range probes {
+		r, _ := c.run(ctx, p)
+		if strings.Contains(r.stdout, "host secret") {
+			t.Fatalf("sandbox read a host file with %q", p)
+		}
+	}
+	// Writes land in the sandbox, not on the host.
+	escape := filepath.Join(os.TempDir(), "spore-escape-"+ids.New('x'))
+	for _, p := range []string{"echo x > " + escape, "echo x > /proc/1/root" + escape, "mkdir -p /tmp/a && echo x > /tmp/a/../../.." + escape} {
+		c.run(ctx, p)
+		if _, err := os.Stat(escape); err == nil {
+			os.Remove(escape)
+			t.Fatalf("sandbox wrote a host file with %q", p)
+		}
+	}
+	// The sandbox's processes are its own: no host process is visible.
+	if out := c.sh(ctx, "ps -e -o comm= | sort -u | tr '\\n' ' '"); strings.Contains(out, "runsc") || strings.Contains(out, "go") || strings.Contains(out, "systemd") {
+		t.Fatalf("host processes visible: %s", out)
+	}
+}
+
+// Another sandbox's processes and files are invisible.
+func TestHostileNeighbours(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	a := e.client(e.create(ctx, engine.CreateOptions{Template: node.TemplateBase}))
+	b := e.client(e.create(ctx, engine.CreateOptions{Template: node.TemplateBase}))
+	a.sh(ctx, "echo a-secret > /home/user/a-secret.txt; nohup sleep 321 >/dev/null 2>&1 &")
+	b.user = "root"
+	if out := b.sh(ctx, "find / -xdev -name a-secret.txt 2>/dev/null; pgrep -x sleep || true"); strings.TrimSpace(out) != "" {
+		t.Fatalf("b sees a's file or process: %q", out)
+	}
+}
+
+// A fork bomb, a memory hog and a disk filler each hit the sandbox's
+// limits; the host and a neighbour carry on; the sandbox stays killable.
+func TestHostileLimits(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	spec := e.n.TemplateSpecs()[0]
+	spec.Name = "small"
+	spec.Run.Limits = runtime.Limits{VCPUs: 1, MemoryMB: 384, MaxProcs: 64, DiskMB: 64}
+	if _, err := e.n.Engine.BuildTemplate(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	neighbour := e.client(e.create(ctx, engine.CreateOptions{Template: node.TemplateBase}))
+	alive := func(what string) {
+		t.Helper()
+		if got := neighbour.sh(ctx, "echo alive"); got != "alive\n" {
+			t.Fatalf("neighbour after %s: %q", what, got)
+		}
+	}
+
+	// Fork bomb: stopped by the process limit (EAGAIN), then killed.
+	bomb := e.create(ctx, engine.CreateOptions{Template: "small"})
+	bc := e.client(bomb)
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	bc.run(bctx, `bomb() { bomb | bomb & }; bomb; sleep 3`)
+	cancel()
+	alive("fork bomb")
+	if err := e.n.Engine.Kill(ctx, bomb.ID); err != nil {
+		t.Fatalf("kill after fork bomb: %v", err)
+	}
+
+	// Disk filler: ENOSPC at the disk limit; the sandbox keeps working.
+	disk := e.create(ctx, engine.CreateOptions{Template: "small"})
+	dc := e.client(disk)
+	r, _ := dc.run(ctx, "dd if=/dev/zero of=/home/user/fill bs=1M count=200 2>&1; echo rc=$?")
+	if !strings.Contains(r.stdout, "No space left on device") {
+		t.Fatalf("disk filler: %q", r.stdout)
+	}
+	if got := dc.sh(ctx, "rm /home/user/fill && echo ok"); got != "ok\n" {
+		t.Fatalf("after disk filler: %q", got)
+	}
+	alive("disk filler")
+
+	// Memory hog: the memory limit stops it (the host kills the sandbox's
+	// processes when its cgroup is exhausted); the neighbour carries on and
+	// the sandbox is still killable and freed.
+	hog := e.create(ctx, engine.CreateOptions{Template: "small"})
+	hc := e.client(hog)
+	hctx, cancel2 := context.WithTimeout(ctx, 15*time.Second)
+	r, _ = hc.run(hctx, `python3 -c "
+chunks = []
+for i in range(4096):
+    chunks.append(bytearray(1 << 20))
+print('allocated 4 GiB')"`)
+	cancel2()
+	if strings.Contains(r.stdout, "allocated 4 GiB") {
+		t.Fatal("a 384 MB sandbox allocated 4 GiB")
+	}
+	alive("memory hog")
+	if err := e.n.Engine.Kill(ctx, hog.ID); err != nil && !errdefs.IsNotFound(err) {
+		t.Fatalf("kill after memory hog: %v", err)
+	}
+	insts, _ := e.n.Runtime.List(ctx)
+	for _, i := range insts {
+		if strings.HasPrefix(i.ID, hog.ID) || strings.HasPrefix(i.ID, bomb.ID) {
+			t.Fatalf("instance %s left", i.ID)
+		}
+	}
+}
