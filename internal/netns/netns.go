@@ -174,9 +174,15 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 	if b, err := os.ReadFile(filepath.Join(m.cfg.StateDir, "cursor")); err == nil {
 		cursor, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
+	// A slot whose host address exists on the host belongs to someone else
+	// (another server on this host).
+	taken, err := hostAddrs()
+	if err != nil {
+		return Net{}, err
+	}
 	for i := 0; i < maxSlots; i++ {
 		s := (cursor + i) % maxSlots
-		if used[s] {
+		if used[s] || taken[m.slotAddr(s, 1)] {
 			continue
 		}
 		os.WriteFile(filepath.Join(m.cfg.StateDir, "cursor"), []byte(strconv.Itoa(s+1)), 0o600)
@@ -193,9 +199,44 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 	return Net{}, fmt.Errorf("no free network slot: %w", errdefs.ErrResourceLimit)
 }
 
+// hostLock serializes slot allocation and host-side setup across every
+// process on the host: the 10.200.0.0/16 space and the root namespace are
+// shared (two servers on one host, tests in parallel).
+func hostLock() (func(), error) {
+	f, err := os.OpenFile("/run/spore-netns.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// hostAddrs returns the IPv4 addresses configured in the root namespace.
+func hostAddrs() (map[netip.Addr]bool, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			out[ip] = true
+		}
+	}
+	return out, nil
+}
+
 // Setup creates the instance's namespaces, links, addresses and rules.
 // On failure nothing is left.
 func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, error) {
+	unlock, err := hostLock()
+	if err != nil {
+		return Net{}, fmt.Errorf("network of %s: host lock: %w", instance, err)
+	}
+	defer unlock()
 	m.mu.Lock()
 	n, err := m.allocate(instance, p)
 	m.mu.Unlock()

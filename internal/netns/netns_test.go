@@ -202,3 +202,37 @@ func TestTopologyIsolationAndEgress(t *testing.T) {
 		t.Fatalf("slot after teardown: %+v %v", c, err)
 	}
 }
+
+// Two managers on one host (two servers, or tests in parallel) never hand
+// out the same addresses: the 10.200.0.0/16 space is shared.
+func TestTwoManagersShareTheHost(t *testing.T) {
+	m1 := newManager(t)
+	m2, err := netns.New(context.Background(), netns.Config{Prefix: "spu", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Sweep(context.Background(), nil); m2.RemoveHostRules() })
+	ctx := context.Background()
+	seen := map[netip.Addr]string{}
+	errs := make(chan error, 8)
+	nets := make(chan netns.Net, 8)
+	for i := range 4 {
+		for _, m := range []*netns.Manager{m1, m2} {
+			go func() {
+				n, err := m.Setup(ctx, fmt.Sprintf("two-%d-%p", i, m), netns.Policy{})
+				errs <- err
+				nets <- n
+			}()
+		}
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		n := <-nets
+		if other, dup := seen[n.Addr]; dup {
+			t.Fatalf("%s and %s both got %s", other, n.Instance, n.Addr)
+		}
+		seen[n.Addr] = n.Instance
+	}
+}

@@ -29,6 +29,7 @@ const apiKey = "spore_test_key_for_sdk_acceptance"
 
 // server is a `spore up` process.
 type server struct {
+	extra  []string // extra `spore up` flags
 	t      *testing.T
 	bin    string
 	data   string
@@ -60,12 +61,12 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newServer(t *testing.T) *server {
+func newServer(t *testing.T, extra ...string) *server {
 	testenv.RequireRoot(t)
 	if _, err := os.Stat("node_modules/e2b/package.json"); err != nil {
 		t.Fatal("test/sdk/node_modules missing: `make test` installs it (npm ci --prefix test/sdk)")
 	}
-	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(t)}
+	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(t), extra: extra}
 	t.Cleanup(s.destroy)
 	s.start()
 	return s
@@ -73,8 +74,9 @@ func newServer(t *testing.T) *server {
 
 func (s *server) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(filepath.Join(s.bin, "spore"), "up", "--data-dir", s.data, "--listen", s.addr,
-		"--rootfs-dir", testenv.RootFSDir(s.t), "--runsc", testenv.Runsc(s.t), "--net-prefix", "spa", "--cgroup-parent", s.cgroup)
+	args := append([]string{"up", "--data-dir", s.data, "--listen", s.addr, "--rootfs-dir", testenv.RootFSDir(s.t),
+		"--runsc", testenv.Runsc(s.t), "--net-prefix", "spa", "--cgroup-parent", s.cgroup}, s.extra...)
+	s.cmd = exec.Command(filepath.Join(s.bin, "spore"), args...)
 	s.cmd.Env = append(os.Environ(), "SPORE_API_KEY="+apiKey)
 	logf, _ := os.Create(filepath.Join(s.data, fmt.Sprintf("up-%d.log", time.Now().UnixNano())))
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf

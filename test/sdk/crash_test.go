@@ -1,0 +1,221 @@
+package sdk
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/testenv"
+)
+
+// SIGKILL `spore up` at random moments while a client creates, snapshots,
+// forks, rolls back, hibernates and kills; restart it and check after every
+// round: every listed snapshot restores, every sandbox the store lists as
+// running answers, and nothing on the host is orphaned (runsc sandboxes,
+// instance directories, network namespaces).
+func TestCrashRounds(t *testing.T) {
+	s := newServer(t, "--pool", "0") // no background restores racing the checks
+	rounds := 20
+	var lastSnaps []string
+	totalOps := 0
+	for round := range rounds {
+		// A client works until the server dies under it.
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		ops := 0
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if s.workStep(round) {
+					mu.Lock()
+					ops++
+					mu.Unlock()
+				}
+			}
+		}()
+		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)
+		s.kill9()
+		close(stop)
+		wg.Wait()
+		totalOps += ops
+		s.start()
+		lastSnaps = s.checkConsistent(t, round)
+	}
+	t.Logf("%d rounds, %d operations completed before the kills, %d snapshots at the end", rounds, totalOps, len(lastSnaps))
+}
+
+// workStep does one random operation; it reports whether it succeeded.
+func (s *server) workStep(round int) bool {
+	code, body := s.restQuiet("GET", "/v2/sandboxes?state=running", "")
+	if code != 200 {
+		return false
+	}
+	var running []sandboxResp
+	json.Unmarshal(body, &running)
+	if len(running) < 2 {
+		code, _ := s.restQuiet("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":600,"metadata":{"round":"%d"}}`, round))
+		return code == 201
+	}
+	sb := running[rand.IntN(len(running))].SandboxID
+	switch rand.IntN(6) {
+	case 0:
+		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/snapshots", `{}`)
+	case 1:
+		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/fork", `{"count":2}`)
+	case 2:
+		_, b := s.restQuiet("GET", "/snapshots", "")
+		var snaps []struct {
+			SnapshotID string `json:"snapshotID"`
+		}
+		json.Unmarshal(b, &snaps)
+		if len(snaps) == 0 {
+			return false
+		}
+		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/rollback", `{"snapshotID":"`+snaps[rand.IntN(len(snaps))].SnapshotID+`"}`)
+	case 3:
+		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/hibernate", "")
+	case 4:
+		code, _ = s.restQuiet("DELETE", "/sandboxes/"+sb, "")
+	default:
+		code, _ = s.restQuiet("POST", "/v2/sandboxes", `{"templateID":"base","timeout":600}`)
+	}
+	return code < 300
+}
+
+// restQuiet is rest without failing the test (the server may be dying).
+func (s *server) restQuiet(method, path, body string) (int, []byte) {
+	defer func() { recover() }()
+	req, err := newRequest(method, "http://"+s.addr+path, body)
+	if err != nil {
+		return 0, nil
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b := make([]byte, 0, 4096)
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b = append(b, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, b
+}
+
+func (s *server) checkConsistent(t *testing.T, round int) []string {
+	t.Helper()
+	// Every listed snapshot restores.
+	code, body := s.rest("GET", "/snapshots", "")
+	if code != 200 {
+		t.Fatalf("round %d: list snapshots: %d %s", round, code, body)
+	}
+	var snaps []struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	json.Unmarshal(body, &snaps)
+	var ids []string
+	for _, sn := range snaps {
+		ids = append(ids, sn.SnapshotID)
+	}
+	// Restore the newest (all of them would be slow; the newest is the
+	// one most likely to have been cut short).
+	if len(snaps) > 0 {
+		newest := snaps[len(snaps)-1].SnapshotID
+		code, body := s.rest("POST", "/v2/sandboxes", `{"templateID":"`+newest+`","timeout":600}`)
+		if code != 201 {
+			t.Fatalf("round %d: snapshot %s does not restore: %d %s", round, newest, code, body)
+		}
+	}
+	// Every sandbox the store lists as running answers through the proxy.
+	code, body = s.rest("GET", "/v2/sandboxes", "")
+	if code != 200 {
+		t.Fatalf("round %d: list: %d", round, code)
+	}
+	var all []sandboxResp
+	json.Unmarshal(body, &all)
+	running := map[string]bool{}
+	for _, sb := range all {
+		if sb.State == "running" {
+			running[sb.SandboxID] = true
+			req, _ := newRequest("GET", "http://"+s.addr+"/health", "")
+			req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+			resp, err := httpClient.Do(req)
+			if err != nil || resp.StatusCode != 204 {
+				t.Fatalf("round %d: running sandbox %s does not answer: %v %v", round, sb.SandboxID, resp, err)
+			}
+			resp.Body.Close()
+		}
+	}
+	// Nothing orphaned: runsc knows only instances of recorded sandboxes
+	// (or of the warm pool), each with its directory and network.
+	out, err := exec.Command(testenvRunsc(t), "--root="+filepath.Join(s.data, "runtime", "root"), "list", "--format=json").Output()
+	if err != nil {
+		t.Fatalf("runsc list: %v", err)
+	}
+	var insts []struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(out, &insts)
+	known := map[string]bool{}
+	for _, sb := range all {
+		known[sb.SandboxID] = true
+	}
+	pooled := 0
+	for _, in := range insts {
+		sbID := in.ID[:strings.LastIndexByte(in.ID, '-')]
+		if !known[sbID] {
+			pooled++ // the warm pool's sandboxes have no store record
+		}
+		if _, err := os.Stat(filepath.Join(s.data, "runtime", "inst", in.ID)); err != nil {
+			t.Fatalf("round %d: instance %s has no directory", round, in.ID)
+		}
+		if _, err := os.Stat("/var/run/netns/spa-sb-" + in.ID); err != nil {
+			t.Fatalf("round %d: instance %s has no network", round, in.ID)
+		}
+	}
+	if pooled > 4 {
+		t.Fatalf("round %d: %d unrecorded instances (pool is 2 per template)", round, pooled)
+	}
+	dirs, _ := os.ReadDir(filepath.Join(s.data, "runtime", "inst"))
+	if len(dirs) != len(insts) {
+		t.Fatalf("round %d: %d instance directories for %d instances", round, len(dirs), len(insts))
+	}
+	nets, _ := filepath.Glob("/var/run/netns/spa-sb-*")
+	if len(nets) != len(insts) {
+		t.Fatalf("round %d: %d sandbox namespaces for %d instances", round, len(nets), len(insts))
+	}
+	return ids
+}
+
+var httpClient = &http.Client{Timeout: 2 * time.Minute}
+
+func newRequest(method, url, body string) (*http.Request, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-KEY", apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
+}
+
+func testenvRunsc(t *testing.T) string { return testenv.Runsc(t) }
