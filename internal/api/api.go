@@ -15,6 +15,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	goruntime "runtime"
 	"strings"
 	"time"
 
@@ -118,7 +120,23 @@ func (s *Server) table() []route {
 		{"GET /snapshots", s.listSnapshots, false},
 		{"GET /templates", s.templates, false},
 		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
+		{"GET /debug/stats", s.stats, false},
 	}
+}
+
+// Stats is the server's own resource use (leak checks, operations).
+type Stats struct {
+	Goroutines int    `json:"goroutines"`
+	HeapAlloc  uint64 `json:"heapAlloc"` // bytes, after a GC
+	OpenFiles  int    `json:"openFiles"`
+}
+
+func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
+	goruntime.GC()
+	var ms goruntime.MemStats
+	goruntime.ReadMemStats(&ms)
+	fds, _ := os.ReadDir("/proc/self/fd")
+	writeJSON(w, http.StatusOK, Stats{Goroutines: goruntime.NumGoroutine(), HeapAlloc: ms.HeapAlloc, OpenFiles: len(fds)})
 }
 
 func (s *Server) routes() {

@@ -53,6 +53,10 @@ func (c *Client) Init(ctx context.Context, addr netip.Addr, token string, req en
 	for attempt := 0; ; attempt++ {
 		r, _ := http.NewRequestWithContext(ctx, http.MethodPost, URL(addr, envd.Port)+"/init", bytes.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
+		// Once per restore: keeping the connection would leave an idle one
+		// to every sandbox ever restored (and to dead ones, which never
+		// answer a close).
+		r.Close = true
 		if token != "" {
 			r.Header.Set("X-Access-Token", token)
 		}
@@ -79,6 +83,7 @@ func (c *Client) Init(ctx context.Context, addr netip.Addr, token string, req en
 // Healthy reports whether the daemon at addr answers /health.
 func (c *Client) Healthy(ctx context.Context, addr netip.Addr) bool {
 	r, _ := http.NewRequestWithContext(ctx, http.MethodGet, URL(addr, envd.Port)+"/health", nil)
+	r.Close = true
 	resp, err := c.http.Do(r)
 	if err != nil {
 		return false

@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spore-run/spore/internal/ids"
@@ -42,6 +43,13 @@ type Proxy struct {
 	res Resolver
 	log *slog.Logger
 	rp  *httputil.ReverseProxy
+
+	// One transport per live instance: when the instance goes, its pooled
+	// connections go with it (its network is gone; they would sit idle,
+	// holding a descriptor, two goroutines and their buffers, until a
+	// timeout).
+	mu         sync.Mutex
+	transports map[netip.Addr]*http.Transport
 }
 
 type ctxKey struct{}
@@ -49,6 +57,7 @@ type ctxKey struct{}
 type target struct {
 	addr netip.Addr
 	port int
+	gone <-chan struct{}
 }
 
 // New returns the proxy.
@@ -56,18 +65,9 @@ func New(res Resolver, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: 0, // streams (commands, watches) may wait long for headers
-		ReadBufferSize:        1 << 20,
-		WriteBufferSize:       1 << 20,
-		DisableCompression:    true,
-	}
-	p := &Proxy{res: res, log: log}
+	p := &Proxy{res: res, log: log, transports: map[netip.Addr]*http.Transport{}}
 	p.rp = &httputil.ReverseProxy{
-		Transport:     tr,
+		Transport:     roundTripper{p},
 		FlushInterval: -1, // flush every write: streams must not wait in a buffer
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(ctxKey{}).(target)
@@ -130,6 +130,43 @@ func parsePort(s string) (int, error) {
 	return p, nil
 }
 
+type roundTripper struct{ p *Proxy }
+
+func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
+	t := r.Context().Value(ctxKey{}).(target)
+	return rt.p.transport(t.addr, t.gone).RoundTrip(r)
+}
+
+// transport returns the instance's transport, creating it (and the
+// goroutine that closes it when the instance goes) on first use.
+func (p *Proxy) transport(addr netip.Addr, gone <-chan struct{}) *http.Transport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if tr, ok := p.transports[addr]; ok {
+		return tr
+	}
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 0, // streams (commands, watches) may wait long for headers
+		ReadBufferSize:        64 << 10,
+		WriteBufferSize:       64 << 10,
+		DisableCompression:    true,
+	}
+	p.transports[addr] = tr
+	go func() {
+		<-gone
+		p.mu.Lock()
+		if p.transports[addr] == tr {
+			delete(p.transports, addr)
+		}
+		p.mu.Unlock()
+		tr.CloseIdleConnections()
+	}()
+	return tr
+}
+
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var id string
@@ -162,7 +199,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// End the exchange when the instance goes away (killed, hibernated,
 	// rolled back): its network is gone and would never answer.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{addr: addr, port: port}))
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{addr: addr, port: port, gone: gone}))
 	defer cancel()
 	go func() {
 		select {

@@ -1,0 +1,178 @@
+package sdk
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+)
+
+// 50 concurrent clients create, use (through the proxy), snapshot, fork
+// and kill for a bounded time. Only documented statuses may come back
+// (2xx, 409, 429, 503); afterwards nothing has leaked: sandboxes,
+// instances, namespaces, the server's goroutines, files and heap.
+func TestLoad(t *testing.T) {
+	s := newServer(t, "--pool", "0")
+	stats := func() api.Stats {
+		code, b := s.rest("GET", "/debug/stats", "")
+		var st api.Stats
+		if code != 200 || json.Unmarshal(b, &st) != nil {
+			t.Fatalf("stats: %d %s", code, b)
+		}
+		return st
+	}
+	// Warm up once so lazily created state (connection pools, caches) is
+	// in the baseline.
+	s.loadIteration(0)
+	time.Sleep(500 * time.Millisecond)
+	before := stats()
+
+	const clients = 50
+	deadline := time.Now().Add(20 * time.Second)
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	iterations := 0
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				got := s.loadIteration(c)
+				mu.Lock()
+				for k, v := range got {
+					statuses[k] += v
+				}
+				iterations++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	var keys []string
+	for k := range statuses {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var summary []string
+	for _, k := range keys {
+		summary = append(summary, fmt.Sprintf("%s=%d", k, statuses[k]))
+		code := k[strings.LastIndexByte(k, ' ')+1:]
+		switch code {
+		case "200", "201", "204", "409", "429", "503":
+		default:
+			t.Errorf("undocumented answer under load: %s x%d", k, statuses[k])
+		}
+	}
+	t.Logf("%d clients, %d iterations in 20 s: %s", clients, iterations, strings.Join(summary, " "))
+
+	// Clean up whatever the clients left (iterations cut by the deadline).
+	code, body := s.rest("GET", "/v2/sandboxes", "")
+	var left []sandboxResp
+	json.Unmarshal(body, &left)
+	for _, sb := range left {
+		s.rest("DELETE", "/sandboxes/"+sb.SandboxID, "")
+	}
+	code, body = s.rest("GET", "/snapshots?limit=1000", "")
+	var snaps []struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	json.Unmarshal(body, &snaps)
+	for _, sn := range snaps {
+		s.rest("DELETE", "/templates/"+sn.SnapshotID, "")
+	}
+	if code, body = s.rest("GET", "/v2/sandboxes", ""); code != 200 || string(body) != "[]\n" {
+		t.Fatalf("sandboxes left: %s", body)
+	}
+	if dirs, _ := os.ReadDir(filepath.Join(s.data, "runtime", "inst")); len(dirs) != 0 {
+		t.Fatalf("%d instance directories left", len(dirs))
+	}
+	if nets, _ := filepath.Glob("/var/run/netns/spa-*"); len(nets) != 0 {
+		t.Fatalf("namespaces left: %v", nets)
+	}
+	// The server is back to where it started.
+	var after api.Stats
+	for i := 0; i < 20; i++ {
+		time.Sleep(250 * time.Millisecond)
+		if after = stats(); after.Goroutines <= before.Goroutines+5 && after.OpenFiles <= before.OpenFiles+5 {
+			break
+		}
+	}
+	t.Logf("server before: %+v, after: %+v", before, after)
+	if after.Goroutines > before.Goroutines+5 {
+		t.Errorf("goroutines %d -> %d", before.Goroutines, after.Goroutines)
+	}
+	if after.OpenFiles > before.OpenFiles+5 {
+		t.Errorf("open files %d -> %d", before.OpenFiles, after.OpenFiles)
+	}
+	if after.HeapAlloc > 2*before.HeapAlloc+16<<20 {
+		t.Errorf("heap %d -> %d", before.HeapAlloc, after.HeapAlloc)
+	}
+}
+
+// loadIteration is one client's round: create, use, snapshot, fork, kill.
+// It returns how many times each "operation status" came back.
+func (s *server) loadIteration(c int) map[string]int {
+	got := map[string]int{}
+	note := func(op string, code int) { got[fmt.Sprintf("%s %d", op, code)]++ }
+	code, body := s.restQuiet("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":120,"metadata":{"client":"%d"}}`, c))
+	note("create", code)
+	if code != 201 {
+		return got
+	}
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	json.Unmarshal(body, &sb)
+	defer func() {
+		code, _ := s.restQuiet("DELETE", "/sandboxes/"+sb.SandboxID, "")
+		note("kill", code)
+	}()
+	// Use it through the proxy: a file written and read back.
+	req, _ := http.NewRequest("POST", "http://"+s.addr+"/files?path=/home/user/f", strings.NewReader("load"))
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	if resp, err := httpClient.Do(req); err == nil {
+		note("upload", resp.StatusCode)
+		resp.Body.Close()
+	} else {
+		note("upload", 0)
+	}
+	code, body = s.restQuiet("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`)
+	note("snapshot", code)
+	if code == 201 {
+		var sn struct {
+			SnapshotID string `json:"snapshotID"`
+		}
+		json.Unmarshal(body, &sn)
+		defer func() {
+			code, _ := s.restQuiet("DELETE", "/templates/"+sn.SnapshotID, "")
+			note("delete-snapshot", code)
+		}()
+	}
+	code, body = s.restQuiet("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count":1,"timeout":60}`)
+	note("fork", code)
+	if code == 201 {
+		var kids []api.ForkChild
+		json.Unmarshal(body, &kids)
+		for _, k := range kids {
+			if k.Sandbox != nil {
+				code, _ := s.restQuiet("DELETE", "/sandboxes/"+k.Sandbox.SandboxID, "")
+				note("kill-fork", code)
+			} else if k.Error != nil {
+				note("fork-child", k.Error.Code)
+			}
+		}
+	}
+	return got
+}
