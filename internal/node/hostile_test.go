@@ -34,6 +34,11 @@ func TestHostileFilesystem(t *testing.T) {
 		"ln -sf " + secret + " /tmp/l && cat /tmp/l",
 		"ln -sf /proc/1/root /tmp/r && cat /tmp/r" + secret,
 		"cat /proc/1/cwd/" + filepath.Base(secret),
+		// Bind tricks: root in the sandbox has no CAP_SYS_ADMIN, and even
+		// its own mounts only see the sandbox's tree.
+		"mkdir -p /mnt/x && mount --bind / /mnt/x && cat /mnt/x" + secret,
+		"mkdir -p /mnt/p && mount -t proc proc /mnt/p && cat /mnt/p/1/root" + secret,
+		"unshare -m sh -c 'mount --bind / /mnt && cat /mnt" + secret + "'",
 	}
 	for _, p := range probes {
 		r, _ := c.run(ctx, p)

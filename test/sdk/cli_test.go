@@ -55,6 +55,12 @@ func TestCLI(t *testing.T) {
 	if got := s.ok("exec", "--user", "root", id, "--", "id", "-u"); got != "0" {
 		t.Fatalf("exec as root: %q", got)
 	}
+	// The API's port (on the host's 127.0.0.1) is out of reach from inside.
+	port := s.addr[strings.LastIndexByte(s.addr, ':')+1:]
+	probe := "curl -s -m 2 -o /dev/null -w %{http_code} http://127.0.0.1:" + port + "/health; echo; curl -s -m 2 -o /dev/null -w %{http_code} http://10.0.0.1:" + port + "/health"
+	if out, _, _ := s.cli("", "exec", id, "--", probe); strings.Contains(out, "200") {
+		t.Fatalf("a sandbox reached the API port: %q", out)
+	}
 	// cp both ways, binary intact.
 	dir := t.TempDir()
 	blob := bytes.Repeat([]byte{0, 1, 2, 255, 'x'}, 300000)

@@ -25,6 +25,7 @@ func TestCrashRounds(t *testing.T) {
 	s := newServer(t, "--pool", "0") // no background restores racing the checks
 	rounds := 20
 	var lastSnaps []string
+	restored := map[string]bool{}
 	totalOps := 0
 	for round := range rounds {
 		// A client works until the server dies under it.
@@ -54,7 +55,7 @@ func TestCrashRounds(t *testing.T) {
 		wg.Wait()
 		totalOps += ops
 		s.start()
-		lastSnaps = s.checkConsistent(t, round)
+		lastSnaps = s.checkConsistent(t, round, restored)
 	}
 	t.Logf("%d rounds, %d operations completed before the kills, %d snapshots at the end", rounds, totalOps, len(lastSnaps))
 }
@@ -121,7 +122,7 @@ func (s *server) restQuiet(method, path, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-func (s *server) checkConsistent(t *testing.T, round int) []string {
+func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bool) []string {
 	t.Helper()
 	// Every listed snapshot restores.
 	code, body := s.rest("GET", "/snapshots", "")
@@ -136,14 +137,20 @@ func (s *server) checkConsistent(t *testing.T, round int) []string {
 	for _, sn := range snaps {
 		ids = append(ids, sn.SnapshotID)
 	}
-	// Restore the newest (all of them would be slow; the newest is the
-	// one most likely to have been cut short).
-	if len(snaps) > 0 {
-		newest := snaps[len(snaps)-1].SnapshotID
-		code, body := s.rest("POST", "/v2/sandboxes", `{"templateID":"`+newest+`","timeout":600}`)
-		if code != 201 {
-			t.Fatalf("round %d: snapshot %s does not restore: %d %s", round, newest, code, body)
+	// Every committed snapshot restores (each checked once, the round it
+	// first appears), and the restored sandbox is killed again.
+	for _, sn := range snaps {
+		if restored[sn.SnapshotID] {
+			continue
 		}
+		restored[sn.SnapshotID] = true
+		code, body := s.rest("POST", "/v2/sandboxes", `{"templateID":"`+sn.SnapshotID+`","timeout":600}`)
+		if code != 201 {
+			t.Fatalf("round %d: snapshot %s does not restore: %d %s", round, sn.SnapshotID, code, body)
+		}
+		var r sandboxResp
+		json.Unmarshal(body, &r)
+		s.rest("DELETE", "/sandboxes/"+r.SandboxID, "")
 	}
 	// Every sandbox the store lists as running answers through the proxy.
 	code, body = s.rest("GET", "/v2/sandboxes", "")
@@ -202,6 +209,39 @@ func (s *server) checkConsistent(t *testing.T, round int) []string {
 	nets, _ := filepath.Glob("/var/run/netns/spa-sb-*")
 	if len(nets) != len(insts) {
 		t.Fatalf("round %d: %d sandbox namespaces for %d instances", round, len(nets), len(insts))
+	}
+	// Cgroups: one per instance under the server's parent, in every
+	// hierarchy that has it.
+	for _, hier := range []string{"memory", "pids", "cpu"} {
+		kids, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", hier, s.cgroup))
+		n := 0
+		for _, k := range kids {
+			if k.IsDir() {
+				n++
+			}
+		}
+		if n != len(insts) {
+			t.Fatalf("round %d: %d %s cgroups for %d instances", round, n, hier, len(insts))
+		}
+	}
+	// Mounts: two namespace mounts per instance (sandbox and gateway), and
+	// under the data directory only runsc's pinned empty namespace.
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	nsMounts, dataMounts := 0, 0
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		if strings.HasPrefix(f[4], "/run/netns/spa-") {
+			nsMounts++
+		}
+		if strings.HasPrefix(f[4], s.data) {
+			dataMounts++
+		}
+	}
+	if nsMounts != 2*len(insts) || dataMounts > 1 {
+		t.Fatalf("round %d: %d namespace mounts for %d instances, %d mounts under the data dir", round, nsMounts, len(insts), dataMounts)
 	}
 	return ids
 }

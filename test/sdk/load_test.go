@@ -98,6 +98,20 @@ func TestLoad(t *testing.T) {
 	if nets, _ := filepath.Glob("/var/run/netns/spa-*"); len(nets) != 0 {
 		t.Fatalf("namespaces left: %v", nets)
 	}
+	// No sandbox process of this server's runtime is left.
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmd), "--root="+filepath.Join(s.data, "runtime", "root")) &&
+			strings.HasPrefix(string(cmd), "runsc-") {
+			t.Fatalf("sandbox process left: %d %q", len(cmd), strings.ReplaceAll(string(cmd), "\x00", " ")[:80])
+		}
+	}
+	// Mounts: only runsc's pinned empty namespace under the data directory.
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(mi), s.data); n > 1 {
+		t.Fatalf("%d mounts under the data directory", n)
+	}
 	// The server is back to where it started.
 	var after api.Stats
 	for i := 0; i < 20; i++ {
