@@ -115,6 +115,16 @@ func (s *server) stop() {
 // it made, using the node's own cleanup.
 func (s *server) destroy() {
 	s.stop()
+	if s.t.Failed() {
+		logs, _ := filepath.Glob(filepath.Join(s.data, "up-*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			if len(b) > 8000 {
+				b = b[len(b)-8000:]
+			}
+			s.t.Logf("server log %s (tail):\n%s", filepath.Base(l), b)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	n, err := node.Open(ctx, node.Config{DataDir: s.data, RootFSDir: testenv.RootFSDir(s.t), Runsc: testenv.Runsc(s.t),
