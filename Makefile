@@ -33,7 +33,7 @@ sdk-deps:
 ## test: every test, against real runsc sandboxes and the stock E2B SDKs, then a short fuzz run
 test: setup sdk-deps
 	$(GO) vet ./...
-	$(GO) test -count=1 -p 1 -timeout 60m ./...
+	GO=$(GO) scripts/test.sh
 	$(MAKE) fuzz FUZZTIME=5s
 
 FUZZTIME ?= 30s
