@@ -243,6 +243,11 @@ func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, er
 	if err != nil {
 		return Net{}, err
 	}
+	// Connection tracking outlives namespaces: entries for this address
+	// left by an earlier sandbox (killed abruptly, in ESTABLISHED for days)
+	// would mark the new sandbox's packets INVALID and the host would drop
+	// them mid-stream. Start clean.
+	flushConntrack(n.Addr)
 	if err := m.build(n); err != nil {
 		m.Teardown(ctx, instance)
 		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
@@ -355,6 +360,7 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	var errs []error
 	n, err := m.Get(instance)
 	if err == nil {
+		defer flushConntrack(n.Addr)
 		if h, err := netlink.NewHandle(); err == nil {
 			if l, err := h.LinkByName(m.hostIf(n.Slot)); err == nil {
 				if err := h.LinkDel(l); err != nil {
@@ -378,6 +384,17 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 }
 
 var errNotMounted = errors.New("invalid argument")
+
+// flushConntrack deletes the root namespace's connection-tracking entries
+// of a sandbox address (connections to it, and its own outbound ones).
+func flushConntrack(addr netip.Addr) {
+	ip := net.IP(addr.AsSlice())
+	toIt := &netlink.ConntrackFilter{}
+	toIt.AddIP(netlink.ConntrackReplyAnyIP, ip)
+	fromIt := &netlink.ConntrackFilter{}
+	fromIt.AddIP(netlink.ConntrackOrigSrcIP, ip)
+	netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, toIt, fromIt)
+}
 
 // Sweep removes namespaces with the manager's prefix that no record
 // claims (left by a crash between creating them and recording).
