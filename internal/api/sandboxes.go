@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/envd"
@@ -103,13 +104,18 @@ type CreateRequest struct {
 	MemoryMB            int               `json:"memoryMB"`
 }
 
+// timeoutOf validates an optional timeout in seconds (absent or 0: the
+// default).
+func timeoutOf(secs *int64) (time.Duration, error) {
+	if secs == nil {
+		return control.ValidateTimeout(0)
+	}
+	return control.ValidateTimeout(*secs)
+}
+
 // ParseCreate turns a decoded create body into a validated request.
 func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
-	var secs int64
-	if req.Timeout != nil {
-		secs = *req.Timeout
-	}
-	timeout, err := control.ValidateTimeout(secs)
+	timeout, err := timeoutOf(req.Timeout)
 	if err != nil {
 		return control.CreateRequest{}, err
 	}
@@ -260,11 +266,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &body) {
 		return
 	}
-	var secs int64
-	if body.Timeout != nil {
-		secs = *body.Timeout
-	}
-	timeout, err := control.ValidateTimeout(secs)
+	timeout, err := timeoutOf(body.Timeout)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -300,11 +302,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox "+id+" is already running")
 		return
 	}
-	var secs int64
-	if body.Timeout != nil {
-		secs = *body.Timeout
-	}
-	timeout, err := control.ValidateTimeout(secs)
+	timeout, err := timeoutOf(body.Timeout)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 
-	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -139,11 +138,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalidf("count %d out of range 1..%d", count, engine.MaxFork))
 		return
 	}
-	var secs int64
-	if body.Timeout != nil {
-		secs = *body.Timeout
-	}
-	timeout, err := control.ValidateTimeout(secs)
+	timeout, err := timeoutOf(body.Timeout)
 	if err != nil {
 		s.fail(w, r, err)
 		return
