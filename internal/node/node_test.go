@@ -338,6 +338,11 @@ func TestSignalsPTYWatchInSandbox(t *testing.T) {
 	}
 	st.Receive()
 	pid := st.Msg().GetEvent().GetStart().GetPid()
+	// Signal the group once both sleeps run: a group signal that lands
+	// while bash is still forking can miss the new child (seen in gVisor).
+	for i := 0; i < 100 && c.sh(ctx, "pgrep -c -x sleep || true") != "2\n"; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if _, err := c.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{
 		Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}, Signal: processpb.Signal_SIGNAL_SIGTERM,
 	})); err != nil {
@@ -355,7 +360,7 @@ func TestSignalsPTYWatchInSandbox(t *testing.T) {
 	// The rest of the group gets the signal too (and dies a moment later).
 	survivors := ""
 	for i := 0; i < 40; i++ {
-		if survivors = c.sh(ctx, "pgrep -c sleep || true"); survivors == "0\n" {
+		if survivors = c.sh(ctx, "pgrep -c -x sleep || true"); survivors == "0\n" {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
