@@ -258,17 +258,24 @@ func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		q += ` AND EXISTS (SELECT 1 FROM sandbox_metadata m WHERE m.sandbox_id = s.id AND m.key = ? AND m.value = ?)`
 		args = append(args, k, v)
 	}
+	return page[store.Sandbox](ctx, s.db, q, args, f.Limit)
+}
+
+// page runs a "SELECT seq, data ... ORDER BY seq" query (adding the limit,
+// one row more to know whether a next page exists) and decodes a page of
+// JSON records with the cursor of the next page.
+func page[T any](ctx context.Context, db *sql.DB, q string, args []any, limit int) ([]T, string, error) {
 	q += ` ORDER BY seq`
-	if f.Limit > 0 {
+	if limit > 0 {
 		q += ` LIMIT ?`
-		args = append(args, f.Limit+1)
+		args = append(args, limit+1)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, "", err
 	}
 	defer rows.Close()
-	var out []store.Sandbox
+	var out []T
 	var seqs []int64
 	for rows.Next() {
 		var seq int64
@@ -276,19 +283,19 @@ func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		if err := rows.Scan(&seq, &data); err != nil {
 			return nil, "", err
 		}
-		var sb store.Sandbox
-		if err := json.Unmarshal([]byte(data), &sb); err != nil {
+		var v T
+		if err := json.Unmarshal([]byte(data), &v); err != nil {
 			return nil, "", err
 		}
-		out, seqs = append(out, sb), append(seqs, seq)
+		out, seqs = append(out, v), append(seqs, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, "", err
 	}
 	next := ""
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = encodeCursor(seqs[f.Limit-1])
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+		next = encodeCursor(seqs[limit-1])
 	}
 	return out, next, nil
 }
@@ -379,39 +386,7 @@ func (s *DB) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store
 		q += ` AND EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.name = ?)`
 		args = append(args, f.Name)
 	}
-	q += ` ORDER BY seq`
-	if f.Limit > 0 {
-		q += ` LIMIT ?`
-		args = append(args, f.Limit+1)
-	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, "", err
-	}
-	defer rows.Close()
-	var out []store.Snapshot
-	var seqs []int64
-	for rows.Next() {
-		var seq int64
-		var data string
-		if err := rows.Scan(&seq, &data); err != nil {
-			return nil, "", err
-		}
-		var sn store.Snapshot
-		if err := json.Unmarshal([]byte(data), &sn); err != nil {
-			return nil, "", err
-		}
-		out, seqs = append(out, sn), append(seqs, seq)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", err
-	}
-	next := ""
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-		next = encodeCursor(seqs[f.Limit-1])
-	}
-	return out, next, nil
+	return page[store.Snapshot](ctx, s.db, q, args, f.Limit)
 }
 
 // DeleteSnapshot implements store.Store.
