@@ -12,6 +12,7 @@ import (
 
 func newUpCmd(g *globalFlags) *cobra.Command {
 	var cfg server.Config
+	var reserveMiB int64
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start the all-in-one server: API, proxy and the local node",
@@ -24,6 +25,10 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 (hashed) and written to <data-dir>/api-key.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if reserveMiB < -1 {
+				return fmt.Errorf("--memory-reserve must be -1 (no limit) or a size in MiB, got %d", reserveMiB)
+			}
+			cfg.MemoryReserve = reserveMiB << 20
 			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("SPORE_API_KEY")
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -44,6 +49,7 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 	f.StringVar(&cfg.EnvdBinary, "envd", "", "spore-envd binary (default: beside this binary)")
 	f.StringVar(&cfg.NetPrefix, "net-prefix", "sp", "prefix of this server's network namespaces and interfaces")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/spore", "cgroup under which sandboxes run")
+	f.Int64Var(&reserveMiB, "memory-reserve", 0, "MiB of host memory kept free: creates that would eat into it are refused with 429 (0: 1024, -1: no limit)")
 	f.IntVar(&cfg.PoolSize, "pool", 2, "sandboxes of each default template kept restored ahead of time (fast creates)")
 	return cmd
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/timing"
 )
 
 //go:embed openapi.yaml
@@ -145,7 +146,7 @@ func (s *Server) routes() {
 		if !r.public {
 			h = s.auth(h)
 		}
-		s.mux.HandleFunc(r.pattern, h)
+		s.mux.HandleFunc(r.pattern, withTiming(h))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
@@ -284,3 +285,43 @@ func sandboxID(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// withTiming gives each request a timing.Recorder and reports its phases,
+// and the handler's whole time as "total", in a Server-Timing header: how
+// benchmarks (and curious users) see where an operation's time goes.
+func withTiming(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, rec := timing.With(r.Context())
+		h(&timingWriter{ResponseWriter: w, rec: rec, start: time.Now()}, r.WithContext(ctx))
+	}
+}
+
+type timingWriter struct {
+	http.ResponseWriter
+	rec   *timing.Recorder
+	start time.Time
+	wrote bool
+}
+
+func (t *timingWriter) WriteHeader(code int) {
+	if !t.wrote {
+		t.wrote = true
+		v := t.rec.Header()
+		if v != "" {
+			v += ", "
+		}
+		v += fmt.Sprintf("total;dur=%.1f", float64(time.Since(t.start).Microseconds())/1000)
+		t.ResponseWriter.Header().Set("Server-Timing", v)
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *timingWriter) Write(b []byte) (int, error) {
+	if !t.wrote {
+		t.WriteHeader(http.StatusOK)
+	}
+	return t.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (t *timingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }

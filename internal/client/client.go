@@ -61,6 +61,14 @@ func (e *Error) Unwrap() error {
 	return errdefs.ErrInternal
 }
 
+type headersKey struct{}
+
+// WithResponseHeaders returns ctx that makes API calls made with it pass
+// their response's headers to fn (to read Server-Timing, say).
+func WithResponseHeaders(ctx context.Context, fn func(http.Header)) context.Context {
+	return context.WithValue(ctx, headersKey{}, fn)
+}
+
 // do sends a JSON request and decodes a JSON answer into out (when not nil).
 func (c *Client) do(ctx context.Context, method, path string, in, out any) (http.Header, error) {
 	var body io.Reader
@@ -83,6 +91,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (http
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if fn, ok := ctx.Value(headersKey{}).(func(http.Header)); ok {
+		fn(resp.Header)
+	}
 	if resp.StatusCode >= 300 {
 		var e api.ErrorBody
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
@@ -350,3 +361,37 @@ func (s *Sandbox) fileDo(req *http.Request, w io.Writer) error {
 	_, err = io.CopyBuffer(struct{ io.Writer }{w}, resp.Body, make([]byte, 1<<20))
 	return err
 }
+
+// RunCode runs code in the sandbox's code interpreter (port 49999, the
+// code-interpreter templates) and returns the text of its main result.
+// An error the code raised is returned as an error.
+func (s *Sandbox) RunCode(ctx context.Context, code string) (string, error) {
+	b, _ := json.Marshal(map[string]string{"code": code})
+	req, err := http.NewRequestWithContext(ctx, "POST", s.c.base+"/execute", bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	s.header(req.Header, 49999)
+	var out bytes.Buffer
+	if err := s.fileDo(req, &out); err != nil {
+		return "", err
+	}
+	var result string
+	for _, line := range bytes.Split(out.Bytes(), []byte("\n")) {
+		var ev struct{ Type, Text, Name, Value string }
+		if json.Unmarshal(line, &ev) != nil {
+			continue
+		}
+		switch ev.Type {
+		case "result":
+			result = ev.Text
+		case "error":
+			return "", fmt.Errorf("%s: %s", ev.Name, ev.Value)
+		}
+	}
+	return result, nil
+}
+
+// Base is the API's base URL.
+func (c *Client) Base() string { return c.base }

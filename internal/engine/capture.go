@@ -11,6 +11,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/timing"
 )
 
 // SnapshotOptions tune Snapshot.
@@ -74,7 +75,9 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	if opts.Template && len(opts.Names) > 0 {
 		manifest.Template = opts.Names[0]
 	}
+	doneCommit := timing.Track(ctx, "commit")
 	m, err := st.Commit(manifest, snapshot.CommitOptions{MoveNames: opts.Template})
+	doneCommit()
 	if err != nil {
 		return SnapshotResult{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
@@ -97,6 +100,7 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (ti
 	t0 := time.Now()
 	err := e.rt.Checkpoint(ctx, rec.Instance, dir, runtime.CheckpointOptions{LeaveRunning: true})
 	paused := time.Since(t0)
+	timing.FromContext(ctx).Add("checkpoint", paused)
 	if err != nil && rec.State == StateRunning {
 		// A failed checkpoint may leave the instance stopped mid-save.
 		cctx, cancel := cleanupCtx()

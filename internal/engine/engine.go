@@ -40,6 +40,15 @@ type Config struct {
 	// Init, when set, re-initialises the in-sandbox daemon after every
 	// restore (new identity and access token per sandbox).
 	Init Initializer
+	// MemoryReserve is host memory (bytes of MemAvailable) that new
+	// instances may not eat into: a create, fork, rollback or resume from
+	// hibernation that finds less available is refused with
+	// ErrResourceLimit instead of pushing the host into the OOM killer.
+	// 0 means the default (DefaultMemoryReserve); negative disables.
+	MemoryReserve int64
+	// MemAvailable reads the host's available memory in bytes (default:
+	// /proc/meminfo); tests replace it.
+	MemAvailable func() (int64, error)
 }
 
 // Engine runs sandboxes on one host.
@@ -52,6 +61,8 @@ type Engine struct {
 	lockFile  *os.File
 	net       Network
 	init      Initializer
+	reserve   int64
+	memAvail  func() (int64, error)
 
 	mu      sync.Mutex
 	records map[string]*record
@@ -88,6 +99,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	e := &Engine{
 		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
+		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 	}
 	if err := e.recover(ctx); err != nil {

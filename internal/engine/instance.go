@@ -11,6 +11,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/timing"
 )
 
 // Network gives each instance its own network (implemented by
@@ -33,8 +34,13 @@ type Initializer interface {
 // restores it from image. On failure nothing is left.
 func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
 	var addr netip.Addr
+	if err := e.admit(); err != nil {
+		return addr, err
+	}
 	if e.net != nil {
+		done := timing.Track(ctx, "net")
 		n, err := e.net.Setup(ctx, spec.ID, policy)
+		done()
 		if err != nil {
 			return addr, err
 		}
@@ -42,9 +48,13 @@ func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, po
 	}
 	var err error
 	if image == "" {
+		done := timing.Track(ctx, "boot")
 		err = e.rt.Start(ctx, spec)
+		done()
 	} else {
+		done := timing.Track(ctx, "restore")
 		err = e.rt.Restore(ctx, spec, image)
+		done()
 	}
 	if err != nil {
 		if e.net != nil {
@@ -65,6 +75,7 @@ func (e *Engine) killInstance(ctx context.Context, instance string) error {
 	if instance == "" {
 		return nil
 	}
+	defer timing.Track(ctx, "kill")()
 	if err := e.rt.Kill(ctx, instance); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
@@ -81,6 +92,7 @@ func (e *Engine) initDaemon(ctx context.Context, rec *record, addr netip.Addr, i
 	if e.init == nil || !addr.IsValid() {
 		return nil
 	}
+	defer timing.Track(ctx, "envd")()
 	token := rec.Run.AccessToken
 	env := map[string]string{}
 	for _, kv := range rec.Run.Env {

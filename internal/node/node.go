@@ -37,7 +37,10 @@ type Config struct {
 	NetPrefix string
 	// CgroupParent for instances (default "/spore").
 	CgroupParent string
-	Logger       *slog.Logger
+	// MemoryReserve is host memory new sandboxes may not use (see
+	// engine.Config.MemoryReserve; 0: the default, negative: none).
+	MemoryReserve int64
+	Logger        *slog.Logger
 }
 
 // Node is a running node.
@@ -94,6 +97,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	eng, err := engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
 		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
+		MemoryReserve: cfg.MemoryReserve,
 	})
 	if err != nil {
 		return nil, err

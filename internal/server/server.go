@@ -43,6 +43,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Ready is called once the server listens.
 	Ready func(addr, apiKey string)
+	// MemoryReserve is host memory new sandboxes may not use, in bytes
+	// (0: engine.DefaultMemoryReserve; negative: no limit).
+	MemoryReserve int64
 	// PoolSize is how many sandboxes of each default template are kept
 	// restored ahead of time (0: none).
 	PoolSize int
@@ -62,7 +65,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n, err := node.Open(ctx, node.Config{
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
-		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, Logger: log,
+		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spore-run/spore/internal/bench"
+	"github.com/spore-run/spore/internal/client"
+	"github.com/spore-run/spore/internal/server"
+)
+
+func newBenchCmd(f *cliFlags) *cobra.Command {
+	var (
+		local, quick, noBare bool
+		count, densityMax    int
+		sections             []string
+		out, cgroupParent    string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure every operation, beside bare runsc, with scaling curves and density",
+		Long: `Measure Spore as users meet it: every operation through the API, each beside
+the bare runsc command it sits on (same run, same sandbox), fork and memory
+scaling curves, create throughput with concurrent clients, and how many idle
+sandboxes this host holds before a create is refused.
+
+Against the server at SPORE_API_URL (bare runsc needs this host's --data-dir),
+or self-contained with --local (a private server on a temporary data directory).
+Writes report.json, report.md and PNG plots to --out.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if count < 0 || densityMax < 0 {
+				return errors.New("--count and --density-max must not be negative")
+			}
+			for _, s := range sections {
+				if !contains(bench.AllSections, s) {
+					return fmt.Errorf("unknown section %q (known: %s)", s, strings.Join(bench.AllSections, ", "))
+				}
+			}
+			if out == "" {
+				out = "bench-" + time.Now().UTC().Format("20060102-150405")
+			}
+			cfg := bench.Config{
+				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent,
+				Progress: cmd.ErrOrStderr(), Command: "spore " + strings.Join(os.Args[1:], " "), Git: gitRevision(),
+				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			}
+			ctx := cmd.Context()
+			if local {
+				return benchLocal(ctx, f, cfg, noBare, out, cmd)
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			cfg.Client, cfg.Target = c, c.Base()
+			cfg.PoolSize = -1 // unknown
+			if !noBare {
+				cfg.Bare = bareFor(f.g.dataDir, cmd)
+			}
+			return runBench(ctx, cfg, out, f.json, cmd)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&local, "local", false, "start a private server on a temporary data directory and measure it")
+	fl.BoolVar(&quick, "quick", false, "tiny counts and curves (a smoke test of the suite)")
+	fl.BoolVar(&noBare, "no-bare", false, "skip the bare runsc comparisons")
+	fl.IntVar(&count, "count", 0, "repetitions of each latency operation (default 20; 2 with --quick)")
+	fl.IntVar(&densityMax, "density-max", 0, "stop the density fill at this many sandboxes (default: until a create is refused)")
+	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))
+	fl.StringVar(&out, "out", "", "directory for report.json, report.md and the plots (default ./bench-<time>)")
+	fl.StringVar(&cgroupParent, "cgroup-parent", "/spore", "the server's cgroup parent (per-sandbox memory in the density section)")
+	return cmd
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// bareFor returns the bare-runsc runner for a server's data directory, or
+// nil (the report says why) when this host cannot run it.
+func bareFor(dataDir string, cmd *cobra.Command) *bench.Bare {
+	b := &bench.Bare{Runsc: filepath.Join(dataDir, "bin", "runsc"), DataDir: dataDir}
+	if err := b.Check(); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: no bare runsc comparisons: %v\n", err)
+		return nil
+	}
+	return b
+}
+
+// benchLocal runs the suite against a private server: its own temporary
+// data directory, network prefix and cgroup parent, sharing this host's
+// root filesystems and runsc.
+func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
+	dir, err := os.MkdirTemp("/var/tmp", "spore-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o700); err != nil {
+		return err
+	}
+	runsc := filepath.Join(f.g.dataDir, "bin", "runsc")
+	if _, err := os.Stat(runsc); err != nil {
+		return fmt.Errorf("runsc not installed (run `make setup` or `spore setup`): %w", err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	const pool = 2
+	go func() {
+		done <- server.Run(sctx, server.Config{
+			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: filepath.Join(f.g.dataDir, "rootfs"), Runsc: runsc,
+			NetPrefix: "sbn", CgroupParent: "/spore-bench", PoolSize: pool,
+			Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Ready:  func(addr, key string) { ready <- [2]string{addr, key} },
+		})
+	}()
+	fmt.Fprintln(cmd.ErrOrStderr(), "spore bench: starting a private server (templates build on first start)...")
+	select {
+	case a := <-ready:
+		cfg.Target = "http://" + a[0]
+		cfg.Client = client.New(cfg.Target, a[1])
+	case err := <-done:
+		return fmt.Errorf("local server: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	cfg.Local, cfg.PoolSize, cfg.CgroupParent = true, pool, "/spore-bench"
+	if !noBare {
+		b := &bench.Bare{Runsc: runsc, DataDir: dir}
+		if err := b.Check(); err != nil {
+			return err
+		}
+		b.Runsc = runsc
+		cfg.Bare = b
+	}
+	berr := runBench(ctx, cfg, out, f.json, cmd)
+	stop()
+	if err := <-done; err != nil && berr == nil {
+		berr = fmt.Errorf("local server: %w", err)
+	}
+	return berr
+}
+
+func runBench(ctx context.Context, cfg bench.Config, out string, asJSON bool, cmd *cobra.Command) error {
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteAll(out, rep); err != nil {
+		return err
+	}
+	if err := bench.Validate(rep); err != nil {
+		return fmt.Errorf("the report in %s is not valid: %w", out, err)
+	}
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), rep)
+	}
+	if err := bench.WriteMarkdown(cmd.OutOrStdout(), rep); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: report in %s (report.json, report.md, plots)\n", out)
+	return nil
+}
+
+// gitRevision is the VCS revision this binary was built from.
+func gitRevision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "unknown", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty {
+		rev += "-dirty"
+	}
+	return rev
+}

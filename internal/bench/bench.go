@@ -1,0 +1,305 @@
+// Package bench measures Spore the way users meet it: every operation
+// through the API (and the sandboxes' daemons through the proxy), each
+// beside the bare runsc command it sits on, plus scaling curves and host
+// density. `spore bench` drives it; the report is JSON, Markdown and PNG.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/client"
+	"github.com/spore-run/spore/internal/progress"
+	"github.com/spore-run/spore/internal/timing"
+)
+
+// Sections a run can be limited to.
+const (
+	SectionOps        = "ops"        // latency of each operation
+	SectionFork       = "fork"       // fork n = 1, 10, 50, 100
+	SectionMemory     = "memory"     // snapshot/restore against memory dirtied
+	SectionThroughput = "throughput" // create throughput with 1, 4, 16 clients
+	SectionDensity    = "density"    // idle sandboxes until a create is refused
+)
+
+// AllSections in the order they run.
+var AllSections = []string{SectionOps, SectionFork, SectionMemory, SectionThroughput, SectionDensity}
+
+// Goals are the p50 targets of this 2-core machine (ms).
+var Goals = map[string]float64{
+	"create from template":    50,
+	"snapshot":                50,
+	"snapshot: source paused": 40,
+	"restore":                 150,
+	"rollback":                150,
+	"pause":                   30,
+	"resume":                  30,
+	"fork n=100":              10000,
+}
+
+// Config configures a run.
+type Config struct {
+	Client *client.Client
+	Target string // API URL, for the report
+	Local  bool   // the bench started the server itself
+	// Count is how many times each latency operation is repeated
+	// (default 20). Quick shrinks counts and curves to a smoke test.
+	Count int
+	Quick bool
+	// Bare enables the bare-runsc comparisons; they need this host's
+	// runsc and the server's data directory. Nil skips them (noted).
+	Bare *Bare
+	// Sections to run (default AllSections).
+	Sections []string
+	// DensityMax stops the density fill after this many sandboxes
+	// (0: until a create is refused, at most 4000).
+	DensityMax int
+	// CgroupParent of the server's sandboxes, for per-sandbox memory.
+	CgroupParent string
+	PoolSize     int
+	Progress     io.Writer // progress display (nil: none)
+	Command, Git string
+	Log          *slog.Logger
+}
+
+// Run measures and returns the report. A failing operation ends the run
+// with an error: numbers from a half-broken system would mislead.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Count <= 0 {
+		cfg.Count = 20
+		if cfg.Quick {
+			cfg.Count = 2
+		}
+	}
+	if len(cfg.Sections) == 0 {
+		cfg.Sections = AllSections
+	}
+	for _, s := range cfg.Sections {
+		if !slices.Contains(AllSections, s) {
+			return nil, fmt.Errorf("unknown section %q (known: %s)", s, strings.Join(AllSections, ", "))
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	r := &runner{cfg: cfg, c: cfg.Client, ops: map[string]*Op{}}
+	r.rep = &Report{
+		Schema: SchemaVersion, StartedAt: time.Now().UTC(), Command: cfg.Command, Git: cfg.Git,
+		Machine:  machineInfo(cfg.Bare),
+		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, Quick: cfg.Quick},
+	}
+	if cfg.Bare == nil {
+		r.note("bare runsc comparisons skipped: they need this host's runsc and the server's data directory (--data-dir)")
+	}
+	steps := map[string]func(context.Context) error{
+		SectionOps: r.runOps, SectionFork: r.runFork, SectionMemory: r.runMemory,
+		SectionThroughput: r.runThroughput, SectionDensity: r.runDensity,
+	}
+	r.bar = progress.New(cfg.Progress, len(cfg.Sections), "spore bench")
+	defer r.cleanup()
+	for _, s := range AllSections {
+		if !slices.Contains(cfg.Sections, s) {
+			continue
+		}
+		r.bar.Step(s)
+		t0 := time.Now()
+		if err := steps[s](ctx); err != nil {
+			return nil, fmt.Errorf("bench %s: %w", s, err)
+		}
+		r.bar.StepDone(fmt.Sprintf("%s done in %v", s, time.Since(t0).Round(time.Millisecond)))
+	}
+	r.finish()
+	r.rep.TookSec = time.Since(r.rep.StartedAt).Seconds()
+	return r.rep, nil
+}
+
+type runner struct {
+	cfg   Config
+	c     *client.Client
+	rep   *Report
+	bar   *progress.Bar
+	ops   map[string]*Op // by name, in rep.Ops order
+	order []string
+	parts map[string]partSamples // server-side phases per op
+	// live sandboxes and snapshots this run made, freed at the end even
+	// when the run fails.
+	sandboxes map[string]bool
+	snapshots map[string]bool
+}
+
+func (r *runner) note(format string, args ...any) {
+	r.rep.Notes = append(r.rep.Notes, fmt.Sprintf(format, args...))
+}
+
+func (r *runner) detail(format string, args ...any) { r.bar.Detail(fmt.Sprintf(format, args...)) }
+
+// op returns the named op, creating it (in first-use order).
+func (r *runner) op(name, group, unit string) *Op {
+	if o, ok := r.ops[name]; ok {
+		return o
+	}
+	o := &Op{Name: name, Group: group, Unit: unit}
+	r.ops[name] = o
+	r.order = append(r.order, name)
+	return o
+}
+
+// parts accumulates server-side phases per op until finish.
+type partSamples map[string][]float64
+
+func (r *runner) addParts(name string, parts map[string]float64) {
+	if r.parts == nil {
+		r.parts = map[string]partSamples{}
+	}
+	ps := r.parts[name]
+	if ps == nil {
+		ps = partSamples{}
+		r.parts[name] = ps
+	}
+	for k, v := range parts {
+		if k == "total" {
+			continue
+		}
+		ps[k] = append(ps[k], v)
+	}
+}
+
+// finish computes the statistics, bare ratios and goals.
+func (r *runner) finish() {
+	for _, name := range r.order {
+		o := r.ops[name]
+		o.Stats = Summarize(o.Samples)
+		if ps := r.parts[name]; len(ps) > 0 {
+			o.Parts = map[string]Stats{}
+			for k, v := range ps {
+				o.Parts[k] = Summarize(v)
+			}
+		}
+		if o.Bare != nil && o.Bare.P50 > 0 {
+			o.Ratio = round(o.Stats.P50/o.Bare.P50, 3)
+		}
+		if g, ok := Goals[name]; ok && o.Stats.N > 0 {
+			o.Goal = g
+			met := o.Stats.P50 < g
+			o.Met = &met
+		}
+		r.rep.Ops = append(r.rep.Ops, *o)
+	}
+}
+
+func round(v float64, digits int) float64 {
+	p := 1.0
+	for range digits {
+		p *= 10
+	}
+	return float64(int64(v*p+0.5)) / p
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// timed runs fn with a context that captures the API's Server-Timing
+// phases and returns fn's wall time in ms and the phases.
+func timed(ctx context.Context, fn func(ctx context.Context) error) (float64, map[string]float64, error) {
+	var parts map[string]float64
+	ctx = client.WithResponseHeaders(ctx, func(h http.Header) {
+		if v := h.Get("Server-Timing"); v != "" {
+			parts = timing.Parse(v)
+		}
+	})
+	t0 := time.Now()
+	err := fn(ctx)
+	return ms(time.Since(t0)), parts, err
+}
+
+// sample times fn and records it against op name (with its phases).
+func (r *runner) sample(ctx context.Context, o *Op, fn func(ctx context.Context) error) (float64, error) {
+	v, parts, err := timed(ctx, fn)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", o.Name, err)
+	}
+	o.Samples = append(o.Samples, round(v, 3))
+	r.addParts(o.Name, parts)
+	r.detail("%s %d: %.1f ms", o.Name, len(o.Samples), v)
+	return v, nil
+}
+
+// create starts a sandbox the run owns.
+func (r *runner) create(ctx context.Context, req api.CreateRequest) (string, error) {
+	if req.Timeout == nil {
+		t := int64(3600)
+		req.Timeout = &t
+	}
+	sr, err := r.c.Create(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	r.own(sr.SandboxID)
+	return sr.SandboxID, nil
+}
+
+func (r *runner) own(id string) {
+	if r.sandboxes == nil {
+		r.sandboxes = map[string]bool{}
+	}
+	r.sandboxes[id] = true
+}
+
+func (r *runner) kill(ctx context.Context, id string) error {
+	delete(r.sandboxes, id)
+	return r.c.Kill(ctx, id)
+}
+
+func (r *runner) snapshot(ctx context.Context, id string) (api.SnapshotInfo, error) {
+	si, err := r.c.Snapshot(ctx, id, "", false)
+	if err == nil {
+		if r.snapshots == nil {
+			r.snapshots = map[string]bool{}
+		}
+		r.snapshots[si.SnapshotID] = true
+	}
+	return si, err
+}
+
+func (r *runner) deleteSnapshot(ctx context.Context, id string) error {
+	delete(r.snapshots, id)
+	return r.c.DeleteTemplate(ctx, id)
+}
+
+// killAll kills sandboxes with a few workers.
+func (r *runner) killAll(ctx context.Context, list []string) error {
+	errs := parallel(ctx, len(list), 4, func(ctx context.Context, i int) error { return r.c.Kill(ctx, list[i]) })
+	for _, id := range list {
+		delete(r.sandboxes, id)
+	}
+	return errs
+}
+
+// cleanup frees whatever the run still owns.
+func (r *runner) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var ids []string
+	for id := range r.sandboxes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	if err := r.killAll(ctx, ids); err != nil {
+		r.cfg.Log.Warn("bench cleanup: kill", "err", err)
+	}
+	for id := range r.snapshots {
+		if err := r.c.DeleteTemplate(ctx, id); err != nil {
+			r.cfg.Log.Warn("bench cleanup: delete snapshot", "snapshot", id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,449 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/client"
+	processpb "github.com/spore-run/spore/proto/gen/process"
+)
+
+// The default templates `spore up` builds.
+const (
+	templateBase = "base"
+	templateCode = "code-interpreter-v1"
+)
+
+// run runs a shell command in a sandbox the way the E2B SDK's
+// commands.run does (bash -l -c) and returns its output; a non-zero exit
+// is an error.
+func run(ctx context.Context, sb *client.Sandbox, script string) (string, error) {
+	req := connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", script}}})
+	st, err := sb.Proc.Start(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	var out bytes.Buffer
+	code := -1
+	for st.Receive() {
+		ev := st.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			out.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil {
+			code = int(e.GetExitCode())
+		}
+	}
+	if err := st.Err(); err != nil {
+		return out.String(), err
+	}
+	if code != 0 {
+		return out.String(), fmt.Errorf("%q exited %d: %s", script, code, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+// tickerScript runs in a sandbox and logs every gap of more than 3 ms in
+// a 1 ms sleep loop: "<unix time> <gap ms>". A live snapshot stops the
+// sandbox; the gap is how long the guest saw it stopped.
+const tickerScript = `import time
+p = time.time()
+f = open("/tmp/spore-bench-gaps", "a", buffering=1)
+while True:
+    time.sleep(0.001)
+    n = time.time()
+    if n - p > 0.003:
+        f.write("%.6f %.3f\n" % (n, (n - p) * 1000))
+    p = n
+`
+
+// guestGap reads the longest stop the ticker logged in [from, to].
+func guestGap(ctx context.Context, sb *client.Sandbox, from, to time.Time) (float64, error) {
+	var buf bytes.Buffer
+	if err := sb.Download(ctx, "/tmp/spore-bench-gaps", &buf, ""); err != nil {
+		return 0, err
+	}
+	var worst float64
+	lo, hi := float64(from.UnixMicro())/1e6, float64(to.UnixMicro())/1e6+0.05
+	for _, line := range strings.Split(buf.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		at, err1 := strconv.ParseFloat(f[0], 64)
+		gap, err2 := strconv.ParseFloat(f[1], 64)
+		if err1 == nil && err2 == nil && at >= lo && at <= hi {
+			worst = max(worst, gap)
+		}
+	}
+	return worst, nil
+}
+
+func (r *runner) runOps(ctx context.Context) error {
+	n := r.cfg.Count
+	if err := r.createTemplate(ctx, n); err != nil {
+		return err
+	}
+	if err := r.snapshotOps(ctx, n); err != nil {
+		return err
+	}
+	src, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
+	if err != nil {
+		return err
+	}
+	snap, err := r.snapshot(ctx, src)
+	if err != nil {
+		return err
+	}
+	if err := r.restoreOps(ctx, n, src, snap.SnapshotID); err != nil {
+		return err
+	}
+	if err := r.rollbackOps(ctx, n, src, snap.SnapshotID); err != nil {
+		return err
+	}
+	if err := r.pauseOps(ctx, n, src); err != nil {
+		return err
+	}
+	if err := r.hibernateOps(ctx, max(2, n/2), src); err != nil {
+		return err
+	}
+	if err := r.commandOps(ctx, n, src); err != nil {
+		return err
+	}
+	if err := r.fileOps(ctx, n, src); err != nil {
+		return err
+	}
+	if err := r.codeOps(ctx, n); err != nil {
+		return err
+	}
+	if err := r.kill(ctx, src); err != nil {
+		return err
+	}
+	return r.deleteSnapshot(ctx, snap.SnapshotID)
+}
+
+// createTemplate: Sandbox.create(template) as users do it, warm pool and
+// all, with a pause between creates so the pool refills as it would
+// between a user's requests; and kill.
+func (r *runner) createTemplate(ctx context.Context, n int) error {
+	create := r.op("create from template", "lifecycle", "ms")
+	kill := r.op("kill", "lifecycle", "ms")
+	for range n {
+		time.Sleep(500 * time.Millisecond)
+		var id string
+		if _, err := r.sample(ctx, create, func(ctx context.Context) error {
+			var err error
+			id, err = r.create(ctx, api.CreateRequest{TemplateID: templateBase})
+			return err
+		}); err != nil {
+			return err
+		}
+		if _, err := r.sample(ctx, kill, func(ctx context.Context) error { return r.kill(ctx, id) }); err != nil {
+			return err
+		}
+	}
+	// A create the pool served did no restore of its own.
+	pooled := len(create.Samples) - len(r.parts[create.Name]["restore"])
+	create.Note = fmt.Sprintf("%d of %d creates were served by the warm pool (pool size %d; the rest restored the template on the spot)", pooled, n, r.cfg.PoolSize)
+	return nil
+}
+
+// snapshotOps: live snapshots of a small sandbox running a ticker that
+// measures, from inside, how long each snapshot stopped it.
+func (r *runner) snapshotOps(ctx context.Context, n int) error {
+	id, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
+	if err != nil {
+		return err
+	}
+	sb, err := r.c.Open(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := sb.Upload(ctx, "/tmp/ticker.py", strings.NewReader(tickerScript), ""); err != nil {
+		return err
+	}
+	if _, err := run(ctx, sb, "nohup python3 /tmp/ticker.py >/dev/null 2>&1 & sleep 0.5"); err != nil {
+		return err
+	}
+	o := r.op("snapshot", "lifecycle", "ms")
+	paused := r.op("snapshot: source paused", "lifecycle", "ms")
+	paused.Note = "the longest stop a 1 ms sleep loop inside the source saw during each snapshot"
+	for range n {
+		var si api.SnapshotInfo
+		t0 := time.Now()
+		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
+			var err error
+			si, err = r.snapshot(ctx, id)
+			return err
+		}); err != nil {
+			return err
+		}
+		gap, err := guestGap(ctx, sb, t0, time.Now())
+		if err != nil {
+			return err
+		}
+		paused.Samples = append(paused.Samples, gap)
+		if err := r.deleteSnapshot(ctx, si.SnapshotID); err != nil {
+			return err
+		}
+	}
+	if b := r.cfg.Bare; b != nil {
+		inst, err := b.Instance(id)
+		if err != nil {
+			return err
+		}
+		var bare []float64
+		for range n {
+			v, err := b.Checkpoint(ctx, inst)
+			if err != nil {
+				return err
+			}
+			bare = append(bare, v)
+			r.detail("bare checkpoint %d: %.1f ms", len(bare), v)
+		}
+		o.BareName, o.Bare = "runsc checkpoint --leave-running", ptr(Summarize(bare))
+	}
+	return r.kill(ctx, id)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// restoreOps: a new sandbox from a live snapshot (restore, network,
+// daemon re-identity), beside bare `runsc restore` of the same image.
+func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error {
+	o := r.op("create from snapshot", "lifecycle", "ms")
+	for range n {
+		var id string
+		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
+			var err error
+			id, err = r.create(ctx, api.CreateRequest{TemplateID: snap})
+			return err
+		}); err != nil {
+			return err
+		}
+		if err := r.kill(ctx, id); err != nil {
+			return err
+		}
+	}
+	// "restore" is the runtime restore inside those creates, from the
+	// API's Server-Timing.
+	restore := r.op("restore", "lifecycle", "ms")
+	restore.Samples = append(restore.Samples, r.parts[o.Name]["restore"]...)
+	restore.Note = "the runtime restore inside each create from a snapshot (Server-Timing: restore)"
+	if b := r.cfg.Bare; b != nil {
+		inst, err := b.Instance(src)
+		if err != nil {
+			return err
+		}
+		var bare []float64
+		for range n {
+			v, err := b.Restore(ctx, inst, b.ImageDir(snap))
+			if err != nil {
+				return err
+			}
+			bare = append(bare, v)
+			r.detail("bare restore %d: %.1f ms", len(bare), v)
+		}
+		s := Summarize(bare)
+		o.BareName, o.Bare = "runsc restore", &s
+		restore.BareName, restore.Bare = "runsc restore", ptr(s)
+	}
+	return nil
+}
+
+func (r *runner) rollbackOps(ctx context.Context, n int, src, snap string) error {
+	o := r.op("rollback", "lifecycle", "ms")
+	for range n {
+		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
+			_, err := r.c.Rollback(ctx, src, snap)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *runner) pauseOps(ctx context.Context, n int, src string) error {
+	p, re := r.op("pause", "lifecycle", "ms"), r.op("resume", "lifecycle", "ms")
+	for range n {
+		if _, err := r.sample(ctx, p, func(ctx context.Context) error { return r.c.Pause(ctx, src) }); err != nil {
+			return err
+		}
+		if _, err := r.sample(ctx, re, func(ctx context.Context) error {
+			_, err := r.c.Connect(ctx, src, time.Hour)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if b := r.cfg.Bare; b != nil {
+		inst, err := b.Instance(src)
+		if err != nil {
+			return err
+		}
+		var bp, br []float64
+		for range n {
+			v, err := b.Pause(ctx, inst)
+			if err != nil {
+				return err
+			}
+			w, err := b.Resume(ctx, inst)
+			if err != nil {
+				return err
+			}
+			bp, br = append(bp, v), append(br, w)
+		}
+		p.BareName, p.Bare = "runsc pause", ptr(Summarize(bp))
+		re.BareName, re.Bare = "runsc resume", ptr(Summarize(br))
+	}
+	return nil
+}
+
+func (r *runner) hibernateOps(ctx context.Context, n int, src string) error {
+	h, re := r.op("hibernate", "lifecycle", "ms"), r.op("resume from hibernation", "lifecycle", "ms")
+	for range n {
+		if _, err := r.sample(ctx, h, func(ctx context.Context) error { return r.c.Hibernate(ctx, src) }); err != nil {
+			return err
+		}
+		if _, err := r.sample(ctx, re, func(ctx context.Context) error {
+			_, err := r.c.Connect(ctx, src, time.Hour)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commandOps: commands.run("true") through the proxy and the daemon,
+// beside bare `runsc exec` of the same command line.
+func (r *runner) commandOps(ctx context.Context, n int, src string) error {
+	sb, err := r.c.Open(ctx, src)
+	if err != nil {
+		return err
+	}
+	o := r.op(`commands.run("true")`, "data", "ms")
+	if _, err := run(ctx, sb, "true"); err != nil { // warm the connection
+		return err
+	}
+	for range 2 * n {
+		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
+			_, err := run(ctx, sb, "true")
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if b := r.cfg.Bare; b != nil {
+		inst, err := b.Instance(src)
+		if err != nil {
+			return err
+		}
+		var bare []float64
+		for range n {
+			v, err := b.Exec(ctx, inst, "/bin/bash", "-l", "-c", "true")
+			if err != nil {
+				return err
+			}
+			bare = append(bare, v)
+		}
+		o.BareName, o.Bare = "runsc exec bash -l -c true", ptr(Summarize(bare))
+	}
+	return nil
+}
+
+// fileOps: upload and download of 1 MB (latency) and 100 MB (throughput).
+func (r *runner) fileOps(ctx context.Context, n int, src string) error {
+	sb, err := r.c.Open(ctx, src)
+	if err != nil {
+		return err
+	}
+	bigMB, bigN := 100, 3
+	if r.cfg.Quick {
+		bigMB, bigN = 4, 1
+	}
+	for _, size := range []struct {
+		mb, n int
+		unit  string
+	}{{1, n, "ms"}, {bigMB, bigN, "MB/s"}} {
+		data := make([]byte, size.mb<<20)
+		rand.Read(data)
+		up := r.op(fmt.Sprintf("upload %d MB", size.mb), "data", size.unit)
+		down := r.op(fmt.Sprintf("download %d MB", size.mb), "data", size.unit)
+		path := fmt.Sprintf("/tmp/bench-%d", size.mb)
+		for range size.n {
+			v, _, err := timed(ctx, func(ctx context.Context) error { return sb.Upload(ctx, path, bytes.NewReader(data), "") })
+			if err != nil {
+				return fmt.Errorf("%s: %w", up.Name, err)
+			}
+			var got countWriter
+			w, _, err := timed(ctx, func(ctx context.Context) error { return sb.Download(ctx, path, &got, "") })
+			if err != nil {
+				return fmt.Errorf("%s: %w", down.Name, err)
+			}
+			if int(got) != len(data) {
+				return fmt.Errorf("%s: got %d bytes, want %d", down.Name, got, len(data))
+			}
+			up.Samples = append(up.Samples, perUnit(size.unit, size.mb, v))
+			down.Samples = append(down.Samples, perUnit(size.unit, size.mb, w))
+			r.detail("%s: %.1f ms, %s: %.1f ms", up.Name, v, down.Name, w)
+		}
+		if _, err := run(ctx, sb, "rm -f "+path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func perUnit(unit string, mb int, msTaken float64) float64 {
+	if unit == "MB/s" {
+		return round(float64(mb)/(msTaken/1000), 1)
+	}
+	return round(msTaken, 3)
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+var _ io.Writer = (*countWriter)(nil)
+
+// codeOps: runCode("1+1") in a code-interpreter sandbox.
+func (r *runner) codeOps(ctx context.Context, n int) error {
+	id, err := r.create(ctx, api.CreateRequest{TemplateID: templateCode})
+	if err != nil {
+		return err
+	}
+	sb, err := r.c.Open(ctx, id)
+	if err != nil {
+		return err
+	}
+	o := r.op(`runCode("1+1")`, "data", "ms")
+	if _, err := sb.RunCode(ctx, "0"); err != nil { // warm the kernel's connection
+		return err
+	}
+	for range n {
+		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
+			got, err := sb.RunCode(ctx, "1+1")
+			if err == nil && strings.TrimSpace(got) != "2" {
+				err = fmt.Errorf("runCode(1+1) = %q, want 2", got)
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return r.kill(ctx, id)
+}
