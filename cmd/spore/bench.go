@@ -15,6 +15,8 @@ import (
 
 	"github.com/spore-run/spore/internal/bench"
 	"github.com/spore-run/spore/internal/client"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/server"
 )
 
@@ -106,18 +108,17 @@ func bareFor(dataDir string, cmd *cobra.Command) *bench.Bare {
 // data directory, network prefix and cgroup parent, sharing this host's
 // root filesystems and runsc.
 func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
-	dir, err := os.MkdirTemp("/var/tmp", "spore-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o700); err != nil {
-		return err
-	}
 	runsc := filepath.Join(f.g.dataDir, "bin", "runsc")
 	if _, err := os.Stat(runsc); err != nil {
 		return fmt.Errorf("runsc not installed (run `make setup` or `spore setup`): %w", err)
 	}
+	dir, err := os.MkdirTemp("/var/tmp", "spore-bench-")
+	if err != nil {
+		return err
+	}
+	nodeCfg := node.Config{DataDir: dir, RootFSDir: filepath.Join(f.g.dataDir, "rootfs"), Runsc: runsc,
+		NetPrefix: "sbn", CgroupParent: "/spore-bench"}
+	defer teardownLocal(nodeCfg, cmd)
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	ready := make(chan [2]string, 1)
@@ -125,8 +126,8 @@ func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool,
 	const pool = 2
 	go func() {
 		done <- server.Run(sctx, server.Config{
-			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: filepath.Join(f.g.dataDir, "rootfs"), Runsc: runsc,
-			NetPrefix: "sbn", CgroupParent: "/spore-bench", PoolSize: pool,
+			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: nodeCfg.RootFSDir, Runsc: runsc,
+			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool,
 			Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 			Ready:  func(addr, key string) { ready <- [2]string{addr, key} },
 		})
@@ -156,6 +157,31 @@ func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool,
 		berr = fmt.Errorf("local server: %w", err)
 	}
 	return berr
+}
+
+// teardownLocal frees everything the private server left (its warm pool,
+// anything a failed run left running, networks, cgroups) and removes its
+// data directory.
+func teardownLocal(cfg node.Config, cmd *cobra.Command) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defer os.RemoveAll(cfg.DataDir)
+	n, err := node.Open(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: %v\n", err)
+		return
+	}
+	for _, sb := range n.Engine.List(ctx) {
+		if err := n.Engine.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: kill %s: %v\n", sb.ID, err)
+		}
+	}
+	n.Close()
+	if err := n.Runtime.Purge(ctx); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: %v\n", err)
+	}
+	n.Net.Sweep(ctx, nil)
+	n.Net.RemoveHostRules()
 }
 
 func runBench(ctx context.Context, cfg bench.Config, out string, asJSON bool, cmd *cobra.Command) error {

@@ -233,7 +233,12 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
-	defer unlock()
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			unlock()
+		}
+	}()
 	if err := wantState(rec, "roll back", StateRunning, StatePaused); err != nil {
 		return Sandbox{}, err
 	}
@@ -277,9 +282,17 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 		_ = e.killInstance(cctx, instance)
 		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
 	}
-	e.finishDiscard(ctx, rec)
+	// The replaced instance is freed after the caller has its answer: the
+	// discard keeps the sandbox's operation lock, so the sandbox's next
+	// operation waits for it, and the journal covers a crash meanwhile.
+	view := rec.view()
+	handedOver = true
+	e.background(func() {
+		defer unlock()
+		e.finishDiscard(context.WithoutCancel(ctx), rec)
+	})
 	e.log.Info("rolled back", "sandbox_id", id, "snapshot_id", m.ID, "instance", instance)
-	return rec.view(), nil
+	return view, nil
 }
 
 // finishDiscard frees what a committed operation replaced and clears the

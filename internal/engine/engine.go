@@ -64,6 +64,7 @@ type Engine struct {
 	reserve   int64
 	memAvail  func() (int64, error)
 
+	bg      sync.WaitGroup // background work of finished operations
 	mu      sync.Mutex
 	records map[string]*record
 	locks   map[string]opLock
@@ -112,8 +113,23 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 // Close releases the engine's directory. Sandboxes keep running; the next
 // Open re-attaches to them.
 func (e *Engine) Close() error {
+	e.bg.Wait()
 	return e.lockFile.Close()
 }
+
+// background runs fn after an operation has answered (freeing what it
+// replaced); Close and Settle wait for it.
+func (e *Engine) background(fn func()) {
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		fn()
+	}()
+}
+
+// Settle waits until the work operations left running in the background
+// (freeing the instance a rollback replaced) is done.
+func (e *Engine) Settle() { e.bg.Wait() }
 
 // Runtime returns the runtime the engine drives.
 func (e *Engine) Runtime() runtime.Runtime { return e.rt }

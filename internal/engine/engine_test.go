@@ -2,10 +2,12 @@ package engine_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/spore-run/spore/internal/engine"
@@ -216,6 +218,7 @@ func TestRollback(t *testing.T) {
 		t.Fatalf("after rollback files = %q", got)
 	}
 	e.wantContinues(ctx, sb.ID, c1)
+	e.eng.Settle() // the replaced instance is freed after Rollback answers
 	insts, _ = e.drv.List(ctx)
 	if n := countPrefix(insts, sb.ID); n != 1 {
 		t.Fatalf("after rollback %d instances of %s, want the old one gone", n, sb.ID)
@@ -500,4 +503,56 @@ func TestStaleTemplateRebuilt(t *testing.T) {
 	}
 	sb := e.create(ctx, "stale")
 	e.sh(ctx, sb.ID, "true")
+}
+
+// TestMemoryAdmission: when the host's available memory is below the
+// reserve, new instances are refused with a resource-limit error and
+// nothing changes; running sandboxes are untouched and work resumes once
+// memory is back.
+func TestMemoryAdmission(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	sb := e.create(ctx, e.counter)
+	c := e.bump(ctx, sb.ID)
+	snap, err := e.eng.Snapshot(ctx, sb.ID, engine.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Reopen with a host that has 100 MiB available (reserve 1 GiB).
+	e.avail = new(atomic.Int64)
+	e.avail.Store(100 << 20)
+	e.reopen()
+	before := tree(t, e.dir)
+	if _, err := e.eng.Create(ctx, engine.CreateOptions{Template: e.counter}); !errors.Is(err, errdefs.ErrResourceLimit) {
+		t.Fatalf("create on a full host = %v, want resource limit", err)
+	}
+	if _, err := e.eng.Rollback(ctx, sb.ID, snap.Manifest.ID); !errors.Is(err, errdefs.ErrResourceLimit) {
+		t.Fatalf("rollback on a full host = %v, want resource limit", err)
+	}
+	fr, err := e.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 2})
+	if err == nil {
+		for _, ch := range fr.Children {
+			if !errors.Is(ch.Err, errdefs.ErrResourceLimit) {
+				t.Fatalf("fork child on a full host = %+v, want resource limit", ch)
+			}
+		}
+	} else if !errors.Is(err, errdefs.ErrResourceLimit) {
+		t.Fatalf("fork on a full host = %v", err)
+	}
+	// The refused fork took and dropped its image; everything else is as it was.
+	if after := tree(t, e.dir); after != before {
+		t.Fatalf("refused operations changed the data directory:\nbefore %s\nafter  %s", before, after)
+	}
+	if got := len(e.eng.List(ctx)); got != 1 {
+		t.Fatalf("%d sandboxes after refusals, want 1", got)
+	}
+	e.wantContinues(ctx, sb.ID, c)
+	e.avail.Store(8 << 30)
+	nb, err := e.eng.Create(ctx, engine.CreateOptions{Template: e.counter})
+	if err != nil {
+		t.Fatalf("create once memory is back: %v", err)
+	}
+	if err := e.eng.Kill(ctx, nb.ID); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,8 @@ type env struct {
 	rootfs  string
 	logger  *slog.Logger
 	counter string // the counter template's name
+	// avail, when set, is the host memory the engine sees (bytes).
+	avail *atomic.Int64
 }
 
 func logger() *slog.Logger {
@@ -75,9 +78,13 @@ func (e *env) open() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	eng, err := engine.Open(ctx, engine.Config{
+	cfg := engine.Config{
 		Dir: filepath.Join(e.dir, "engine"), RootFSDir: e.rootfs, Runtime: drv, Snapshots: repo, Logger: e.logger,
-	})
+	}
+	if e.avail != nil {
+		cfg.MemAvailable = func() (int64, error) { return e.avail.Load(), nil }
+	}
+	eng, err := engine.Open(ctx, cfg)
 	if err != nil {
 		e.t.Fatalf("open engine: %v", err)
 	}

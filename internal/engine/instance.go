@@ -75,11 +75,14 @@ func (e *Engine) killInstance(ctx context.Context, instance string) error {
 	if instance == "" {
 		return nil
 	}
-	defer timing.Track(ctx, "kill")()
-	if err := e.rt.Kill(ctx, instance); err != nil && !errdefs.IsNotFound(err) {
+	done := timing.Track(ctx, "kill")
+	err := e.rt.Kill(ctx, instance)
+	done()
+	if err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	if e.net != nil {
+		defer timing.Track(ctx, "net-teardown")()
 		return e.net.Teardown(ctx, instance)
 	}
 	return nil

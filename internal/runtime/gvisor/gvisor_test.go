@@ -4,8 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/runtime/gvisor"
 	"github.com/spore-run/spore/internal/runtime/runtimetest"
 	"github.com/spore-run/spore/internal/testenv"
@@ -27,4 +34,74 @@ func TestConformance(t *testing.T) {
 		}
 	})
 	runtimetest.Run(t, d, testenv.BaseRootFS(t))
+}
+
+// TestCgroupsApplied checks, in both cgroup modes, that an instance's
+// sandbox process runs in its own cgroups with the limits written there,
+// and that a kill removes them.
+func TestCgroupsApplied(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("cgroup v1 hierarchies not mounted: this test needs the v1 host CI runs on")
+		}
+		t.Skip("cgroup v1 hierarchies not mounted on this host")
+	}
+	for _, mode := range []string{"", "runsc"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			ctx := context.Background()
+			parent := "/spore-cgtest-" + ids.New('g')
+			d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: t.TempDir(), CgroupParent: parent, Cgroups: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Purge(context.Background()) })
+			id := ids.New('t')
+			lim := runtime.Limits{VCPUs: 1.5, MemoryMB: 384, MaxProcs: 40}
+			if err := d.Start(ctx, runtime.Spec{ID: id, RootFS: testenv.BaseRootFS(t), Args: runtimetest.CounterArgs, Limits: lim}); err != nil {
+				t.Fatal(err)
+			}
+			info, err := d.State(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{
+				"memory/memory.limit_in_bytes": strconv.Itoa(384 << 20),
+				"cpu/cpu.cfs_quota_us":         "150000",
+				"pids/pids.max":                "416",
+			}
+			for file, val := range want {
+				ctrl := strings.Split(file, "/")[0]
+				dir := filepath.Join("/sys/fs/cgroup", ctrl, parent, id)
+				got, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", ctrl, parent, id, filepath.Base(file)))
+				if err != nil || strings.TrimSpace(string(got)) != val {
+					t.Errorf("%s = %q (%v), want %s", file, got, err, val)
+				}
+				procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+				if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(info.PID)) {
+					t.Errorf("sandbox process %d is not in %s (procs %q)", info.PID, dir, procs)
+				}
+			}
+			if err := d.Kill(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			for _, ctrl := range []string{"memory", "cpu", "pids"} {
+				if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, parent, id)); !os.IsNotExist(err) {
+					t.Errorf("%s cgroup of a killed instance still there: %v", ctrl, err)
+				}
+			}
+		})
+	}
+}
+
+func TestBadCgroupConfig(t *testing.T) {
+	for _, cfg := range []gvisor.Config{
+		{Runsc: "/bin/true", StateDir: t.TempDir(), Cgroups: "systemd"},
+		{Runsc: "/bin/true", StateDir: t.TempDir(), CgroupParent: "/it's"},
+		{Runsc: "/bin/true", StateDir: t.TempDir(), CgroupParent: "relative"},
+	} {
+		if _, err := gvisor.New(context.Background(), cfg); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("New(%+v) = %v, want invalid argument", cfg, err)
+		}
+	}
 }

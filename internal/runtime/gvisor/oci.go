@@ -64,7 +64,7 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 		Hostname: hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
-			CgroupsPath: cgroupParent + "/" + s.ID,
+			CgroupsPath: cgroupPath(cgroupParent, s.ID),
 			Resources:   resources(s.Limits),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
@@ -72,6 +72,15 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 			},
 		},
 	}
+}
+
+// cgroupPath is the instance's cgroup for runsc ("" when the driver
+// manages cgroups itself: runsc is then told to ignore them).
+func cgroupPath(parent, id string) string {
+	if parent == "" {
+		return ""
+	}
+	return parent + "/" + id
 }
 
 func resources(l runtime.Limits) *specs.LinuxResources {
@@ -90,10 +99,13 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		// with EAGAIN inside the sandbox. The host pids cgroup is only a
 		// backstop, because reaching it kills the whole sandbox; systrap
 		// uses about 2.5 host tasks per guest process, measured.
-		r.Pids = &specs.LinuxPids{Limit: 4*l.MaxProcs + 256}
+		r.Pids = &specs.LinuxPids{Limit: pidsMax(l)}
 	}
 	return r
 }
+
+// pidsMax is the host pids cgroup limit of an instance.
+func pidsMax(l runtime.Limits) int64 { return 4*l.MaxProcs + 256 }
 
 func rlimits(l runtime.Limits) []specs.POSIXRlimit {
 	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}}
