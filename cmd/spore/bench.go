@@ -112,13 +112,25 @@ func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool,
 	if _, err := os.Stat(runsc); err != nil {
 		return fmt.Errorf("runsc not installed (run `make setup` or `spore setup`): %w", err)
 	}
-	dir, err := os.MkdirTemp("/var/tmp", "spore-bench-")
-	if err != nil {
-		return err
-	}
+	// One fixed directory, so a run that was killed outright is cleaned up
+	// by the next one (the engine's lock refuses two runs at once).
+	dir := filepath.Join(f.g.dataDir, "bench-local")
 	nodeCfg := node.Config{DataDir: dir, RootFSDir: filepath.Join(f.g.dataDir, "rootfs"), Runsc: runsc,
 		NetPrefix: "sbn", CgroupParent: "/spore-bench"}
-	defer teardownLocal(nodeCfg, cmd)
+	if _, err := os.Stat(dir); err == nil {
+		fmt.Fprintln(cmd.ErrOrStderr(), "spore bench: cleaning up after an interrupted local run...")
+		if err := teardownLocal(nodeCfg); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		if err := teardownLocal(nodeCfg); err != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: %v\n", err)
+		}
+	}()
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	ready := make(chan [2]string, 1)
@@ -148,7 +160,6 @@ func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool,
 		if err := b.Check(); err != nil {
 			return err
 		}
-		b.Runsc = runsc
 		cfg.Bare = b
 	}
 	berr := runBench(ctx, cfg, out, f.json, cmd)
@@ -160,28 +171,27 @@ func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool,
 }
 
 // teardownLocal frees everything the private server left (its warm pool,
-// anything a failed run left running, networks, cgroups) and removes its
-// data directory.
-func teardownLocal(cfg node.Config, cmd *cobra.Command) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+// anything a failed or killed run left running, networks, cgroups) and
+// removes its data directory.
+func teardownLocal(cfg node.Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	defer os.RemoveAll(cfg.DataDir)
 	n, err := node.Open(ctx, cfg)
 	if err != nil {
-		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: %v\n", err)
-		return
+		return fmt.Errorf("open the local bench's node: %w", err)
 	}
+	var errs []error
 	for _, sb := range n.Engine.List(ctx) {
 		if err := n.Engine.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
-			fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: kill %s: %v\n", sb.ID, err)
+			errs = append(errs, err)
 		}
 	}
 	n.Close()
-	if err := n.Runtime.Purge(ctx); err != nil {
-		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: cleanup: %v\n", err)
+	errs = append(errs, n.Runtime.Purge(ctx), n.Net.Sweep(ctx, nil), n.Net.RemoveHostRules())
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
-	n.Net.Sweep(ctx, nil)
-	n.Net.RemoveHostRules()
+	return os.RemoveAll(cfg.DataDir)
 }
 
 func runBench(ctx context.Context, cfg bench.Config, out string, asJSON bool, cmd *cobra.Command) error {

@@ -265,11 +265,11 @@ func (r *runner) runDensity(ctx context.Context) error {
 		}
 		sr, err := r.c.Create(ctx, api.CreateRequest{TemplateID: templateBase, Timeout: ptr(int64(7200))})
 		if err != nil {
-			if errors.Is(err, errdefs.ErrResourceLimit) || errors.Is(err, errdefs.ErrUnavailable) {
-				once.Do(func() { refused = err; close(stop) })
-				return nil
-			}
-			return err
+			// The first create turned away ends the fill: that is the
+			// measurement. A refusal (429/503) is the clean way; anything
+			// else is noted as the way this host broke.
+			once.Do(func() { refused = err; close(stop) })
+			return nil
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -290,6 +290,9 @@ func (r *runner) runDensity(ctx context.Context) error {
 	d.MemAvailablePeak = memAvailable()
 	if refused != nil {
 		d.Refused = refused.Error()
+		if !errors.Is(refused, errdefs.ErrResourceLimit) && !errors.Is(refused, errdefs.ErrUnavailable) {
+			r.note("the density fill ended on an error, not a clean refusal: %v", refused)
+		}
 	}
 	if d.Held > 0 {
 		d.IdleRSSBytes = max(0, (d.MemAvailableStart-d.MemAvailablePeak)/int64(d.Held))

@@ -142,8 +142,8 @@ func Validate(r *Report) error {
 	if r.Schema != SchemaVersion {
 		errs = append(errs, fmt.Errorf("schema is %d, want %d", r.Schema, SchemaVersion))
 	}
-	if len(r.Ops) == 0 {
-		errs = append(errs, errors.New("report has no ops"))
+	if len(r.Ops) == 0 && len(r.Curves) == 0 && r.Density == nil {
+		errs = append(errs, errors.New("report has no ops, curves or density"))
 	}
 	for i, op := range r.Ops {
 		if err := validateOp(op); err != nil {

@@ -208,7 +208,7 @@ func TestValidate(t *testing.T) {
 		want   string // substring of the error
 	}{
 		{"wrong schema", func(r *Report) { r.Schema = 99 }, "schema"},
-		{"no ops", func(r *Report) { r.Ops = nil }, "no ops"},
+		{"nothing measured", func(r *Report) { r.Ops, r.Curves, r.Density = nil, nil, nil }, "no ops, curves or density"},
 		{"unnamed op", func(r *Report) { r.Ops[1].Name = "" }, "no name"},
 		{"bad unit", func(r *Report) { r.Ops[1].Unit = "s" }, `op 1 "create": unit`},
 		{"mismatched n", func(r *Report) { r.Ops[1].Stats.N = 7 }, `op 1 "create": stats.n is 7`},

@@ -55,6 +55,8 @@ func (e *Error) Unwrap() error {
 		return errdefs.ErrConflict
 	case 401:
 		return errdefs.ErrInvalidArgument
+	case 429:
+		return errdefs.ErrResourceLimit
 	case 502, 503:
 		return errdefs.ErrUnavailable
 	}

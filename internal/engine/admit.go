@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/spore-run/spore/internal/errdefs"
 )
@@ -15,10 +16,24 @@ import (
 // for the sandboxes already running to grow a little.
 const DefaultMemoryReserve int64 = 1 << 30
 
+// TaskReserve is how many kernel tasks (threads) are kept free for the
+// host: a gVisor sandbox runs ~40 host threads, so on a host with the
+// default kernel.pid_max of 32768 the task table, not memory, is what runs
+// out first (measured: ~880 idle sandboxes; then every fork on the host
+// fails, the server's included).
+const TaskReserve = 2048
+
 // admit refuses a new instance when the host's available memory is below
-// the reserve. It is checked before each instance is launched, so the
-// sandboxes already running are never put at risk by one more.
+// the reserve or its task table is nearly full. It is checked before each
+// instance is launched, so the sandboxes already running (and the host)
+// are never put at risk by one more.
 func (e *Engine) admit() error {
+	if e.reserve >= 0 {
+		if used, limit, err := tasks(); err == nil && used+TaskReserve > limit {
+			return fmt.Errorf("host task table nearly full: %d of %d tasks in use (kernel.pid_max / threads-max; `spore setup` raises pid_max): %w",
+				used, limit, errdefs.ErrResourceLimit)
+		}
+	}
 	reserve := e.reserve
 	if reserve == 0 {
 		reserve = DefaultMemoryReserve
@@ -60,4 +75,37 @@ func MemAvailable() (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("meminfo: no MemAvailable line")
+}
+
+// tasks returns how many tasks (threads) the host runs and how many it
+// can: the smaller of kernel.pid_max and kernel.threads-max.
+func tasks() (used, limit int, err error) {
+	b, err := os.ReadFile("/proc/loadavg") // "0.1 0.2 0.3 2/3877 12345"
+	if err != nil {
+		return 0, 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return 0, 0, fmt.Errorf("loadavg: %q", b)
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("loadavg: %q", b)
+	}
+	if used, err = strconv.Atoi(total); err != nil {
+		return 0, 0, err
+	}
+	limit = 1 << 30
+	for _, p := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return 0, 0, err
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return 0, 0, err
+		}
+		limit = min(limit, n)
+	}
+	return used, limit, nil
 }

@@ -13,6 +13,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envdclient"
@@ -75,6 +77,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		}
 		cfg.EnvdBinary = filepath.Join(filepath.Dir(exe), "spore-envd")
 	}
+	tuneHost(cfg.Logger)
 	envdDir, err := installEnvd(cfg.EnvdBinary, filepath.Join(dataDir, "envd"))
 	if err != nil {
 		return nil, fmt.Errorf("install envd: %w", err)
@@ -186,4 +189,28 @@ func (n *Node) EnsureTemplates(ctx context.Context) error {
 		n.log.Info("template ready", "template_id", spec.Name, "snapshot_id", m.ID, "built", built)
 	}
 	return nil
+}
+
+// pidMax is the kernel.pid_max a node wants: the 64-bit kernel's maximum.
+// Each gVisor sandbox runs ~40 host threads, so the default 32768 caps a
+// host at ~800 sandboxes whatever its memory (measured).
+const pidMax = 4194304
+
+// tuneHost raises kernel.pid_max when it is lower (as container hosts do).
+// A failure is logged: the engine's admission check still keeps the host
+// from running out of tasks.
+func tuneHost(log *slog.Logger) {
+	const p = "/proc/sys/kernel/pid_max"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return
+	}
+	if cur, err := strconv.Atoi(strings.TrimSpace(string(b))); err != nil || cur >= pidMax {
+		return
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(pidMax)), 0o644); err != nil {
+		log.Warn("raise kernel.pid_max", "err", err)
+		return
+	}
+	log.Info("raised kernel.pid_max for sandbox density", "pid_max", pidMax)
 }
