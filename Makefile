@@ -5,12 +5,13 @@ DATA_DIR  ?= /var/lib/spore
 CACHE_DIR ?= /var/cache/spore
 GO        ?= go
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+REVISION  ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null && echo $$r || echo $$r-dirty; } || echo unknown)
+LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test up bench clean proto sdk-deps fuzz
+.PHONY: build setup test up bench bench-go clean proto sdk-deps fuzz
 
 ## build: compile the binaries into bin/
 build:
@@ -52,9 +53,15 @@ fuzz:
 up: setup
 	bin/spore up
 
-## bench: engine benchmarks side by side with bare runsc
+BENCH_OUT ?= docs/benchmarks/$(shell date -u +%Y-%m-%d)
+
+## bench: the whole `spore bench` suite on a private local server (report in BENCH_OUT: JSON, Markdown, plots)
 bench: setup
-	$(GO) test -run '^$$' -bench . -benchtime 10x -timeout 30m ./internal/engine/
+	bin/spore bench --local --out $(BENCH_OUT)
+
+## bench-go: the Go benchmarks of the engine, node and API side by side with bare runsc
+bench-go: setup
+	$(GO) test -run '^$$' -bench . -benchtime 10x -timeout 30m ./internal/engine/ ./internal/node/ ./internal/api/
 
 clean:
 	rm -rf bin/

@@ -26,6 +26,7 @@ func newBenchCmd(f *cliFlags) *cobra.Command {
 		count, densityMax    int
 		sections             []string
 		out, cgroupParent    string
+		rootfsDir, runsc     string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -58,7 +59,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 			}
 			ctx := cmd.Context()
 			if local {
-				return benchLocal(ctx, f, cfg, noBare, out, cmd)
+				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc}, cfg, noBare, out, cmd)
 			}
 			c, err := f.client()
 			if err != nil {
@@ -67,7 +68,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 			cfg.Client, cfg.Target = c, c.Base()
 			cfg.PoolSize = -1 // unknown
 			if !noBare {
-				cfg.Bare = bareFor(f.g.dataDir, cmd)
+				cfg.Bare = bareFor(f.g.dataDir, runsc, cmd)
 			}
 			return runBench(ctx, cfg, out, f.json, cmd)
 		},
@@ -81,6 +82,8 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))
 	fl.StringVar(&out, "out", "", "directory for report.json, report.md and the plots (default ./bench-<time>)")
 	fl.StringVar(&cgroupParent, "cgroup-parent", "/spore", "the server's cgroup parent (per-sandbox memory in the density section)")
+	fl.StringVar(&rootfsDir, "rootfs-dir", "", "root filesystems of the --local server (default <data-dir>/rootfs)")
+	fl.StringVar(&runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
 	return cmd
 }
 
@@ -95,8 +98,11 @@ func contains(list []string, s string) bool {
 
 // bareFor returns the bare-runsc runner for a server's data directory, or
 // nil (the report says why) when this host cannot run it.
-func bareFor(dataDir string, cmd *cobra.Command) *bench.Bare {
-	b := &bench.Bare{Runsc: filepath.Join(dataDir, "bin", "runsc"), DataDir: dataDir}
+func bareFor(dataDir, runsc string, cmd *cobra.Command) *bench.Bare {
+	if runsc == "" {
+		runsc = filepath.Join(dataDir, "bin", "runsc")
+	}
+	b := &bench.Bare{Runsc: runsc, DataDir: dataDir}
 	if err := b.Check(); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "spore bench: no bare runsc comparisons: %v\n", err)
 		return nil
@@ -107,15 +113,24 @@ func bareFor(dataDir string, cmd *cobra.Command) *bench.Bare {
 // benchLocal runs the suite against a private server: its own temporary
 // data directory, network prefix and cgroup parent, sharing this host's
 // root filesystems and runsc.
-func benchLocal(ctx context.Context, f *cliFlags, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
-	runsc := filepath.Join(f.g.dataDir, "bin", "runsc")
+type localPaths struct{ rootfs, runsc string }
+
+func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
+	runsc := paths.runsc
+	if runsc == "" {
+		runsc = filepath.Join(f.g.dataDir, "bin", "runsc")
+	}
+	rootfs := paths.rootfs
+	if rootfs == "" {
+		rootfs = filepath.Join(f.g.dataDir, "rootfs")
+	}
 	if _, err := os.Stat(runsc); err != nil {
 		return fmt.Errorf("runsc not installed (run `make setup` or `spore setup`): %w", err)
 	}
 	// One fixed directory, so a run that was killed outright is cleaned up
 	// by the next one (the engine's lock refuses two runs at once).
 	dir := filepath.Join(f.g.dataDir, "bench-local")
-	nodeCfg := node.Config{DataDir: dir, RootFSDir: filepath.Join(f.g.dataDir, "rootfs"), Runsc: runsc,
+	nodeCfg := node.Config{DataDir: dir, RootFSDir: rootfs, Runsc: runsc,
 		NetPrefix: "sbn", CgroupParent: "/spore-bench"}
 	if _, err := os.Stat(dir); err == nil {
 		fmt.Fprintln(cmd.ErrOrStderr(), "spore bench: cleaning up after an interrupted local run...")
@@ -215,8 +230,15 @@ func runBench(ctx context.Context, cfg bench.Config, out string, asJSON bool, cm
 	return nil
 }
 
+// revision is the git commit this binary was built from (set by the
+// Makefile's -ldflags; "-dirty" when the tree had changes).
+var revision = ""
+
 // gitRevision is the VCS revision this binary was built from.
 func gitRevision() string {
+	if revision != "" {
+		return revision
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"

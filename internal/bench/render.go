@@ -382,6 +382,9 @@ func settingsLine(s Settings) string {
 }
 
 func writeOps(m *mdWriter, ops []Op) {
+	if len(ops) == 0 {
+		return
+	}
 	m.printf("## Operations\n\n")
 	m.headerRow("operation", "p50", "p95", "max", "n", "bare runsc (p50)", "spore/bare", "goal", "")
 	var footnotes []string
