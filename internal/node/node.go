@@ -39,6 +39,9 @@ type Config struct {
 	NetPrefix string
 	// CgroupParent for instances (default "/spore").
 	CgroupParent string
+	// RunscFlags are extra global runsc flags ("--debug",
+	// "--debug-log=/tmp/runsc/" to see runsc's own timeline).
+	RunscFlags []string
 	// MemoryReserve is host memory new sandboxes may not use (see
 	// engine.Config.MemoryReserve; 0: the default, negative: none).
 	MemoryReserve int64
@@ -84,6 +87,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	drv, err := gvisor.New(ctx, gvisor.Config{
 		Runsc: cfg.Runsc, StateDir: filepath.Join(dataDir, "runtime"), CgroupParent: cfg.CgroupParent, Logger: cfg.Logger,
+		ExtraFlags: cfg.RunscFlags,
 	})
 	if err != nil {
 		return nil, err

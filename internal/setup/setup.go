@@ -124,50 +124,6 @@ func ensurePackages(ctx context.Context, log io.Writer) (string, error) {
 	return "installed " + strings.Join(missing, " "), nil
 }
 
-// ensureRunsc builds the pinned runsc once into the cache and installs it
-// with a version file the gVisor driver reads (go-installed builds report
-// no version of their own).
-func ensureRunsc(ctx context.Context, cfg Config, log io.Writer) (string, error) {
-	dst := RunscPath(cfg.DataDir)
-	version := RunscModule[strings.Index(RunscModule, "@")+1:]
-	if b, err := os.ReadFile(dst + ".version"); err == nil && strings.TrimSpace(string(b)) == version {
-		if _, err := os.Stat(dst); err == nil {
-			return "up to date", nil
-		}
-	}
-	cacheBin := filepath.Join(cfg.CacheDir, "runsc-"+version)
-	built := filepath.Join(cacheBin, "runsc")
-	note := "cached build"
-	if _, err := os.Stat(built); err != nil {
-		if _, err := exec.LookPath("go"); err != nil {
-			return "", fmt.Errorf("building runsc needs the go command: %w", err)
-		}
-		env := []string{"CGO_ENABLED=0", "GOBIN=" + cacheBin}
-		if err := run(ctx, log, env, "go", "install", "-ldflags=-s -w", RunscModule); err != nil {
-			return "", fmt.Errorf("build runsc: %w", err)
-		}
-		note = "built"
-	}
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", err
-	}
-	b, err := os.ReadFile(built)
-	if err != nil {
-		return "", err
-	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(dst+".version", []byte(version+"\n"), 0o644); err != nil {
-		return "", err
-	}
-	return note + ", installed " + dst, nil
-}
-
 func ensureTools(ctx context.Context, cfg Config, log io.Writer) (string, error) {
 	dir := ToolsDir(cfg.CacheDir)
 	stamp := filepath.Join(dir, ".versions")
@@ -187,12 +143,16 @@ func ensureTools(ctx context.Context, cfg Config, log io.Writer) (string, error)
 }
 
 func run(ctx context.Context, log io.Writer, env []string, name string, args ...string) error {
+	return runIn(ctx, os.TempDir(), log, env, name, args...) // never inside a module: go install must not see a go.mod
+}
+
+func runIn(ctx context.Context, dir string, log io.Writer, env []string, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var tail bytes.Buffer
 	w := io.MultiWriter(log, &tail)
 	cmd.Stdout, cmd.Stderr = w, w
-	cmd.Dir = os.TempDir() // never inside a module: go install must not see a go.mod
+	cmd.Dir = dir
 	if err := cmd.Run(); err != nil {
 		t := tail.String()
 		if len(t) > 2000 {

@@ -1,0 +1,141 @@
+package setup
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// RunscBuild names how setup builds runsc; bump it when the build changes.
+// It is kept apart from the version (runsc.version), which snapshots
+// record: the checkpoint format depends on the source, not on this.
+//
+// precompiled-seccomp-1: runsc's sandbox seccomp programs are precompiled
+// into the binary (see seccompgen), as gVisor's release builds do; a plain
+// `go install` leaves every start and restore to compile them (~16-25 ms).
+const RunscBuild = "precompiled-seccomp-1"
+
+//go:embed seccompgen/main.go
+var seccompGen []byte
+
+// ensureRunsc builds the pinned runsc once into the cache and installs it
+// with a version file the gVisor driver reads (go-built binaries report no
+// version of their own) and a build file naming RunscBuild.
+func ensureRunsc(ctx context.Context, cfg Config, log io.Writer) (string, error) {
+	dst := RunscPath(cfg.DataDir)
+	version := RunscModule[strings.Index(RunscModule, "@")+1:]
+	if readTrim(dst+".version") == version && readTrim(dst+".build") == RunscBuild {
+		if _, err := os.Stat(dst); err == nil {
+			return "up to date", nil
+		}
+	}
+	cacheBin := filepath.Join(cfg.CacheDir, "runsc-"+version+"-"+RunscBuild)
+	built := filepath.Join(cacheBin, "runsc")
+	note := "cached build"
+	if _, err := os.Stat(built); err != nil {
+		if _, err := exec.LookPath("go"); err != nil {
+			return "", fmt.Errorf("building runsc needs the go command: %w", err)
+		}
+		if err := buildRunsc(ctx, cfg.CacheDir, built, log); err != nil {
+			return "", fmt.Errorf("build runsc: %w", err)
+		}
+		note = "built"
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(built)
+	if err != nil {
+		return "", err
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(dst+".version", []byte(version+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(dst+".build", []byte(RunscBuild+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	return note + ", installed " + dst, nil
+}
+
+func readTrim(path string) string {
+	b, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(b))
+}
+
+// buildRunsc builds runsc static from a writable copy of the pinned gVisor
+// module (the module cache is read-only and `go build -overlay` may not
+// replace files in it) with its seccomp programs precompiled.
+func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error {
+	mod := RunscModule[:strings.Index(RunscModule, "/runsc@")] + RunscModule[strings.Index(RunscModule, "@"):]
+	dl, err := exec.CommandContext(ctx, "go", "mod", "download", "-json", mod).Output()
+	if err != nil {
+		return fmt.Errorf("go mod download %s: %w", mod, err)
+	}
+	var info struct{ Dir, Error string }
+	if err := json.Unmarshal(dl, &info); err != nil || info.Dir == "" {
+		return fmt.Errorf("go mod download %s: %v %s", mod, err, info.Error)
+	}
+	src := filepath.Join(cacheDir, "runsc-src")
+	if err := os.RemoveAll(src); err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	if err := copyTree(info.Dir, src); err != nil {
+		return fmt.Errorf("copy the gVisor module: %w", err)
+	}
+	genDir := filepath.Join(src, "runsc", "sporeseccompgen")
+	if err := os.MkdirAll(genDir, 0o755); err != nil {
+		return err
+	}
+	// The generator's build tag keeps it out of Spore's own build; here
+	// it is the only file of its package, built without the tag.
+	gen := strings.Replace(string(seccompGen), "//go:build spore_seccompgen", "", 1)
+	if err := os.WriteFile(filepath.Join(genDir, "main.go"), []byte(gen), 0o644); err != nil {
+		return err
+	}
+	env := []string{"CGO_ENABLED=0", "GOFLAGS=-buildvcs=false"}
+	target := filepath.Join(src, "runsc", "boot", "filter", "filter_precompiled.go")
+	if err := runIn(ctx, src, log, env, "go", "run", "./runsc/sporeseccompgen", "-o", target); err != nil {
+		return fmt.Errorf("precompile seccomp programs: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return runIn(ctx, src, log, env, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./runsc")
+}
+
+// copyTree copies a directory tree of regular files, writable.
+func copyTree(from, to string) error {
+	return filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, p)
+		dst := filepath.Join(to, rel)
+		if d.IsDir() {
+			return os.MkdirAll(dst, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(dst, b, 0o644)
+	})
+}
