@@ -27,6 +27,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/timing"
 )
 
 // Config configures the driver.
@@ -583,7 +584,9 @@ func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Dur
 		cmd.Stdout, cmd.Stderr, logf = f, f, f
 	}
 	start := time.Now()
+	done := timing.Track(ctx, "runsc "+verbOf(args))
 	err := cmd.Run()
+	done()
 	if logf != nil && err != nil {
 		b, _ := io.ReadAll(io.NewSectionReader(logf, 0, 1<<20))
 		stderr.Write(b)
