@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	goruntime "runtime"
 	"strings"
@@ -122,6 +123,10 @@ func (s *Server) table() []route {
 		{"GET /templates", s.templates, false},
 		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
 		{"GET /debug/stats", s.stats, false},
+		{"GET /debug/pprof/", pprof.Index, false},
+		{"GET /debug/pprof/profile", pprof.Profile, false},
+		{"GET /debug/pprof/trace", pprof.Trace, false},
+		{"GET /debug/pprof/symbol", pprof.Symbol, false},
 	}
 }
 

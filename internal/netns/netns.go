@@ -100,6 +100,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := m.hostRules(); err != nil {
 		return nil, fmt.Errorf("netns: host rules: %w", err)
 	}
+	if err := m.flushStale(); err != nil {
+		return nil, fmt.Errorf("netns: flush stale connection tracking: %w", err)
+	}
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("netns: enable forwarding: %w", err)
 	}
@@ -246,8 +249,11 @@ func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, er
 	// Connection tracking outlives namespaces: entries for this address
 	// left by an earlier sandbox (killed abruptly, in ESTABLISHED for days)
 	// would mark the new sandbox's packets INVALID and the host would drop
-	// them mid-stream. Start clean.
-	flushConntrack(n.Addr)
+	// them mid-stream. Every free address is kept clean instead of
+	// flushing here (a flush dumps the host's whole table, and it was most
+	// of the server's CPU in a fork of 50, measured with pprof): Teardown
+	// flushes an address before freeing its slot, and New flushes the
+	// addresses of slots nobody holds, left by a crash.
 	if err := m.build(n); err != nil {
 		m.Teardown(ctx, instance)
 		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
@@ -472,4 +478,51 @@ func inNS(ns netns.NsHandle, fn func() error) error {
 	}
 	defer netns.Set(orig)
 	return fn()
+}
+
+// flushStale deletes the root namespace's connection-tracking entries of
+// sandbox addresses whose slot nobody holds (no host address configured
+// for it, by this server or another on the host): what a crash left.
+func (m *Manager) flushStale() error {
+	unlock, err := hostLock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	live, err := hostAddrs()
+	if err != nil {
+		return err
+	}
+	_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, staleFilter{m: m, live: live})
+	return err
+}
+
+// staleFilter matches entries touching a sandbox address of a free slot.
+type staleFilter struct {
+	m    *Manager
+	live map[netip.Addr]bool
+}
+
+func (f staleFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	for _, ip := range []net.IP{flow.Forward.SrcIP, flow.Forward.DstIP, flow.Reverse.SrcIP, flow.Reverse.DstIP} {
+		a, ok := netip.AddrFromSlice(ip.To4())
+		if !ok {
+			continue
+		}
+		if slot, ok := f.m.slotOf(a); ok && !f.live[f.m.slotAddr(slot, 1)] {
+			return true
+		}
+	}
+	return false
+}
+
+// slotOf returns the slot an address of the sandbox space belongs to.
+func (m *Manager) slotOf(a netip.Addr) (int, bool) {
+	b, x := m.base.As4(), a.As4()
+	base := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v := uint32(x[0])<<24 | uint32(x[1])<<16 | uint32(x[2])<<8 | uint32(x[3])
+	if v < base || v >= base+uint32(maxSlots*4) {
+		return 0, false
+	}
+	return int(v-base) / 4, true
 }
