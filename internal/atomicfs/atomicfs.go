@@ -14,6 +14,17 @@ import (
 // WriteFile atomically replaces path with data: after a crash the file holds
 // either its old content or data, never a mix.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return writeFile(path, data, perm, true)
+}
+
+// WriteFileNoSync replaces path atomically (rename) without fsync: readers
+// and a restarted process see the old or the new content, never a mix,
+// but a power loss may keep the old one.
+func WriteFileNoSync(path string, data []byte, perm os.FileMode) error {
+	return writeFile(path, data, perm, false)
+}
+
+func writeFile(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -29,9 +40,11 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
@@ -39,16 +52,24 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
+	if !durable {
+		return nil
+	}
 	return SyncDir(dir)
 }
 
-// WriteJSON atomically writes v as indented JSON.
-func WriteJSON(path string, v any) error {
+// WriteJSON atomically and durably writes v as indented JSON.
+func WriteJSON(path string, v any) error { return writeJSON(path, v, true) }
+
+// WriteJSONNoSync is WriteJSON without fsync (see WriteFileNoSync).
+func WriteJSONNoSync(path string, v any) error { return writeJSON(path, v, false) }
+
+func writeJSON(path string, v any, durable bool) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
-	return WriteFile(path, append(b, '\n'), 0o600)
+	return writeFile(path, append(b, '\n'), 0o600, durable)
 }
 
 // ReadJSON decodes the JSON file at path into v.

@@ -186,16 +186,9 @@ func (r *runner) snapshotOps(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
-		var bare []float64
-		for range n {
-			v, err := b.Checkpoint(ctx, inst)
-			if err != nil {
-				return err
-			}
-			bare = append(bare, v)
-			r.detail("bare checkpoint %d: %.1f ms", len(bare), v)
+		if err := r.bare(o, "runsc checkpoint --leave-running", n, func() (float64, error) { return b.Checkpoint(ctx, inst) }); err != nil {
+			return err
 		}
-		o.BareName, o.Bare = "runsc checkpoint --leave-running", ptr(Summarize(bare))
 	}
 	if err := r.kill(ctx, id); err != nil {
 		return err
@@ -244,6 +237,21 @@ func (r *runner) pausedOps(ctx context.Context, n int) error {
 
 func ptr[T any](v T) *T { return &v }
 
+// bare samples the bare-runsc counterpart of o n times.
+func (r *runner) bare(o *Op, name string, n int, fn func() (float64, error)) error {
+	var samples []float64
+	for range n {
+		v, err := fn()
+		if err != nil {
+			return err
+		}
+		samples = append(samples, round(v, 3))
+		r.detail("bare %s %d: %.1f ms", name, len(samples), v)
+	}
+	o.BareName, o.Bare = name, ptr(Summarize(samples))
+	return nil
+}
+
 // restoreOps: a new sandbox from a live snapshot (restore, network,
 // daemon re-identity), beside bare `runsc restore` of the same image.
 func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error {
@@ -271,18 +279,10 @@ func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error 
 		if err != nil {
 			return err
 		}
-		var bare []float64
-		for range n {
-			v, err := b.Restore(ctx, inst, b.ImageDir(snap))
-			if err != nil {
-				return err
-			}
-			bare = append(bare, v)
-			r.detail("bare restore %d: %.1f ms", len(bare), v)
+		if err := r.bare(o, "runsc restore", n, func() (float64, error) { return b.Restore(ctx, inst, b.ImageDir(snap)) }); err != nil {
+			return err
 		}
-		s := Summarize(bare)
-		o.BareName, o.Bare = "runsc restore", &s
-		restore.BareName, restore.Bare = "runsc restore", ptr(s)
+		restore.BareName, restore.Bare = o.BareName, ptr(*o.Bare)
 	}
 	return nil
 }
@@ -304,16 +304,8 @@ func (r *runner) rollbackOps(ctx context.Context, n int, src, snap string) error
 
 func (r *runner) pauseOps(ctx context.Context, n int, src string) error {
 	p, re := r.op("pause", "lifecycle", "ms"), r.op("resume", "lifecycle", "ms")
-	for range n {
-		if _, err := r.sample(ctx, p, func(ctx context.Context) error { return r.c.Pause(ctx, src) }); err != nil {
-			return err
-		}
-		if _, err := r.sample(ctx, re, func(ctx context.Context) error {
-			_, err := r.c.Connect(ctx, src, time.Hour)
-			return err
-		}); err != nil {
-			return err
-		}
+	if err := r.stopStart(ctx, n, src, p, re, r.c.Pause); err != nil {
+		return err
 	}
 	if b := r.cfg.Bare; b != nil {
 		inst, err := b.Instance(src)
@@ -339,13 +331,18 @@ func (r *runner) pauseOps(ctx context.Context, n int, src string) error {
 }
 
 func (r *runner) hibernateOps(ctx context.Context, n int, src string) error {
-	h, re := r.op("hibernate", "lifecycle", "ms"), r.op("resume from hibernation", "lifecycle", "ms")
+	return r.stopStart(ctx, n, src, r.op("hibernate", "lifecycle", "ms"), r.op("resume from hibernation", "lifecycle", "ms"), r.c.Hibernate)
+}
+
+// stopStart samples n rounds of stopping the sandbox and resuming it the
+// way the SDK does (connect).
+func (r *runner) stopStart(ctx context.Context, n int, id string, stopOp, startOp *Op, stop func(context.Context, string) error) error {
 	for range n {
-		if _, err := r.sample(ctx, h, func(ctx context.Context) error { return r.c.Hibernate(ctx, src) }); err != nil {
+		if _, err := r.sample(ctx, stopOp, func(ctx context.Context) error { return stop(ctx, id) }); err != nil {
 			return err
 		}
-		if _, err := r.sample(ctx, re, func(ctx context.Context) error {
-			_, err := r.c.Connect(ctx, src, time.Hour)
+		if _, err := r.sample(ctx, startOp, func(ctx context.Context) error {
+			_, err := r.c.Connect(ctx, id, time.Hour)
 			return err
 		}); err != nil {
 			return err
@@ -378,15 +375,11 @@ func (r *runner) commandOps(ctx context.Context, n int, src string) error {
 		if err != nil {
 			return err
 		}
-		var bare []float64
-		for range n {
-			v, err := b.Exec(ctx, inst, "/bin/bash", "-l", "-c", "true")
-			if err != nil {
-				return err
-			}
-			bare = append(bare, v)
+		if err := r.bare(o, "runsc exec bash -l -c true", n, func() (float64, error) {
+			return b.Exec(ctx, inst, "/bin/bash", "-l", "-c", "true")
+		}); err != nil {
+			return err
 		}
-		o.BareName, o.Bare = "runsc exec bash -l -c true", ptr(Summarize(bare))
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ func (e *Engine) Pause(ctx context.Context, id string) error {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	rec.State = StatePaused
-	if err := e.save(rec); err != nil {
+	if err := e.saveState(rec); err != nil {
 		// Keep the host and the record in agreement.
 		cctx, cancel := cleanupCtx()
 		defer cancel()
@@ -50,7 +50,7 @@ func (e *Engine) Resume(ctx context.Context, id string) error {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		rec.State = StateRunning
-		if err := e.save(rec); err != nil {
+		if err := e.saveState(rec); err != nil {
 			cctx, cancel := cleanupCtx()
 			defer cancel()
 			_ = e.rt.Pause(cctx, rec.Instance)

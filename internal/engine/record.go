@@ -118,14 +118,27 @@ func (e *Engine) recordPath(id string) string {
 	return filepath.Join(e.dir, "sandboxes", id+".json")
 }
 
-// save persists rec (atomically) and publishes it to readers.
-func (e *Engine) save(rec *record) error {
+// save persists rec (atomically, durably) and publishes it to readers.
+func (e *Engine) save(rec *record) error { return e.store(rec, true) }
+
+// saveState persists a change between running and paused without fsync:
+// atomic (rename) and kept across a crash of this process, which is what
+// matters, since a power loss takes every instance with it and recovery
+// then drops their records whatever state they name. It saves ~2 ms of a
+// ~15 ms pause or resume.
+func (e *Engine) saveState(rec *record) error { return e.store(rec, false) }
+
+func (e *Engine) store(rec *record, durable bool) error {
 	cp := *rec
 	if rec.Pending != nil {
 		p := *rec.Pending
 		cp.Pending = &p
 	}
-	if err := atomicfs.WriteJSON(e.recordPath(rec.ID), &cp); err != nil {
+	write := atomicfs.WriteJSON
+	if !durable {
+		write = atomicfs.WriteJSONNoSync
+	}
+	if err := write(e.recordPath(rec.ID), &cp); err != nil {
 		return fmt.Errorf("sandbox %s: save record: %w", rec.ID, err)
 	}
 	e.mu.Lock()
