@@ -43,8 +43,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Ready is called once the server listens.
 	Ready func(addr, apiKey string)
-	// RunscFlags are extra global runsc flags (see node.Config).
+	// RunscFlags are extra global runsc flags; Cgroups who manages
+	// sandboxes' cgroups (see node.Config).
 	RunscFlags []string
+	Cgroups    string
 	// MemoryReserve is host memory new sandboxes may not use, in bytes
 	// (0: engine.DefaultMemoryReserve; negative: no limit).
 	MemoryReserve int64
@@ -67,7 +69,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	n, err := node.Open(ctx, node.Config{
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
-		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Logger: log,
+		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: log,
 	})
 	if err != nil {
 		return err

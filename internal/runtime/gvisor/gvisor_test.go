@@ -47,7 +47,7 @@ func TestCgroupsApplied(t *testing.T) {
 		}
 		t.Skip("cgroup v1 hierarchies not mounted on this host")
 	}
-	for _, mode := range []string{"", "runsc"} {
+	for _, mode := range []string{"runsc", "driver"} {
 		t.Run("mode="+mode, func(t *testing.T) {
 			ctx := context.Background()
 			parent := "/spore-cgtest-" + ids.New('g')
@@ -82,6 +82,20 @@ func TestCgroupsApplied(t *testing.T) {
 					t.Errorf("sandbox process %d is not in %s (procs %q)", info.PID, dir, procs)
 				}
 			}
+			// What the guest sees: runsc derives it from the cgroup it
+			// manages; with the driver's cgroups it sees the host's.
+			var out strings.Builder
+			if code, err := d.Exec(ctx, id, runtime.ExecSpec{Args: []string{"/bin/sh", "-c", "grep MemTotal /proc/meminfo"}, Stdout: &out}); err != nil || code != 0 {
+				t.Fatalf("exec: %d %v", code, err)
+			}
+			memTotal := strings.Fields(out.String())
+			if len(memTotal) < 2 {
+				t.Fatalf("meminfo: %q", out.String())
+			}
+			kb, _ := strconv.Atoi(memTotal[1])
+			if limited := kb == 384<<10; limited != (mode == "runsc") {
+				t.Errorf("mode %s: guest MemTotal %d kB (limit %d kB)", mode, kb, 384<<10)
+			}
 			if err := d.Kill(ctx, id); err != nil {
 				t.Fatal(err)
 			}
@@ -97,6 +111,7 @@ func TestCgroupsApplied(t *testing.T) {
 func TestBadCgroupConfig(t *testing.T) {
 	for _, cfg := range []gvisor.Config{
 		{Runsc: "/bin/true", StateDir: t.TempDir(), Cgroups: "systemd"},
+		{Runsc: "/bin/true", StateDir: t.TempDir(), Cgroups: "driver", CgroupParent: "/it's"},
 		{Runsc: "/bin/true", StateDir: t.TempDir(), CgroupParent: "/it's"},
 		{Runsc: "/bin/true", StateDir: t.TempDir(), CgroupParent: "relative"},
 	} {
