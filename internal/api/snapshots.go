@@ -151,7 +151,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	out := make([]ForkChild, len(res))
 	for i, ch := range res {
 		if ch.Err != nil {
-			out[i].Error = &ErrorBody{Code: StatusOf(ch.Err), Message: ch.Err.Error()}
+			code := StatusOf(ch.Err)
+			if code == http.StatusInternalServerError {
+				s.log.Error("fork child failed", "sandbox_id", id, "child", i, "err", ch.Err)
+			}
+			out[i].Error = &ErrorBody{Code: code, Message: ch.Err.Error()}
 			continue
 		}
 		sr := sandboxResponse(ch.Sandbox)

@@ -185,6 +185,9 @@ func (s *server) loadIteration(c int) map[string]int {
 				note("kill-fork", code)
 			} else if k.Error != nil {
 				note("fork-child", k.Error.Code)
+				if k.Error.Code >= 500 && k.Error.Code != 503 {
+					s.t.Logf("fork child %d: %s", k.Error.Code, k.Error.Message)
+				}
 			}
 		}
 	}
