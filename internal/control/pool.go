@@ -54,6 +54,7 @@ func (s *Service) RunPool(ctx context.Context, cfg PoolConfig) {
 			}
 		}
 	}()
+	warned := map[string]time.Time{}
 	for {
 		for _, t := range p.templates {
 			for {
@@ -65,9 +66,15 @@ func (s *Service) RunPool(ctx context.Context, cfg PoolConfig) {
 				}
 				sb, err := s.eng.Create(ctx, engine.CreateOptions{Template: t})
 				if err != nil {
-					s.log.Warn("warm pool: restore failed", "template_id", t, "err", err)
+					// Retried every 5 s: say it once a minute (a full host
+					// refuses every refill until sandboxes go).
+					if time.Since(warned[t]) >= time.Minute {
+						s.log.Warn("warm pool: restore failed (retrying every 5 s)", "template_id", t, "err", err)
+						warned[t] = time.Now()
+					}
 					break
 				}
+				delete(warned, t)
 				p.mu.Lock()
 				p.idle[t] = append(p.idle[t], sb)
 				p.mu.Unlock()
