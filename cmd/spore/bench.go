@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,7 +46,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 				return errors.New("--count and --density-max must not be negative")
 			}
 			for _, s := range sections {
-				if !contains(bench.AllSections, s) {
+				if !slices.Contains(bench.AllSections, s) {
 					return fmt.Errorf("unknown section %q (known: %s)", s, strings.Join(bench.AllSections, ", "))
 				}
 			}
@@ -85,15 +86,6 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.StringVar(&rootfsDir, "rootfs-dir", "", "root filesystems of the --local server (default <data-dir>/rootfs)")
 	fl.StringVar(&runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
 	return cmd
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // bareFor returns the bare-runsc runner for a server's data directory, or

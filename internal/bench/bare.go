@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/runtime/gvisor"
 )
 
 // Bare runs the runsc commands Spore's operations sit on, directly against
@@ -34,12 +36,7 @@ func (b *Bare) root() string { return filepath.Join(b.DataDir, "runtime", "root"
 // Version is runsc's version as setup recorded it.
 func (b *Bare) Version() string {
 	b.once.Do(func() {
-		if v, err := os.ReadFile(b.Runsc + ".version"); err == nil {
-			b.version = strings.TrimSpace(string(v))
-			return
-		}
-		out, _ := exec.Command(b.Runsc, "--version").Output()
-		b.version = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+		b.version, _ = gvisor.Version(context.Background(), b.Runsc)
 	})
 	return b.version
 }
@@ -102,7 +99,7 @@ func (b *Bare) run(ctx context.Context, args ...string) (float64, error) {
 	err = cmd.Run()
 	took := ms(time.Since(t0))
 	if err != nil {
-		out, _ := os.ReadFile("/proc/self/fd/" + fmt.Sprint(logf.Fd()))
+		out, _ := io.ReadAll(io.NewSectionReader(logf, 0, 64<<10))
 		return 0, fmt.Errorf("bare runsc %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 	}
 	return took, nil

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"net/http"
 	"slices"
-	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
@@ -133,7 +135,8 @@ type runner struct {
 	order []string
 	parts map[string]partSamples // server-side phases per op
 	// live sandboxes and snapshots this run made, freed at the end even
-	// when the run fails.
+	// when the run fails (mu guards sandboxes: clients create concurrently).
+	mu        sync.Mutex
 	sandboxes map[string]bool
 	snapshots map[string]bool
 }
@@ -199,11 +202,8 @@ func (r *runner) finish() {
 }
 
 func round(v float64, digits int) float64 {
-	p := 1.0
-	for range digits {
-		p *= 10
-	}
-	return float64(int64(v*p+0.5)) / p
+	p := math.Pow10(digits)
+	return math.Round(v*p) / p
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -248,15 +248,26 @@ func (r *runner) create(ctx context.Context, req api.CreateRequest) (string, err
 	return sr.SandboxID, nil
 }
 
+// own records a sandbox the run must free (safe from concurrent clients).
 func (r *runner) own(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.sandboxes == nil {
 		r.sandboxes = map[string]bool{}
 	}
 	r.sandboxes[id] = true
 }
 
+func (r *runner) disown(ids ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		delete(r.sandboxes, id)
+	}
+}
+
 func (r *runner) kill(ctx context.Context, id string) error {
-	delete(r.sandboxes, id)
+	r.disown(id)
 	return r.c.Kill(ctx, id)
 }
 
@@ -279,9 +290,7 @@ func (r *runner) deleteSnapshot(ctx context.Context, id string) error {
 // killAll kills sandboxes with a few workers.
 func (r *runner) killAll(ctx context.Context, list []string) error {
 	errs := parallel(ctx, len(list), 4, func(ctx context.Context, i int) error { return r.c.Kill(ctx, list[i]) })
-	for _, id := range list {
-		delete(r.sandboxes, id)
-	}
+	r.disown(list...)
 	return errs
 }
 
@@ -289,11 +298,9 @@ func (r *runner) killAll(ctx context.Context, list []string) error {
 func (r *runner) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var ids []string
-	for id := range r.sandboxes {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	r.mu.Lock()
+	ids := slices.Sorted(maps.Keys(r.sandboxes))
+	r.mu.Unlock()
 	if err := r.killAll(ctx, ids); err != nil {
 		r.cfg.Log.Warn("bench cleanup: kill", "err", err)
 	}

@@ -203,13 +203,12 @@ func (r *runner) runThroughput(ctx context.Context) error {
 		t0 := time.Now()
 		err := parallel(ctx, total, clients, func(ctx context.Context, _ int) error {
 			t := time.Now()
-			id, err := r.c.Create(ctx, api.CreateRequest{TemplateID: templateBase, Timeout: ptr(int64(3600))})
+			id, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
 			if err != nil {
 				return err
 			}
 			mu.Lock()
-			r.own(id.SandboxID)
-			ids = append(ids, id.SandboxID)
+			ids = append(ids, id)
 			samples = append(samples, ms(time.Since(t)))
 			mu.Unlock()
 			return nil
@@ -263,7 +262,7 @@ func (r *runner) runDensity(ctx context.Context) error {
 			return nil
 		default:
 		}
-		sr, err := r.c.Create(ctx, api.CreateRequest{TemplateID: templateBase, Timeout: ptr(int64(7200))})
+		id, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
 		if err != nil {
 			// The first create turned away ends the fill: that is the
 			// measurement. A refusal (429/503) is the clean way; anything
@@ -273,8 +272,7 @@ func (r *runner) runDensity(ctx context.Context) error {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		r.own(sr.SandboxID)
-		ids = append(ids, sr.SandboxID)
+		ids = append(ids, id)
 		if len(ids)%10 == 0 {
 			r.detail("%d idle sandboxes, %d MiB available", len(ids), memAvailable()>>20)
 		}

@@ -16,6 +16,7 @@ package netns
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,10 +119,14 @@ func (m *Manager) statePath(instance string) string {
 }
 
 func (m *Manager) slotAddr(slot, n int) netip.Addr {
-	b := m.base.As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += uint32(slot*4 + n)
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], addrU32(m.base)+uint32(slot*4+n))
+	return netip.AddrFrom4(b)
+}
+
+func addrU32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.BigEndian.Uint32(b[:])
 }
 
 // Get returns an instance's network.
@@ -518,9 +523,7 @@ func (f staleFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // slotOf returns the slot an address of the sandbox space belongs to.
 func (m *Manager) slotOf(a netip.Addr) (int, bool) {
-	b, x := m.base.As4(), a.As4()
-	base := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v := uint32(x[0])<<24 | uint32(x[1])<<16 | uint32(x[2])<<8 | uint32(x[3])
+	base, v := addrU32(m.base), addrU32(a)
 	if v < base || v >= base+uint32(maxSlots*4) {
 		return 0, false
 	}

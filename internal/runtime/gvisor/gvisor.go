@@ -109,13 +109,30 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc --version: %w", err)
 	}
-	d.version = parseVersion(out)
-	// Builds installed with `go install` report no version; setup records
-	// the pinned module version beside the binary.
-	if b, err := os.ReadFile(cfg.Runsc + ".version"); err == nil {
-		d.version = strings.TrimSpace(string(b))
-	}
+	d.version = versionFrom(cfg.Runsc, out)
 	return d, nil
+}
+
+// Version is the version of the runsc binary at path (see versionFrom).
+func Version(ctx context.Context, runsc string) (string, error) {
+	if v := versionFrom(runsc, nil); v != "unknown" {
+		return v, nil
+	}
+	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("runsc --version: %w", err)
+	}
+	return versionFrom(runsc, out), nil
+}
+
+// versionFrom is the pinned module version setup records beside the
+// binary (builds from the module proxy report none of their own), else
+// what `runsc --version` printed (out).
+func versionFrom(runsc string, out []byte) string {
+	if b, err := os.ReadFile(runsc + ".version"); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return parseVersion(out)
 }
 
 func parseVersion(out []byte) string {
@@ -561,10 +578,11 @@ func (d *Driver) runscIn(ctx context.Context, id string, timeout time.Duration, 
 func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Duration, stdin io.Reader, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, d.cfg.Runsc, d.globalFlags(args)...)
+	name, argv := d.cfg.Runsc, d.globalFlags(args)
 	if cgroupOf != "" {
-		cmd = exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", d.joinScript(cgroupOf), d.cfg.Runsc}, d.globalFlags(args)...)...)
+		name, argv = "/bin/sh", append([]string{"-c", d.joinScript(cgroupOf), d.cfg.Runsc}, argv...)
 	}
+	cmd := exec.CommandContext(ctx, name, argv...)
 	// If the engine dies, its in-flight runsc calls die with it, so a
 	// restarted engine never races a half-finished call it did not start.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
