@@ -131,3 +131,51 @@ type Runtime interface {
 	// exited is freed and reported as not found.
 	Recover(ctx context.Context, id string) (Info, error)
 }
+
+// ExitReason says why an instance ended without being asked to.
+type ExitReason string
+
+const (
+	// ExitOOM: the host's memory limit of the instance killed it.
+	ExitOOM ExitReason = "oom"
+	// ExitCrashed: the instance ended for another reason (its sandbox
+	// kernel crashed or was killed from outside).
+	ExitCrashed ExitReason = "crashed"
+)
+
+// Exit describes how an instance ended.
+type Exit struct {
+	ID     string
+	Reason ExitReason
+	// Detail is a human-readable explanation ("the sandbox kernel (pid
+	// 1234) was killed by the memory cgroup's OOM killer").
+	Detail string
+	At     time.Time
+}
+
+// Waiter is an optional capability: learning that an instance has died
+// without waiting for someone to use it.
+type Waiter interface {
+	// Wait blocks until the instance's processes are gone, whatever the
+	// cause (including Kill and Checkpoint without LeaveRunning: the
+	// caller tells those apart), or until ctx ends (then ctx's error). An
+	// instance that does not exist is an errdefs.ErrNotFound error.
+	Wait(ctx context.Context, id string) (Exit, error)
+}
+
+// Stats are an instance's resource use, read from the host side (never by
+// running anything inside the instance).
+type Stats struct {
+	At          time.Time
+	CPUUsage    time.Duration // CPU time used since the instance started
+	MemoryBytes int64         // memory charged to the instance (sandbox kernel included)
+	MemoryLimit int64         // 0: none
+	DiskBytes   int64         // space the writable layer holds
+	DiskLimit   int64         // 0: none
+}
+
+// StatsReader is an optional capability: reading an instance's resource
+// use from the host, bounded in time and size.
+type StatsReader interface {
+	Stats(ctx context.Context, id string) (Stats, error)
+}

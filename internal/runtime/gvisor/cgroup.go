@@ -34,8 +34,9 @@ import (
 // size themselves from /proc/meminfo then overshoot into the host's OOM
 // killer, which is why it is not the default.
 
-// managedControllers are the v1 hierarchies an instance gets a cgroup in.
-var managedControllers = []string{"memory", "cpu", "pids"}
+// managedControllers are the v1 hierarchies an instance gets a cgroup in
+// (cpuacct only for Stats: its CPU time).
+var managedControllers = []string{"memory", "cpu", "cpuacct", "pids"}
 
 const cgroupRoot = "/sys/fs/cgroup"
 

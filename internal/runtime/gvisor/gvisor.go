@@ -192,6 +192,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 		d.abandon(spec.ID)
 		return fmt.Errorf("start instance %s: %w", spec.ID, err)
 	}
+	d.afterLaunch(spec.ID)
 	return nil
 }
 
@@ -208,7 +209,39 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 		d.abandon(spec.ID)
 		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
 	}
+	d.afterLaunch(spec.ID)
 	return nil
+}
+
+// afterLaunch prepares a just started or restored instance for its memory
+// limit (see protectSandbox).
+func (d *Driver) afterLaunch(id string) {
+	if pid := d.sandboxPID(id); pid > 0 {
+		d.protectSandbox(id, pid)
+	}
+}
+
+// sandboxPID reads the instance's sandbox process ID from runsc's state
+// file (what `runsc state` prints, without starting a process: this runs
+// after every start and restore).
+func (d *Driver) sandboxPID(id string) int {
+	m, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, "root", globEscape(id)+"_sandbox:*.state"))
+	if len(m) != 1 {
+		return 0
+	}
+	b, err := readBounded(m[0], 4<<20)
+	if err != nil {
+		return 0
+	}
+	var st struct {
+		Sandbox struct {
+			PID int `json:"pid"`
+		} `json:"sandbox"`
+	}
+	if json.Unmarshal(b, &st) != nil {
+		return 0
+	}
+	return st.Sandbox.PID
 }
 
 func (d *Driver) startFlags(spec runtime.Spec, verb ...string) []string {

@@ -1,0 +1,275 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/runtime"
+)
+
+var _ runtime.Waiter = (*Driver)(nil)
+
+// Wait implements runtime.Waiter. It holds a pidfd of the instance's
+// sandbox process (the gVisor kernel) in Go's poller: no polling, and the
+// death is seen as soon as the host kernel reaps the process's threads.
+// pidfds work for processes that are not our children (the sandbox process
+// is re-parented away from runsc when run/restore -detach returns).
+func (d *Driver) Wait(ctx context.Context, id string) (runtime.Exit, error) {
+	info, err := d.State(ctx, id)
+	if err != nil {
+		return runtime.Exit{}, err
+	}
+	if info.PID <= 0 || info.State == runtime.StateStopped {
+		return d.exitOf(id, info.PID, nil, 0), nil
+	}
+	// Where to look for an OOM kill afterwards, read while the process is
+	// alive (its /proc entry goes with it).
+	memcg := cgroupDirOf(info.PID, "memory")
+	oomBefore := oomKills(memcg)
+	fd, err := unix.PidfdOpen(info.PID, unix.PIDFD_NONBLOCK)
+	if errors.Is(err, unix.ESRCH) {
+		return d.exitOf(id, info.PID, nil, 0), nil
+	}
+	if err != nil {
+		return runtime.Exit{}, fmt.Errorf("wait for instance %s: pidfd_open: %w: %v", id, errdefs.ErrInternal, err)
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w: %v", id, errdefs.ErrInternal, err)
+	}
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+	defer stop()
+	// A pidfd is readable once the process has exited; Read parks in the
+	// poller until then.
+	err = rc.Read(func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		return n > 0
+	})
+	if ctx.Err() != nil {
+		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w", id, ctx.Err())
+	}
+	if err != nil {
+		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w: %v", id, errdefs.ErrInternal, err)
+	}
+	return d.exitOf(id, info.PID, &memcg, oomBefore), nil
+}
+
+// exitOf explains the death of instance id's sandbox process pid: an OOM
+// kill if the host kernel logged one for that process or the instance's
+// memory cgroup counted a new one, a crash otherwise.
+func (d *Driver) exitOf(id string, pid int, memcg *string, oomBefore int64) runtime.Exit {
+	ex := runtime.Exit{ID: id, Reason: runtime.ExitCrashed, At: time.Now(),
+		Detail: fmt.Sprintf("the sandbox kernel (pid %d) exited on its own or was killed from outside", pid)}
+	if pid > 0 && kmsgOOMKilled(pid) {
+		ex.Reason = runtime.ExitOOM
+		ex.Detail = fmt.Sprintf("the host's OOM killer killed the sandbox kernel (pid %d): the sandbox reached its memory limit", pid)
+		return ex
+	}
+	if memcg != nil && *memcg != "" {
+		if n := oomKills(*memcg); n > oomBefore && underOOMRecently(*memcg) {
+			ex.Reason = runtime.ExitOOM
+			ex.Detail = fmt.Sprintf("the sandbox reached its memory limit (memory cgroup OOM kills %d -> %d)", oomBefore, n)
+		}
+	}
+	return ex
+}
+
+// cgroupDirOf returns the v1 cgroup directory of pid in the hierarchy
+// holding controller, or "" (v2 hosts, a gone process).
+func cgroupDirOf(pid int, controller string) string {
+	b, err := readBounded(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"), 16<<10)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == controller {
+				dir := filepath.Join(cgroupRoot, parts[1], parts[2])
+				if _, err := os.Stat(dir); err == nil {
+					return dir
+				}
+				return filepath.Join(cgroupRoot, controller, parts[2])
+			}
+		}
+	}
+	return ""
+}
+
+// oomKills is the memory cgroup's count of OOM kills (-1 if unknown).
+func oomKills(memcg string) int64 {
+	if memcg == "" {
+		return -1
+	}
+	b, err := readBounded(filepath.Join(memcg, "memory.oom_control"), 4<<10)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// underOOMRecently reports whether the cgroup hit its limit: its peak usage
+// reached the limit. A stub killed long ago also counts as an OOM kill, so
+// the counter alone would blame a later crash on memory.
+func underOOMRecently(memcg string) bool {
+	limit := readInt(filepath.Join(memcg, "memory.limit_in_bytes"))
+	peak := readInt(filepath.Join(memcg, "memory.max_usage_in_bytes"))
+	return limit > 0 && peak >= limit-(4<<20)
+}
+
+// kmsgOOMKilled reports whether the host kernel's log says the OOM killer
+// killed pid ("Killed process <pid> (...)"). It reads the kernel's ring
+// buffer non-blocking and at most 4 MiB of it.
+func kmsgOOMKilled(pid int) bool {
+	f, err := os.OpenFile("/dev/kmsg", os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	needle := []byte("Killed process " + strconv.Itoa(pid) + " ")
+	buf := make([]byte, 8192) // one record per read
+	for total := 0; total < 4<<20; {
+		n, err := f.Read(buf)
+		if errors.Is(err, unix.EPIPE) { // overwritten records: go on
+			continue
+		}
+		if err != nil || n == 0 {
+			return false
+		}
+		total += n
+		if bytes.Contains(buf[:n], needle) {
+			return true
+		}
+	}
+	return false
+}
+
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, max))
+}
+
+func readInt(path string) int64 {
+	b, err := readBounded(path, 64)
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// protectSandbox makes the host's OOM killer pick a guest process instead
+// of the whole sandbox when the instance reaches its memory limit: every
+// systrap stub (the host process a guest process runs in) gets
+// oom_score_adj 1000. Killing a stub ends only its guest process (measured:
+// the sentry kills that process and lives on); killing the sentry or the
+// gofer ends the sandbox. New stubs are forked from existing ones and
+// inherit the value. Raising oom_score_adj needs no privilege; lowering
+// the sentry's would need CAP_SYS_RESOURCE.
+func (d *Driver) protectSandbox(id string, sandboxPID int) {
+	stubs := stubsOf(sandboxPID)
+	for _, pid := range stubs {
+		p := filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj")
+		if err := os.WriteFile(p, []byte("1000"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("raise stub oom_score_adj", "instance", id, "pid", pid, "err", err)
+		}
+	}
+	if len(stubs) == 0 {
+		d.log.Warn("no systrap stubs found: a memory limit kills the whole sandbox", "instance", id, "pid", sandboxPID)
+	}
+}
+
+// stubsOf returns the systrap stub processes of a sandbox: the processes
+// of its memory cgroup that descend from the sandbox process. The sentry's
+// own threads are tasks of the sandbox process, not children; the gofer is
+// the sandbox's sibling (runsc starts both). Only the instance's cgroup is
+// read, not all of /proc: a dense host runs tens of thousands of
+// processes.
+func stubsOf(sandboxPID int) []int {
+	memcg := cgroupDirOf(sandboxPID, "memory")
+	if memcg == "" {
+		return nil
+	}
+	b, err := readBounded(filepath.Join(memcg, "cgroup.procs"), 1<<20)
+	if err != nil {
+		return nil
+	}
+	parent := map[int]int{}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid == sandboxPID {
+			continue
+		}
+		if pp := ppidOf(pid); pp > 0 {
+			parent[pid] = pp
+		}
+	}
+	var out []int
+	for pid := range parent {
+		// Walk up within the cgroup until the sandbox process or a
+		// process outside it.
+		for p, hops := pid, 0; hops < 64; hops++ {
+			pp, ok := parent[p]
+			if !ok {
+				break
+			}
+			if pp == sandboxPID {
+				out = append(out, pid)
+				break
+			}
+			p = pp
+		}
+	}
+	return out
+}
+
+// ppidOf reads a process's parent from /proc/<pid>/stat (0 if gone).
+func ppidOf(pid int) int {
+	b, err := readBounded(filepath.Join("/proc", strconv.Itoa(pid), "stat"), 4096)
+	if err != nil {
+		return 0
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
