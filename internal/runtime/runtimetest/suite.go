@@ -1,7 +1,14 @@
 // Package runtimetest is the conformance suite every runtime.Runtime
-// implementation must pass. It runs real sandboxes: the root filesystem it
-// is given must hold python3, sh, cat, kill, id and dd (the `base` root
-// filesystem that `make setup` builds does).
+// implementation must pass. It has two parts:
+//
+//   - RunContract checks the contract itself (states, IDs, error kinds,
+//     checkpoint and restore bookkeeping) and runs nothing inside a guest:
+//     every runtime passes it, the in-memory fake (internal/runtime/fake)
+//     included.
+//   - Run adds the guest checks (memory and files surviving a checkpoint,
+//     exec options, limits, mounts): it runs real sandboxes, and the root
+//     filesystem it is given must hold python3, sh, cat, kill, id and dd
+//     (the `base` root filesystem that `make setup` builds does).
 package runtimetest
 
 import (
@@ -19,8 +26,9 @@ import (
 	"github.com/spore-run/spore/internal/runtime"
 )
 
-// Run runs the suite against the runtime newRuntime returns.
+// Run runs the whole suite (contract and guest checks) against rt.
 func Run(t *testing.T, rt runtime.Runtime, rootfs string) {
+	t.Run("Contract", func(t *testing.T) { RunContract(t, rt, rootfs) })
 	s := &suite{rt: rt, rootfs: rootfs}
 	t.Run("StartExecKill", s.testStartExecKill)
 	t.Run("ExecUserEnvCwdStdin", s.testExecOptions)
@@ -30,7 +38,6 @@ func Run(t *testing.T, rt runtime.Runtime, rootfs string) {
 	t.Run("ListAndRecover", s.testListRecover)
 	t.Run("Limits", s.testLimits)
 	t.Run("Mounts", s.testMounts)
-	t.Run("BadInput", s.testBadInput)
 }
 
 type suite struct {
@@ -388,47 +395,4 @@ func atoi(s string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
-}
-
-func (s *suite) testBadInput(t *testing.T) {
-	ctx := ctxFor(t)
-	for _, id := range []string{"", "../x", "a/b", "..", "UPPER"} {
-		spec := s.spec(id, runtime.Limits{})
-		if err := s.rt.Start(ctx, spec); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("Start(%q) = %v, want invalid argument", id, err)
-		}
-		if err := s.rt.Kill(ctx, id); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("Kill(%q) = %v, want invalid argument", id, err)
-		}
-		if _, err := s.rt.State(ctx, id); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("State(%q) = %v, want invalid argument", id, err)
-		}
-	}
-	for _, id := range []string{ids.New('t')} {
-		if err := s.rt.Pause(ctx, id); !errdefs.IsNotFound(err) {
-			t.Errorf("Pause(unknown) = %v, want not found", err)
-		}
-		if err := s.rt.Checkpoint(ctx, id, t.TempDir(), runtime.CheckpointOptions{}); !errdefs.IsNotFound(err) {
-			t.Errorf("Checkpoint(unknown) = %v, want not found", err)
-		}
-	}
-	spec := s.spec(ids.New('t'), runtime.Limits{})
-	spec.RootFS = filepath.Join(t.TempDir(), "missing")
-	if err := s.rt.Start(ctx, spec); !errdefs.IsNotFound(err) {
-		t.Errorf("Start with a missing root filesystem = %v, want not found", err)
-	}
-	spec = s.spec(ids.New('t'), runtime.Limits{MemoryMB: -1})
-	if err := s.rt.Start(ctx, spec); !errdefs.IsInvalidArgument(err) {
-		t.Errorf("Start with a negative limit = %v, want invalid argument", err)
-	}
-	// Nothing was left behind by the refused calls.
-	list, err := s.rt.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range list {
-		if i.ID == spec.ID {
-			t.Errorf("refused Start left instance %s", i.ID)
-		}
-	}
 }
