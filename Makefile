@@ -10,8 +10,10 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
+# Node.js for the E2B SDK tests: `spore setup` installs a pinned one here when the machine's is too old.
+export PATH := $(CACHE_DIR)/node/bin:$(PATH)
 
-.PHONY: build setup test up bench bench-go clean proto sdk-deps fuzz
+.PHONY: build setup test up bench bench-go clean proto sdk-deps fuzz fresh-check
 
 ## build: compile the binaries into bin/
 build:
@@ -48,6 +50,10 @@ fuzz:
 		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
+
+## fresh-check: `make setup`, the build and the fast tests in a newly bootstrapped Debian root (FRESH_TIER=all: every test); proves setup installs all they use
+fresh-check: setup
+	scripts/fresh-root.sh
 
 ## up: set up, build, and start the all-in-one server
 up: setup

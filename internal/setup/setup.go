@@ -24,10 +24,20 @@ import (
 // with CGO_ENABLED=0.
 const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 
-// Packages are the Debian packages the runtime needs.
-// (protobuf-compiler regenerates the envd protocol code; a test checks the
-// committed code is fresh.)
-var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl", "protobuf-compiler"}
+// Packages are the Debian packages the runtime and the tests need; nothing
+// the tests or make targets use may come from elsewhere (scripts/fresh-root.sh
+// proves it in a newly bootstrapped Debian root, see docs/reliability.md).
+// Go, git and make are the prerequisites (what cloning and running make take).
+//   - debootstrap: root filesystems; iproute2 (ip, ss), nftables (nft):
+//     sandbox networks and the network tests; python3, curl: tests' peers.
+//   - protobuf-compiler and libprotobuf-dev: a test regenerates the envd
+//     protocol code, which imports google/protobuf/timestamp.proto, a file
+//     only libprotobuf-dev ships.
+//   - gcc and libc6-dev: cgo, which `go test -race` needs.
+//   - Node.js and npm: see ensureNode (Debian's Node is older than the E2B
+//     SDK allows).
+var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl",
+	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev"}
 
 // Tools are the pinned code generators, built into <cache>/tools.
 var Tools = []string{
@@ -56,7 +66,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("setup needs root (it installs packages and builds a root filesystem)")
 	}
-	bar := progress.New(cfg.Out, 4, "spore setup")
+	bar := progress.New(cfg.Out, 5, "spore setup")
 	start := time.Now()
 
 	bar.Step("Debian packages")
@@ -75,6 +85,13 @@ func Run(ctx context.Context, cfg Config) error {
 
 	bar.Step("code generators")
 	note, err = ensureTools(ctx, cfg, bar.Writer())
+	if err != nil {
+		return err
+	}
+	bar.StepDone(note)
+
+	bar.Step("Node.js " + NodeVersion + " (for the E2B SDK tests)")
+	note, err = ensureNode(ctx, cfg, bar.Writer())
 	if err != nil {
 		return err
 	}
@@ -114,14 +131,18 @@ func ensurePackages(ctx context.Context, log io.Writer) (string, error) {
 	if len(missing) == 0 {
 		return "all present", nil
 	}
-	if err := run(ctx, log, nil, "apt-get", "update"); err != nil {
-		return "", err
-	}
-	env := []string{"DEBIAN_FRONTEND=noninteractive"}
-	if err := run(ctx, log, env, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, missing...)...); err != nil {
+	if err := aptInstall(ctx, log, missing...); err != nil {
 		return "", err
 	}
 	return "installed " + strings.Join(missing, " "), nil
+}
+
+func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
+	if err := run(ctx, log, nil, "apt-get", "update"); err != nil {
+		return err
+	}
+	env := []string{"DEBIAN_FRONTEND=noninteractive"}
+	return run(ctx, log, env, "apt-get", append([]string{"install", "-y", "--no-install-recommends"}, pkgs...)...)
 }
 
 func ensureTools(ctx context.Context, cfg Config, log io.Writer) (string, error) {
