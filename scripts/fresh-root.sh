@@ -5,7 +5,10 @@
 # ca-certificates, which cloning and running make take), a fresh clone of
 # this checkout's HEAD (committed files only), then runs, inside a chroot:
 #   make setup, go build ./..., go vet ./..., the fast test tier
-#   and, with FRESH_TIER=real (or all), the real-sandbox tier too.
+#   and, with FRESH_TIER=real (or all), the real-sandbox tier too
+#   (FRESH_TIER=none: setup and build only). FRESH_CMD: one more command
+#   to run in the checkout afterwards; FRESH_REV: check that revision
+#   instead of HEAD.
 # Anything the Makefile forgot to install fails here, whatever this host has.
 #
 # Everything runs in private mount and PID namespaces: every mount and every
@@ -18,7 +21,9 @@ set -euo pipefail
 
 SUITE=bookworm
 PREREQS=make,git,ca-certificates
-FRESH_TIER=${FRESH_TIER:-fast}     # fast | real | all
+FRESH_TIER=${FRESH_TIER:-fast}     # fast | real | all | none
+FRESH_CMD=${FRESH_CMD:-}
+FRESH_REV=${FRESH_REV:-HEAD}
 CACHE=${FRESH_CACHE:-/var/cache/spore/fresh-root}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG=$CACHE/last.log
@@ -104,9 +109,11 @@ if [ "${1:-}" = --inside ]; then
 		GOPROXY_CHAIN=file:///var/cache/host-goproxy,$GOPROXY_CHAIN
 	fi
 
-	step "clone HEAD $(git -C "$REPO" rev-parse --short HEAD) into the root"
-	git clone --quiet --no-local "$REPO" "$ROOT/src/spore"
-	git -C "$ROOT/src/spore" checkout --quiet --detach "$(git -C "$REPO" rev-parse HEAD)"
+	rev=$(git -C "$REPO" rev-parse "$FRESH_REV^{commit}")
+	step "clone $FRESH_REV ($(git -C "$REPO" rev-parse --short "$rev")) into the root"
+	git clone --quiet --no-local --no-checkout "$REPO" "$ROOT/src/spore"
+	git -C "$ROOT/src/spore" fetch --quiet "$REPO" "$rev"
+	git -C "$ROOT/src/spore" checkout --quiet --detach "$rev"
 
 	inroot() { # name, shell command: run in the chroot with a clean environment
 		local name=$1 t
@@ -143,6 +150,7 @@ if [ "${1:-}" = --inside ]; then
 		inroot "real tier" 'unshare --net sh -c "ip link set lo up && GO=go scripts/test.sh"'
 		;;
 	esac
+	if [ -n "$FRESH_CMD" ]; then inroot "FRESH_CMD" "$FRESH_CMD"; fi
 	exit 0
 fi
 
@@ -196,6 +204,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-export T0 LOG REPO FRESH_TIER CACHE
+export T0 LOG REPO FRESH_TIER FRESH_CMD FRESH_REV CACHE
 unshare --mount --propagation private --pid --fork --mount-proc \
 	bash "$0" --inside "$WORK" "$MIRROR" "$SECURITY" "$TARBALL"
