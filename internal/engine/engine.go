@@ -64,11 +64,15 @@ type Engine struct {
 	reserve   int64
 	memAvail  func() (int64, error)
 
-	bg      sync.WaitGroup // background work of finished operations
-	mu      sync.Mutex
-	records map[string]*record
-	locks   map[string]opLock
-	inUse   map[string]int // snapshot ID -> restores reading its image
+	bg sync.WaitGroup // background work of finished operations
+	// life ends at Close: it stops the watchers of instances (death.go).
+	life     context.Context
+	endLife  context.CancelFunc
+	mu       sync.Mutex
+	deathFns []func(Sandbox)
+	records  map[string]*record
+	locks    map[string]opLock
+	inUse    map[string]int // snapshot ID -> restores reading its image
 }
 
 // Open takes ownership of cfg.Dir, loads the sandbox records and recovers:
@@ -103,9 +107,16 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 	}
+	e.life, e.endLife = context.WithCancel(context.Background())
 	if err := e.recover(ctx); err != nil {
+		e.endLife()
 		lf.Close()
 		return nil, fmt.Errorf("engine: recover: %w", err)
+	}
+	for _, r := range e.records {
+		if r.State == StateRunning || r.State == StatePaused {
+			e.watch(r.ID, r.Instance)
+		}
 	}
 	return e, nil
 }
@@ -113,6 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 // Close releases the engine's directory. Sandboxes keep running; the next
 // Open re-attaches to them.
 func (e *Engine) Close() error {
+	e.endLife()
 	e.bg.Wait()
 	return e.lockFile.Close()
 }

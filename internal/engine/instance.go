@@ -66,7 +66,16 @@ func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, po
 		}
 		return netip.Addr{}, err
 	}
+	e.watch(sandboxOf(spec.ID), spec.ID)
 	return addr, nil
+}
+
+// sandboxOf is the sandbox an instance (<sandboxID>-<gen>) belongs to.
+func sandboxOf(instance string) string {
+	if i := strings.LastIndexByte(instance, '-'); i > 0 {
+		return instance[:i]
+	}
+	return instance
 }
 
 // killInstance kills an instance and frees its network, treating "already

@@ -32,6 +32,9 @@ const (
 	StateHibernating  State = "hibernating"
 	StateResuming     State = "resuming"
 	StateKilling      State = "killing"
+	// StateDead: the instance died on its own (see death.go); the record
+	// stays, with the reason, until the sandbox is killed.
+	StateDead State = "dead"
 )
 
 // op names an operation in flight. It is journaled in the sandbox's record
@@ -80,6 +83,7 @@ type record struct {
 	Policy      netns.Policy       `json:"policy"`                // egress policy
 	Addr        netip.Addr         `json:"addr,omitzero"`         // where the host reaches the instance
 	Pending     *pending           `json:"pending,omitempty"`
+	Death       *Death             `json:"death,omitempty"` // set when State is dead
 }
 
 // nextInstance names the instance of the record's next generation.
@@ -101,6 +105,7 @@ type Sandbox struct {
 	// network or while hibernated).
 	Addr   netip.Addr   `json:"addr,omitzero"`
 	Policy netns.Policy `json:"policy"`
+	Death  *Death       `json:"death,omitempty"` // why and when a dead sandbox died
 }
 
 func (r *record) view() Sandbox {
@@ -111,7 +116,7 @@ func (r *record) view() Sandbox {
 		}
 	}
 	return Sandbox{ID: r.ID, State: st, Template: r.Template, Parent: r.Parent, RootFS: r.RootFS,
-		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy}
+		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy, Death: r.Death}
 }
 
 func (e *Engine) recordPath(id string) string {

@@ -110,6 +110,15 @@ func (e *Engine) recoverOne(ctx context.Context, r *record) error {
 		r.Pending = nil
 	}
 
+	if r.State == StateDead {
+		// Kept, with its reason, until killed; free an instance a failed
+		// cleanup left (death.go).
+		if err := e.killInstance(ctx, r.Instance); err != nil {
+			return err
+		}
+		r.Instance = ""
+		return e.save(r)
+	}
 	if r.State == StateHibernated {
 		if _, err := e.snaps.Get(r.Hibernation); err != nil {
 			log.Error("hibernated sandbox lost its snapshot: dropping it", "snapshot_id", r.Hibernation, "err", err)
