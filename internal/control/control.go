@@ -97,7 +97,11 @@ func New(cfg Config) *Service {
 	if cfg.NodeID == "" {
 		cfg.NodeID = "local"
 	}
-	return &Service{st: cfg.Store, eng: cfg.Engine, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}}
+	s := &Service{st: cfg.Store, eng: cfg.Engine, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}}
+	if n, ok := cfg.Engine.(deathNotifier); ok {
+		n.OnDeath(s.sandboxDied)
+	}
+	return s
 }
 
 // Sandbox is the control plane's full view of a sandbox.

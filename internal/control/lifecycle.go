@@ -16,6 +16,9 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if rec.State == store.StateError {
+		return deadErr(rec)
+	}
 	if rec.State != store.StateRunning {
 		return errdefs.Conflictf("sandbox %s is already paused", id)
 	}
@@ -51,6 +54,9 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
 		return Sandbox{}, false, err
+	}
+	if rec.State == store.StateError {
+		return Sandbox{}, false, deadErr(rec)
 	}
 	resumed := false
 	if rec.State != store.StateRunning {
@@ -113,7 +119,7 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 // killed, or hibernated when autoPause was asked; paused ones are
 // hibernated (they keep their state but give back their memory).
 func (s *Service) ReapExpired(ctx context.Context) {
-	expired, err := s.st.Expired(ctx, s.now(), store.StateRunning, store.StatePaused)
+	expired, err := s.st.Expired(ctx, s.now(), store.StateRunning, store.StatePaused, store.StateError)
 	if err != nil {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
@@ -121,6 +127,9 @@ func (s *Service) ReapExpired(ctx context.Context) {
 	for _, sb := range expired {
 		var err error
 		switch {
+		case sb.State == store.StateError:
+			s.log.Info("timeout: removing dead sandbox", "sandbox_id", sb.ID)
+			err = s.Kill(ctx, sb.ID)
 		case sb.State == store.StatePaused || sb.AutoPause:
 			s.log.Info("timeout: hibernating", "sandbox_id", sb.ID)
 			err = s.Hibernate(ctx, sb.ID)
@@ -175,11 +184,15 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		}
 		state := storeState(es.State)
 		if state != rec.State {
-			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error { x.State = state; return nil }); err != nil {
+			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
+				x.State = state
+				setReason(x, es)
+				return nil
+			}); err != nil {
 				return err
 			}
 		}
-		if state != store.StateHibernated {
+		if state != store.StateHibernated && state != store.StateError {
 			s.setTarget(rec.ID, es.Addr, state)
 		}
 	}
@@ -200,6 +213,8 @@ func storeState(st engine.State) string {
 		return store.StatePaused
 	case engine.StateHibernated:
 		return store.StateHibernated
+	case engine.StateDead:
+		return store.StateError
 	default:
 		return store.StateRunning
 	}

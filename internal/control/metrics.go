@@ -1,12 +1,11 @@
 package control
 
 import (
-	"bytes"
 	"context"
-	"strconv"
-	"strings"
+	"fmt"
 	"time"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/store"
 )
@@ -22,17 +21,24 @@ type Metric struct {
 	DiskTotal  int64     `json:"diskTotal"`
 }
 
-// Execer runs a command in a sandbox (the engine does).
-type Execer interface {
-	Exec(ctx context.Context, id string, spec runtime.ExecSpec) (int, error)
+// StatsReader reads a sandbox's resource use from the host side (the
+// engine does, through runtime.StatsReader).
+type StatsReader interface {
+	Stats(ctx context.Context, id string) (runtime.Stats, error)
 }
 
-// metricsScript samples CPU twice 200 ms apart, memory and the root
-// filesystem, as the sandbox's own kernel reports them.
-const metricsScript = `head -1 /proc/stat; sleep 0.2; head -1 /proc/stat; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; df -B1 --output=used,size / | tail -1`
+// Metric sampling bounds: CPU use is the CPU time used between two reads
+// cpuWindow apart; the whole call is bounded by metricsTimeout.
+const (
+	cpuWindow      = 200 * time.Millisecond
+	metricsTimeout = 5 * time.Second
+)
 
-// Metrics samples a running sandbox's CPU, memory and disk now. A paused
-// sandbox has no current sample (an empty list).
+// Metrics samples a running sandbox's CPU, memory and disk now, from the
+// host (the instance's cgroups and the file backing its overlay): nothing
+// runs inside the sandbox, so what its guest does to its own binaries or
+// /proc cannot hang, flood or falsify the call. A paused sandbox has no
+// current sample (an empty list).
 func (s *Service) Metrics(ctx context.Context, id string) ([]Metric, error) {
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -41,50 +47,32 @@ func (s *Service) Metrics(ctx context.Context, id string) ([]Metric, error) {
 	if rec.State != store.StateRunning {
 		return []Metric{}, nil
 	}
-	ex, ok := s.eng.(Execer)
+	sr, ok := s.eng.(StatsReader)
 	if !ok {
 		return []Metric{}, nil
 	}
-	var out bytes.Buffer
-	if _, err := ex.Exec(ctx, id, runtime.ExecSpec{Args: []string{"/bin/sh", "-c", metricsScript}, Stdout: &out}); err != nil {
-		return nil, err
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
+	a, err := sr.Stats(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", id, err)
 	}
-	m := Metric{Timestamp: s.now(), CPUCount: rec.CPUCount}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) >= 5 {
-		b1, i1 := cpuTimes(lines[0])
-		b2, i2 := cpuTimes(lines[1])
-		if d := b2 - b1; d > 0 {
-			m.CPUUsedPct = 100 * float64(d-(i2-i1)) / float64(d)
-		}
-		total, avail := kb(lines[2]), kb(lines[3])
-		m.MemTotal, m.MemUsed = total, total-avail
-		if f := strings.Fields(lines[4]); len(f) == 2 {
-			m.DiskUsed, _ = strconv.ParseInt(f[0], 10, 64)
-			m.DiskTotal, _ = strconv.ParseInt(f[1], 10, 64)
-		}
+	select {
+	case <-time.After(cpuWindow):
+	case <-ctx.Done():
+		return nil, fmt.Errorf("metrics of %s: %w: %v", id, errdefs.ErrUnavailable, ctx.Err())
+	}
+	b, err := sr.Stats(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", id, err)
+	}
+	m := Metric{Timestamp: s.now(), CPUCount: rec.CPUCount, MemUsed: b.MemoryBytes, MemTotal: b.MemoryLimit,
+		DiskUsed: b.DiskBytes, DiskTotal: int64(rec.DiskSizeMB) << 20}
+	if m.MemTotal == 0 {
+		m.MemTotal = int64(rec.MemoryMB) << 20
+	}
+	if dt := b.At.Sub(a.At); dt > 0 && rec.CPUCount > 0 {
+		m.CPUUsedPct = min(100, 100*float64(b.CPUUsage-a.CPUUsage)/float64(dt)/float64(rec.CPUCount))
 	}
 	return []Metric{m}, nil
-}
-
-// cpuTimes returns total and idle jiffies of a /proc/stat "cpu" line.
-func cpuTimes(line string) (total, idle int64) {
-	f := strings.Fields(line)
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		total += n
-		if i == 3 || i == 4 { // idle, iowait
-			idle += n
-		}
-	}
-	return total, idle
-}
-
-func kb(line string) int64 {
-	f := strings.Fields(line)
-	if len(f) < 2 {
-		return 0
-	}
-	n, _ := strconv.ParseInt(f[1], 10, 64)
-	return n * 1024
 }

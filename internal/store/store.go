@@ -14,6 +14,7 @@ const (
 	StateRunning    = "running"
 	StatePaused     = "paused"     // frozen in memory
 	StateHibernated = "hibernated" // checkpointed to disk; the API shows it as "paused"
+	StateError      = "error"      // died on its own (Reason says why); only kill applies
 )
 
 // Sandbox is the control plane's record of a sandbox.
@@ -34,6 +35,10 @@ type Sandbox struct {
 	AllowOut      []string          `json:"allowOut,omitempty"`
 	DenyOut       []string          `json:"denyOut,omitempty"`
 	NodeID        string            `json:"nodeID"`
+	// Reason says why a sandbox in state error died: "oom" (its memory
+	// limit) or "crashed"; ReasonDetail explains it in words.
+	Reason       string `json:"reason,omitempty"`
+	ReasonDetail string `json:"reasonDetail,omitempty"`
 }
 
 // Snapshot is the control plane's record of a snapshot.
