@@ -5,6 +5,8 @@ package api
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	_ "embed"
@@ -174,8 +176,11 @@ func HashKey(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// auth requires a valid X-API-KEY (or Authorization: Bearer).
+// auth requires a valid X-API-KEY (or Authorization: Bearer). Keys are
+// accepted nowhere else (no query parameter, no cookie), which is why the
+// proxy strips only these two headers.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	isKey := KeyCheck(s.st)
 	return func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("X-API-KEY")
 		if key == "" {
@@ -185,13 +190,22 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
 			return
 		}
-		hash := HashKey(key)
-		k, err := s.st.APIKeyByHash(r.Context(), hash)
-		if err != nil || subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) != 1 {
+		if !isKey(r.Context(), key) {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
 		next(w, r)
+	}
+}
+
+// KeyCheck reports whether a credential is a valid API key of st: the
+// API's authentication, and how the proxy knows which Authorization
+// headers to keep out of sandboxes.
+func KeyCheck(st store.Store) func(ctx context.Context, key string) bool {
+	return func(ctx context.Context, key string) bool {
+		hash := HashKey(key)
+		k, err := st.APIKeyByHash(ctx, hash)
+		return err == nil && subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) == 1
 	}
 }
 
@@ -223,6 +237,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // StatusOf maps an error kind to an HTTP status.
 func StatusOf(err error) int {
 	switch {
+	case errors.Is(err, errdefs.ErrInternal):
+		// First: a failure on Spore's side that wraps another kind (a
+		// snapshot's image missing on disk is NotFound to the runtime) is
+		// still not the client's doing.
+		return http.StatusInternalServerError
 	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest
 	case errdefs.IsNotFound(err):
@@ -240,17 +259,42 @@ func StatusOf(err error) int {
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	st := StatusOf(err)
-	if st == http.StatusInternalServerError {
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
 	if st == http.StatusTooManyRequests || st == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeError(w, st, err.Error())
+	writeError(w, st, s.publicMessage(r, st, err))
 }
 
-// decode reads a JSON body into v: at most MaxBody bytes, no unknown
-// fields' types wrong, an empty body is an empty object.
+// publicMessage is what a client is told about err. A client's own mistake
+// (4xx) is explained in full; a server-side failure (5xx) carries runsc's
+// stderr, host paths and internal addresses, so the client gets a plain
+// message with an error ID and the full error goes to the log under that
+// ID, for an operator to find.
+func (s *Server) publicMessage(r *http.Request, status int, err error, attrs ...any) string {
+	if status < 500 {
+		return err.Error()
+	}
+	id := NewErrorID()
+	s.log.Error("request failed", append([]any{"error_id", id, "status", status, "method", r.Method, "path", r.URL.Path, "err", err}, attrs...)...)
+	if status == http.StatusServiceUnavailable {
+		return "temporarily unavailable, retry later (error id " + id + ")"
+	}
+	return "internal error (error id " + id + ")"
+}
+
+// NewErrorID returns a fresh ID for an internal error: 16 hex digits, found
+// in both the answer and the log line.
+func NewErrorID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// decode reads a JSON body into v: at most MaxBody bytes, an empty body is
+// an empty object, and every field must be one v knows. An unknown field
+// is refused with a 400 that names it rather than dropped: a client that
+// asks for a feature Spore does not have (volumes, an egress proxy...) must
+// not believe it got it.
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
 	if err != nil {
@@ -261,14 +305,33 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", MaxBody))
 		return false
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return true
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		writeError(w, http.StatusBadRequest, "malformed JSON body: "+jsonMsg(err))
+	if err := DecodeStrict(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
 	return true
+}
+
+// DecodeStrict decodes a request body as the API does: unknown fields and
+// trailing data are errors; blank is an empty object.
+func DecodeStrict(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("data after the JSON object")
+	}
+	if err == nil {
+		return nil
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		// encoding/json has no typed error for this; its message is stable.
+		return errdefs.Invalidf("field %s is not supported by Spore: omit it", name)
+	}
+	return errdefs.Invalidf("malformed JSON body: %s", jsonMsg(err))
 }
 
 func jsonMsg(err error) string {

@@ -146,7 +146,7 @@ func newHarness(t testing.TB) *harness {
 	}
 	st := openStore(t)
 	h.ctl = control.New(control.Config{Store: st, Engine: n.Engine, Logger: log, Now: func() time.Time { return h.now }})
-	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, log), Logger: log}))
+	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, api.KeyCheck(st), log), Logger: log}))
 	t.Cleanup(srv.Close)
 	h.url = srv.URL
 	return h

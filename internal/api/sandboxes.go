@@ -1,6 +1,8 @@
 package api
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -33,7 +35,8 @@ type Network struct {
 
 // Lifecycle says what a timeout does.
 type Lifecycle struct {
-	OnTimeout string `json:"onTimeout"` // kill | pause
+	OnTimeout  string `json:"onTimeout"`  // kill | pause
+	AutoResume bool   `json:"autoResume"` // always false: traffic does not resume a paused sandbox
 }
 
 // SandboxDetail is what getInfo and list return.
@@ -90,7 +93,11 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 	return d
 }
 
-// CreateRequest is the body of POST /sandboxes and /v2/sandboxes.
+// CreateRequest is the body of POST /sandboxes and /v2/sandboxes. Fields
+// after CPUCount are E2B features Spore does not have: each is accepted
+// only absent, null, empty or with the value that means what Spore does
+// anyway (see refuseUnsupported), and refused with a 400 naming it
+// otherwise.
 type CreateRequest struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
@@ -99,9 +106,34 @@ type CreateRequest struct {
 	AutoPause           bool              `json:"autoPause"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *Network          `json:"network"`
+	Network             *NetworkRequest   `json:"network"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
+
+	AutoPauseMemory *bool             `json:"autoPauseMemory,omitempty"`
+	AutoResume      *AutoResume       `json:"autoResume,omitempty"`
+	MCP             json.RawMessage   `json:"mcp,omitempty"`
+	IAM             json.RawMessage   `json:"iam,omitempty"`
+	VolumeMounts    []json.RawMessage `json:"volumeMounts,omitempty"`
+}
+
+// NetworkRequest is the network part of a create or network update: the
+// egress lists Spore enforces, and E2B's other network features, which it
+// does not have.
+type NetworkRequest struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+
+	AllowPublicTraffic *bool                      `json:"allowPublicTraffic,omitempty"`
+	EgressProxy        json.RawMessage            `json:"egressProxy,omitempty"`
+	Rules              map[string]json.RawMessage `json:"rules,omitempty"`
+	HTTPSPorts         []int                      `json:"httpsPorts,omitempty"`
+	MaskRequestHost    *string                    `json:"maskRequestHost,omitempty"`
+}
+
+// AutoResume is E2B's resume-on-traffic setting.
+type AutoResume struct {
+	Enabled bool `json:"enabled"`
 }
 
 // timeoutOf validates an optional timeout in seconds (absent or 0: the
@@ -115,6 +147,9 @@ func timeoutOf(secs *int64) (time.Duration, error) {
 
 // ParseCreate turns a decoded create body into a validated request.
 func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
+	if err := req.refuseUnsupported(); err != nil {
+		return control.CreateRequest{}, err
+	}
 	timeout, err := timeoutOf(req.Timeout)
 	if err != nil {
 		return control.CreateRequest{}, err
@@ -257,13 +292,38 @@ type timeoutBody struct {
 	Timeout *int64 `json:"timeout"`
 }
 
+// connectBody is the body of connect. memory: false asks E2B to reboot
+// from the files alone; Spore always resumes the whole state.
+type connectBody struct {
+	Timeout *int64 `json:"timeout"`
+	Memory  *bool  `json:"memory"`
+}
+
+// resumeBody is the body of the older resume, which may also set what the
+// timeout does from then on.
+type resumeBody struct {
+	connectBody
+	AutoPause *bool `json:"autoPause"`
+}
+
+func (b connectBody) refuseUnsupported() error {
+	if b.Memory != nil && !*b.Memory {
+		return unsupported("memory", "false", "Spore always resumes a sandbox with its memory; kill it and create a new one for a fresh start")
+	}
+	return nil
+}
+
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	id, ok := sandboxID(w, r)
 	if !ok {
 		return
 	}
-	var body timeoutBody
+	var body connectBody
 	if !decode(w, r, &body) {
+		return
+	}
+	if err := body.refuseUnsupported(); err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	timeout, err := timeoutOf(body.Timeout)
@@ -289,7 +349,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var body timeoutBody
+	var body resumeBody
 	if !decode(w, r, &body) {
 		return
 	}
@@ -300,6 +360,14 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	}
 	if rec.State == store.StateRunning {
 		writeError(w, http.StatusConflict, "sandbox "+id+" is already running")
+		return
+	}
+	err = body.refuseUnsupported()
+	if err == nil && body.AutoPause != nil && *body.AutoPause != rec.AutoPause {
+		err = unsupported("autoPause", fmt.Sprint(*body.AutoPause), "a sandbox's autoPause is set when it is created")
+	}
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	timeout, err := timeoutOf(body.Timeout)
@@ -382,11 +450,14 @@ func (s *Server) network(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body struct {
-		AllowOut            []string `json:"allowOut"`
-		DenyOut             []string `json:"denyOut"`
-		AllowInternetAccess *bool    `json:"allow_internet_access"`
+		NetworkRequest
+		AllowInternetAccess *bool `json:"allow_internet_access"`
 	}
 	if !decode(w, r, &body) {
+		return
+	}
+	if err := body.NetworkRequest.refuseUnsupported(""); err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	if err := s.c.UpdateNetwork(r.Context(), id, body.AllowInternetAccess, body.AllowOut, body.DenyOut); err != nil {

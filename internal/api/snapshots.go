@@ -152,10 +152,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	for i, ch := range res {
 		if ch.Err != nil {
 			code := StatusOf(ch.Err)
-			if code == http.StatusInternalServerError {
-				s.log.Error("fork child failed", "sandbox_id", id, "child", i, "err", ch.Err)
-			}
-			out[i].Error = &ErrorBody{Code: code, Message: ch.Err.Error()}
+			out[i].Error = &ErrorBody{Code: code, Message: s.publicMessage(r, code, ch.Err, "sandbox_id", id, "child", i)}
 			continue
 		}
 		sr := sandboxResponse(ch.Sandbox)

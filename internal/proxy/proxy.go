@@ -8,6 +8,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spore-run/spore/internal/ids"
@@ -38,11 +41,15 @@ type Resolver interface {
 // DefaultPort is envd's.
 const DefaultPort = 49983
 
+// KeyCheck reports whether a credential is one of Spore's API keys.
+type KeyCheck func(ctx context.Context, key string) bool
+
 // Proxy is the in-sandbox traffic handler.
 type Proxy struct {
-	res Resolver
-	log *slog.Logger
-	rp  *httputil.ReverseProxy
+	res   Resolver
+	isKey KeyCheck
+	log   *slog.Logger
+	rp    *httputil.ReverseProxy
 
 	// One transport per live instance: when the instance goes, its pooled
 	// connections go with it (its network is gone; they would sit idle,
@@ -60,12 +67,17 @@ type target struct {
 	gone <-chan struct{}
 }
 
-// New returns the proxy.
-func New(res Resolver, log *slog.Logger) *Proxy {
+// New returns the proxy. isKey recognizes Spore's API keys, so that one
+// sent as "Authorization: Bearer" never reaches a sandbox; nil treats every
+// Bearer credential as one (none passes).
+func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{res: res, log: log, transports: map[netip.Addr]*http.Transport{}}
+	if isKey == nil {
+		isKey = func(context.Context, string) bool { return true }
+	}
+	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}}
 	p.rp = &httputil.ReverseProxy{
 		Transport:     roundTripper{p},
 		FlushInterval: -1, // flush every write: streams must not wait in a buffer
@@ -74,16 +86,71 @@ func New(res Resolver, log *slog.Logger) *Proxy {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = net.JoinHostPort(t.addr.String(), strconv.Itoa(t.port))
 			pr.Out.Host = pr.Out.URL.Host
+			p.stripCredentials(pr.In.Context(), pr.Out.Header)
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			p.log.Debug("proxy", "err", err)
-			writeError(w, http.StatusBadGateway, "sandbox unreachable: "+err.Error())
+			t := r.Context().Value(ctxKey{}).(target)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				writeError(w, http.StatusBadGateway, fmt.Sprintf("nothing listens on port %d in the sandbox", t.port))
+				return
+			}
+			// The error names the sandbox's internal address: log it under
+			// an ID, answer with the ID.
+			id := newErrorID()
+			p.log.Warn("proxy: sandbox unreachable", "error_id", id, "port", t.port, "err", err)
+			writeError(w, http.StatusBadGateway, "sandbox unreachable (error id "+id+")")
 		},
 	}
 	return p
+}
+
+// stripCredentials removes what authenticates a client to Spore from a
+// request about to enter a sandbox, where untrusted code could read it:
+// X-API-Key always, and each Authorization value that carries an API key
+// (as a Bearer token or bare). What the sandbox's own protocols need stays:
+// X-Access-Token (envd's token), Authorization: Basic (envd's user
+// selection) and any other Authorization, which a user's app on its own
+// port may expect. The routing headers go too: they mean nothing inside.
+func (p *Proxy) stripCredentials(ctx context.Context, h http.Header) {
+	h.Del("X-Api-Key")
+	h.Del("E2b-Sandbox-Id")
+	h.Del("E2b-Sandbox-Port")
+	vals := h.Values("Authorization")
+	if len(vals) == 0 {
+		return
+	}
+	keep := vals[:0:0]
+	for _, v := range vals {
+		if !p.carriesKey(ctx, v) {
+			keep = append(keep, v)
+		}
+	}
+	h.Del("Authorization")
+	for _, v := range keep {
+		h.Add("Authorization", v)
+	}
+}
+
+// carriesKey reports whether an Authorization value holds an API key.
+func (p *Proxy) carriesKey(ctx context.Context, v string) bool {
+	v = strings.TrimSpace(v)
+	scheme, cred, ok := strings.Cut(v, " ")
+	if ok && strings.EqualFold(scheme, "Basic") {
+		return false // envd's user selection (base64 "user:"); never a key
+	}
+	if ok && strings.EqualFold(scheme, "Bearer") {
+		v = strings.TrimSpace(cred)
+	}
+	return v != "" && p.isKey(ctx, v)
+}
+
+func newErrorID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
 	}()
 	defer func() { <-poolDone }()
-	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, log), Logger: log})
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, api.KeyCheck(st), log), Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
