@@ -21,6 +21,7 @@ import (
 
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/envd/interp"
+	"github.com/spore-run/spore/internal/envd/oomwatch"
 	"github.com/spore-run/spore/internal/envd/reaper"
 )
 
@@ -31,12 +32,19 @@ func main() {
 		user     = flag.String("user", "user", "default user")
 		python   = flag.String("python", "/usr/bin/python3", "python for the code interpreter")
 		health   = flag.Bool("health", false, "check a running envd's health and exit 0 if it answers")
+		oomWatch = flag.Bool("oom-watch", true, "as the sandbox's init, kill the largest process when memory nears the sandbox's limit")
 	)
 	flag.Parse()
 	if *health {
 		os.Exit(checkHealth(*addr))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *oomWatch && os.Getpid() == 1 {
+		// gVisor has no OOM killer of its own (see package oomwatch).
+		if w := oomwatch.New(oomwatch.Config{Logger: log}); w != nil {
+			go w.Run(context.Background())
+		}
+	}
 	if err := run(*addr, *codeAddr, *user, *python, log); err != nil {
 		log.Error("envd", "err", err)
 		os.Exit(1)

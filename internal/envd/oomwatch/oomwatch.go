@@ -1,0 +1,216 @@
+// Package oomwatch is the sandbox's own out-of-memory killer, run by envd.
+//
+// gVisor has none: a sandbox that reaches its memory limit is handled by
+// the host's OOM killer, which would pick the biggest host process of the
+// sandbox, the gVisor kernel itself, and end the whole sandbox. The node
+// makes every guest process's host stub the host OOM killer's first choice
+// (oom_score_adj 1000), but stub sizes do not reflect guest memory, so the
+// host may pick an innocent bystander. This watchdog kills the right
+// process first, like Linux's OOM killer inside a VM: when the guest
+// processes' resident memory passes a share of the sandbox's memory, the
+// largest one (never envd) gets SIGKILL. Its parent sees it die of SIGKILL
+// (a shell reports 137).
+//
+// It polls, more often the closer use is to the limit, so an idle sandbox
+// costs almost nothing.
+package oomwatch
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Config tunes the watchdog. Zero values take the defaults.
+type Config struct {
+	// Limit is the sandbox's memory in bytes (default: MemTotal of
+	// /proc/meminfo, which gVisor sets from the sandbox's memory cgroup).
+	Limit int64
+	// Share of Limit the guest processes' resident memory may use before
+	// the largest is killed (default 0.85: the sandbox kernel and page
+	// cache need the rest).
+	Share float64
+	// GrowthRate is the fastest growth (bytes/s) the poll interval is
+	// sized for: the next poll comes before memory growing this fast could
+	// cross the threshold (default 2 GiB/s), within [MinInterval,
+	// MaxInterval] (default 10 ms, 500 ms).
+	GrowthRate  int64
+	MinInterval time.Duration
+	MaxInterval time.Duration
+	// Proc is the proc filesystem (default /proc; tests).
+	Proc string
+	// Protected reports processes never to kill (default: PID 1 and this
+	// process).
+	Protected func(pid int) bool
+	// Kill kills a process (default SIGKILL; tests).
+	Kill   func(pid int) error
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Share <= 0 || c.Share > 1 {
+		c.Share = 0.85
+	}
+	if c.GrowthRate <= 0 {
+		c.GrowthRate = 2 << 30
+	}
+	if c.MinInterval <= 0 {
+		c.MinInterval = 10 * time.Millisecond
+	}
+	if c.MaxInterval <= 0 {
+		c.MaxInterval = 500 * time.Millisecond
+	}
+	if c.Proc == "" {
+		c.Proc = "/proc"
+	}
+	if c.Protected == nil {
+		self := os.Getpid()
+		c.Protected = func(pid int) bool { return pid == 1 || pid == self }
+	}
+	if c.Kill == nil {
+		c.Kill = func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Limit <= 0 {
+		c.Limit = memTotal(c.Proc)
+	}
+}
+
+// Watchdog watches the sandbox's memory.
+type Watchdog struct {
+	cfg       Config
+	pageSize  int64
+	lastKill  int // PID killed last, until it is gone
+	killedAt  time.Time
+	buf       []byte
+	threshold int64
+}
+
+// New returns a watchdog, or nil when the sandbox's memory is unknown.
+func New(cfg Config) *Watchdog {
+	cfg.defaults()
+	if cfg.Limit <= 0 {
+		cfg.Logger.Warn("oomwatch: memory limit unknown: not watching")
+		return nil
+	}
+	return &Watchdog{cfg: cfg, pageSize: int64(os.Getpagesize()), buf: make([]byte, 512),
+		threshold: int64(float64(cfg.Limit) * cfg.Share)}
+}
+
+// Threshold is the resident memory at which the largest process is killed.
+func (w *Watchdog) Threshold() int64 { return w.threshold }
+
+// Run watches until ctx ends.
+func (w *Watchdog) Run(ctx context.Context) {
+	w.cfg.Logger.Info("oomwatch: watching", "limit", w.cfg.Limit, "threshold", w.threshold)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(w.Check())
+	}
+}
+
+// Check samples once, kills if over the threshold, and returns when to
+// check next.
+func (w *Watchdog) Check() time.Duration {
+	total, victim, victimRSS := w.scan()
+	if total >= w.threshold && victim > 0 && !w.dying(victim) {
+		w.cfg.Logger.Warn("oomwatch: out of memory: killing the largest process",
+			"pid", victim, "rss", victimRSS, "total_rss", total, "threshold", w.threshold, "cmd", w.cmdline(victim))
+		if err := w.cfg.Kill(victim); err == nil {
+			w.lastKill, w.killedAt = victim, time.Now()
+		}
+		return w.cfg.MinInterval
+	}
+	head := w.threshold - total
+	if head <= 0 {
+		return w.cfg.MinInterval
+	}
+	d := time.Duration(float64(head) / float64(w.cfg.GrowthRate) * float64(time.Second))
+	return min(max(d, w.cfg.MinInterval), w.cfg.MaxInterval)
+}
+
+// dying reports whether pid is the process killed last and it may still
+// be releasing its memory (then no second process dies for it).
+func (w *Watchdog) dying(pid int) bool {
+	return pid == w.lastKill && time.Since(w.killedAt) < time.Second
+}
+
+// scan sums the resident memory of every process and finds the largest
+// one that may be killed.
+func (w *Watchdog) scan() (total int64, victim int, victimRSS int64) {
+	d, err := os.Open(w.cfg.Proc)
+	if err != nil {
+		return 0, 0, 0
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		rss := w.rss(pid)
+		total += rss
+		if rss > victimRSS && !w.cfg.Protected(pid) {
+			victim, victimRSS = pid, rss
+		}
+	}
+	return total, victim, victimRSS
+}
+
+// rss reads a process's resident memory from /proc/<pid>/statm.
+func (w *Watchdog) rss(pid int) int64 {
+	f, err := os.Open(filepath.Join(w.cfg.Proc, strconv.Itoa(pid), "statm"))
+	if err != nil {
+		return 0
+	}
+	n, _ := io.ReadFull(f, w.buf)
+	f.Close()
+	fields := bytes.Fields(w.buf[:n])
+	if len(fields) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(string(fields[1]), 10, 64)
+	return pages * w.pageSize
+}
+
+func (w *Watchdog) cmdline(pid int) string {
+	b, _ := os.ReadFile(filepath.Join(w.cfg.Proc, strconv.Itoa(pid), "cmdline"))
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// memTotal reads MemTotal from /proc/meminfo, in bytes (0 if unknown).
+func memTotal(proc string) int64 {
+	b, err := os.ReadFile(filepath.Join(proc, "meminfo"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 1 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				return n << 10
+			}
+		}
+	}
+	return 0
+}
