@@ -1,6 +1,9 @@
 // Package testenv locates the real runtime pieces tests run against (the
 // runsc binary and the base root filesystem that `make setup` installs).
-// A missing piece fails the test loudly: nothing skips.
+// A missing piece fails the test loudly: nothing skips, except that the
+// fast tier (SPORE_TIER=fast, see scripts/test.sh) skips every test that
+// needs the real runtime, so the fast tier runs without runsc, root
+// filesystems or root.
 package testenv
 
 import (
@@ -21,9 +24,28 @@ func DataDir() string {
 	return "/var/lib/spore"
 }
 
+// TierEnv names the test tier; "fast" skips the real-runtime tests.
+const TierEnv = "SPORE_TIER"
+
+// Fast reports whether this is the fast tier.
+func Fast() bool { return os.Getenv(TierEnv) == "fast" }
+
+// RealTier skips t in the fast tier: t needs the real runtime (runsc,
+// root filesystems, root, a running server). In the real tier (SPORE_TIER
+// unset) it does nothing, and a missing piece then fails the test. Every
+// helper below that locates a real piece calls it first; a test that does
+// real work before calling one of them calls it itself.
+func RealTier(t testing.TB) {
+	t.Helper()
+	if Fast() {
+		t.Skip("real tier: needs the real runtime (SPORE_TIER=fast)")
+	}
+}
+
 // Runsc returns the runsc binary, failing t when it is missing.
 func Runsc(t testing.TB) string {
 	t.Helper()
+	RealTier(t)
 	p := os.Getenv("SPORE_RUNSC")
 	if p == "" {
 		p = filepath.Join(DataDir(), "bin", "runsc")
@@ -37,6 +59,7 @@ func Runsc(t testing.TB) string {
 // RootFSDir returns the directory holding the named root filesystems.
 func RootFSDir(t testing.TB) string {
 	t.Helper()
+	RealTier(t)
 	dir := filepath.Join(DataDir(), "rootfs")
 	if _, err := os.Stat(filepath.Join(dir, "base", "usr", "bin", "python3")); err != nil {
 		t.Fatalf("base root filesystem not found under %s (run `make setup`): %v", dir, err)
@@ -49,9 +72,11 @@ func BaseRootFS(t testing.TB) string {
 	return filepath.Join(RootFSDir(t), "base")
 }
 
-// RequireRoot fails t unless it runs as root (runsc needs it).
+// RequireRoot fails t unless it runs as root (runsc needs it); real-tier
+// tests only, so it skips in the fast tier.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	RealTier(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("this test runs real sandboxes and needs root")
 	}

@@ -6,10 +6,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // Every script in examples/ runs to "ok" against a real spore up.
 func TestExamples(t *testing.T) {
+	testenv.RealTier(t)
 	scripts, _ := filepath.Glob("../../examples/*.mjs")
 	if len(scripts) < 3 {
 		t.Fatalf("examples: %v", scripts)
