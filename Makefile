@@ -13,7 +13,7 @@ export SPORE_CACHE_DIR := $(CACHE_DIR)
 # Node.js for the E2B SDK tests: `spore setup` installs a pinned one here when the machine's is too old.
 export PATH := $(CACHE_DIR)/node/bin:$(PATH)
 
-.PHONY: build setup test up bench bench-go clean proto sdk-deps fuzz fresh-check
+.PHONY: build setup test test-fast up bench bench-go clean proto sdk-deps fuzz fresh-check
 
 ## build: compile the binaries into bin/
 build:
@@ -33,11 +33,16 @@ sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
-## test: every test, against real runsc sandboxes and the stock E2B SDKs, then a short fuzz run
+## test: vet; the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
 test: setup sdk-deps
 	$(GO) vet ./...
 	GO=$(GO) scripts/test.sh
 	$(MAKE) fuzz FUZZTIME=3000x
+
+## test-fast: vet and the fast tier only (needs no runsc, root filesystem or root; a C compiler for -race)
+test-fast:
+	$(GO) vet ./...
+	GO=$(GO) SPORE_TEST_TIERS=fast scripts/test.sh
 
 FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzValidate:./internal/ids FuzzCursor:./internal/store/sqlite FuzzCreateRequest:./internal/api \
