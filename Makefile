@@ -39,7 +39,7 @@ test: setup sdk-deps
 	GO=$(GO) scripts/test.sh
 	$(MAKE) fuzz FUZZTIME=3000x
 
-## test-fast: vet and the fast tier only (needs no runsc, root filesystem or root; a C compiler for -race)
+## test-fast: vet and the fast tier only (no runsc or root filesystem needed; runs as root, needs a C compiler for -race)
 test-fast:
 	$(GO) vet ./...
 	GO=$(GO) SPORE_TEST_TIERS=fast scripts/test.sh
