@@ -2,8 +2,8 @@
 // runsc binary and the base root filesystem that `make setup` installs).
 // A missing piece fails the test loudly: nothing skips, except that the
 // fast tier (SPORE_TIER=fast, see scripts/test.sh) skips every test that
-// needs the real runtime, so the fast tier runs without runsc, root
-// filesystems or root.
+// needs the real runtime, so the fast tier runs without runsc or root
+// filesystems.
 package testenv
 
 import (
