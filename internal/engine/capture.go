@@ -242,7 +242,7 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err := wantState(rec, "roll back", StateRunning, StatePaused); err != nil {
 		return Sandbox{}, err
 	}
-	instance := rec.nextInstance()
+	instance := rec.newInstance()
 	spec, err := e.instanceSpec(instance, m)
 	if err != nil {
 		return Sandbox{}, err
@@ -267,20 +267,18 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	next.Run = m.Run
 	next.Run.AccessToken = rec.Run.AccessToken
 	if err := e.initDaemon(ctx, &next, addr, m.Run.AccessToken); err != nil {
-		cctx, cancel := cleanupCtx()
-		defer cancel()
-		_ = e.killInstance(cctx, instance)
+		e.discard(id, instance, "")
 		return fail(err)
 	}
 	// Commit point: the record now names the new instance.
 	old := rec.Instance
-	rec.Instance, rec.Gen, rec.Parent, rec.Run, rec.State, rec.Addr = instance, rec.Gen+1, m.ID, next.Run, StateRunning, addr
+	prev := *rec
+	rec.Instance, rec.Parent, rec.Run, rec.State, rec.Addr = instance, m.ID, next.Run, StateRunning, addr
 	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
-		cctx, cancel := cleanupCtx()
-		defer cancel()
-		_ = e.killInstance(cctx, instance)
-		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
+		*rec = prev
+		e.discard(id, instance, "")
+		return fail(err)
 	}
 	// The replaced instance is freed after the caller has its answer: the
 	// discard keeps the sandbox's operation lock, so the sandbox's next
@@ -289,30 +287,30 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	handedOver = true
 	e.background(func() {
 		defer unlock()
-		e.finishDiscard(context.WithoutCancel(ctx), rec)
+		e.finishDiscard(rec)
 	})
 	e.log.Info("rolled back", "sandbox_id", id, "snapshot_id", m.ID, "instance", instance)
 	return view, nil
 }
 
-// finishDiscard frees what a committed operation replaced and clears the
-// journal. A failure is logged and left to recovery (the journal stays).
-func (e *Engine) finishDiscard(ctx context.Context, rec *record) {
-	cctx, cancel := cleanupCtx()
-	defer cancel()
+// finishDiscard frees what a committed operation replaced: it moves the
+// record's opDiscard entry into the cleanup journal (cleanup.go), clears
+// the record's journal, then frees. A failure to free stays journaled and
+// is retried in the background and at the next Open; the sandbox's next
+// operations cannot overwrite it.
+func (e *Engine) finishDiscard(rec *record) {
 	p := rec.Pending
-	if err := e.killInstance(cctx, p.Instance); err != nil {
-		e.log.Error("free replaced instance", "sandbox_id", rec.ID, "instance", p.Instance, "err", err)
+	cs, err := e.journalCleanup(rec.ID, p.Instance, p.Snapshot)
+	if err != nil {
+		// The record's journal keeps it: the next Open frees it.
+		e.log.Error("journal cleanup of replaced instance", "sandbox_id", rec.ID, "err", err)
 		return
-	}
-	if p.Snapshot != "" {
-		if err := e.snaps.Delete(p.Snapshot); err != nil && !errdefs.IsNotFound(err) {
-			e.log.Error("delete replaced snapshot", "sandbox_id", rec.ID, "snapshot_id", p.Snapshot, "err", err)
-			return
-		}
 	}
 	rec.Pending = nil
 	if err := e.save(rec); err != nil {
 		e.log.Error("clear journal", "sandbox_id", rec.ID, "err", err)
 	}
+	cctx, cancel := cleanupCtx()
+	defer cancel()
+	e.cleanNow(cctx, cs)
 }

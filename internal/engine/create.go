@@ -201,7 +201,7 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 // create, restore, re-initialise its daemon, commit. On failure nothing is
 // left. imageToken is the daemon token held in the image.
 func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifest, parent, image, imageToken string) error {
-	instance := rec.nextInstance()
+	instance := rec.newInstance()
 	spec, err := e.instanceSpec(instance, m)
 	if err != nil {
 		return err
@@ -217,17 +217,13 @@ func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifes
 		return fmt.Errorf("sandbox %s: restore from %s: %w", rec.ID, parent, err)
 	}
 	if err := e.initDaemon(ctx, rec, addr, imageToken); err != nil {
-		cctx, cancel := cleanupCtx()
-		defer cancel()
-		_ = e.killInstance(cctx, instance)
+		e.discard(rec.ID, instance, "")
 		_ = e.forget(rec.ID)
 		return fmt.Errorf("sandbox %s: restored from %s, but its daemon: %w", rec.ID, parent, err)
 	}
-	rec.Instance, rec.Gen, rec.Addr, rec.Pending = instance, rec.Gen+1, addr, nil
+	rec.Instance, rec.Addr, rec.Pending = instance, addr, nil
 	if err := e.save(rec); err != nil {
-		cctx, cancel := cleanupCtx()
-		defer cancel()
-		_ = e.killInstance(cctx, instance)
+		e.discard(rec.ID, instance, "")
 		_ = e.forget(rec.ID)
 		return err
 	}

@@ -49,6 +49,10 @@ type Config struct {
 	// MemAvailable reads the host's available memory in bytes (default:
 	// /proc/meminfo); tests replace it.
 	MemAvailable func() (int64, error)
+	// CleanupRetry is the first wait before a failed cleanup (freeing an
+	// instance or snapshot an operation replaced) is retried; it doubles
+	// up to a minute. Default 1s.
+	CleanupRetry time.Duration
 }
 
 // Engine runs sandboxes on one host.
@@ -65,6 +69,12 @@ type Engine struct {
 	memAvail  func() (int64, error)
 
 	bg sync.WaitGroup // background work of finished operations
+	// The cleanup retrier (cleanup.go): retrier counts it, cleaning says
+	// it runs, cleanGen bumps with each new failure it must see.
+	retrier    sync.WaitGroup
+	cleanRetry time.Duration
+	cleaning   bool
+	cleanGen   int
 	// life ends at Close: it stops the watchers of instances (death.go).
 	life     context.Context
 	endLife  context.CancelFunc
@@ -88,7 +98,10 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "tmp")} {
+	if cfg.CleanupRetry <= 0 {
+		cfg.CleanupRetry = time.Second
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "tmp"), filepath.Join(cfg.Dir, "cleanup")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
@@ -104,12 +117,13 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	e := &Engine{
 		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
-		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable,
+		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable, cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())
 	if err := e.recover(ctx); err != nil {
 		e.endLife()
+		e.retrier.Wait()
 		lf.Close()
 		return nil, fmt.Errorf("engine: recover: %w", err)
 	}
@@ -126,6 +140,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 func (e *Engine) Close() error {
 	e.endLife()
 	e.bg.Wait()
+	e.retrier.Wait() // stops at the end of life
 	return e.lockFile.Close()
 }
 

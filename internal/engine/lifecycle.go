@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
@@ -72,7 +71,7 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 		return fmt.Errorf("sandbox %s: hibernation snapshot: %w", rec.ID, err)
 	}
 	defer release()
-	instance := rec.nextInstance()
+	instance := rec.newInstance()
 	spec, err := e.instanceSpec(instance, m)
 	if err != nil {
 		return err
@@ -85,9 +84,7 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	addr, err := e.launch(ctx, spec, e.snaps.ImageDir(m.ID), rec.Policy)
 	if err == nil {
 		if err = e.initDaemon(ctx, rec, addr, m.Run.AccessToken); err != nil {
-			cctx, cancel := cleanupCtx()
-			_ = e.killInstance(cctx, instance)
-			cancel()
+			e.discard(rec.ID, instance, "")
 		}
 	}
 	if err != nil {
@@ -96,15 +93,17 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
 	}
 	// Commit point.
-	rec.State, rec.Instance, rec.Gen, rec.Hibernation, rec.Addr = StateRunning, instance, rec.Gen+1, "", addr
+	prev := *rec
+	rec.State, rec.Instance, rec.Hibernation, rec.Addr = StateRunning, instance, "", addr
 	rec.Pending = &pending{Op: opDiscard, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
-		cctx, cancel := cleanupCtx()
-		defer cancel()
-		_ = e.killInstance(cctx, instance)
-		return err
+		*rec = prev
+		e.discard(rec.ID, instance, "")
+		rec.Pending = nil
+		_ = e.save(rec)
+		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
 	}
-	e.finishDiscard(ctx, rec)
+	e.finishDiscard(rec)
 	e.log.Info("resumed from hibernation", "sandbox_id", rec.ID, "instance", instance)
 	return nil
 }
@@ -167,7 +166,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) error {
 		_ = e.snaps.Delete(m.ID)
 		return undo(err)
 	}
-	e.finishDiscard(ctx, rec)
+	e.finishDiscard(rec)
 	e.log.Info("hibernated", "sandbox_id", id, "snapshot_id", m.ID, "size", m.SizeBytes)
 	return nil
 }
@@ -187,19 +186,20 @@ func (e *Engine) Kill(ctx context.Context, id string) error {
 	return e.finishKill(ctx, rec)
 }
 
-// finishKill completes a journaled kill (also run by recovery).
+// finishKill completes a journaled kill (also run by recovery): what the
+// sandbox holds goes into the cleanup journal, the record goes, then the
+// instance and hibernation snapshot are freed. The kill is committed once
+// journaled: a runtime failing to free the instance does not keep the
+// sandbox alive, the journal retries it (cleanup.go).
 func (e *Engine) finishKill(ctx context.Context, rec *record) error {
-	if err := e.killInstance(ctx, rec.Instance); err != nil {
+	cs, err := e.journalCleanup(rec.ID, rec.Instance, rec.Hibernation)
+	if err != nil {
 		return fmt.Errorf("sandbox %s: kill: %w", rec.ID, err)
-	}
-	if rec.Hibernation != "" {
-		if err := e.snaps.Delete(rec.Hibernation); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("sandbox %s: delete hibernation snapshot: %w", rec.ID, err)
-		}
 	}
 	if err := e.forget(rec.ID); err != nil {
 		return err
 	}
+	e.cleanNow(ctx, cs)
 	e.log.Info("sandbox killed", "sandbox_id", rec.ID)
 	return nil
 }

@@ -67,8 +67,14 @@ type pending struct {
 	Started  time.Time `json:"started"`
 }
 
+// recordVersion is the version of the record format this engine writes
+// and the newest it reads; a record with a newer version is quarantined
+// (quarantine.go), never guessed at. Records without one are version 1.
+const recordVersion = 1
+
 // record is what the engine keeps about a sandbox, one JSON file each.
 type record struct {
+	Version     int                `json:"version,omitempty"`
 	ID          string             `json:"id"`
 	State       State              `json:"state"`              // stable state: running, paused, hibernated
 	Instance    string             `json:"instance,omitempty"` // runtime instance backing it ("" when hibernated)
@@ -86,9 +92,13 @@ type record struct {
 	Death       *Death             `json:"death,omitempty"` // set when State is dead
 }
 
-// nextInstance names the instance of the record's next generation.
-func (r *record) nextInstance() string {
-	return r.ID + "-" + strconv.Itoa(r.Gen+1)
+// newInstance names the instance of the record's next generation and
+// takes the generation, so the name is never reused, even when the
+// operation creating it fails: the instance of a failed attempt may still
+// wait in the cleanup journal, and must never be confused with a new one.
+func (r *record) newInstance() string {
+	r.Gen++
+	return r.ID + "-" + strconv.Itoa(r.Gen)
 }
 
 // Sandbox is the public view of a sandbox.
@@ -135,6 +145,7 @@ func (e *Engine) saveState(rec *record) error { return e.store(rec, false) }
 
 func (e *Engine) store(rec *record, durable bool) error {
 	cp := *rec
+	cp.Version = recordVersion
 	if rec.Pending != nil {
 		p := *rec.Pending
 		cp.Pending = &p

@@ -2,14 +2,12 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/spore-run/spore/internal/atomicfs"
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
 )
@@ -22,13 +20,21 @@ type Sweeper interface {
 
 // recover brings the records and the host back in line after a restart:
 //
+//   - a record that cannot be trusted (unreadable, newer version, naming
+//     impossible things) is quarantined (quarantine.go), never fatal;
 //   - an operation journaled in a record is finished when it had passed its
-//     commit point (opDiscard, opKill) and undone otherwise;
+//     commit point (opDiscard, opKill) and undone otherwise; what it must
+//     free goes through the cleanup journal (cleanup.go), whose pending
+//     entries are then run: what still fails is retried in the background;
 //   - a record whose instance is gone (or whose hibernation snapshot is
 //     gone) is dropped, so every recorded sandbox really exists;
 //   - instances and hibernation snapshots no record claims are removed;
 //   - scratch space (fork images) is emptied; the snapshot repository
 //     already dropped half-written snapshots when it was opened.
+//
+// Only the engine's own directories failing makes it return an error: one
+// sandbox that cannot be recovered is logged and left as recorded (the
+// next Open tries again), it does not take the node down.
 func (e *Engine) recover(ctx context.Context) error {
 	tmp := filepath.Join(e.dir, "tmp")
 	if err := os.RemoveAll(tmp); err != nil {
@@ -37,6 +43,7 @@ func (e *Engine) recover(ctx context.Context) error {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
+	e.reportQuarantine()
 	ents, err := os.ReadDir(filepath.Join(e.dir, "sandboxes"))
 	if err != nil {
 		return err
@@ -50,9 +57,12 @@ func (e *Engine) recover(ctx context.Context) error {
 			continue
 		}
 		var r record
-		if err := atomicfs.ReadJSON(path, &r); err != nil || r.ID != id || ids.Validate("sandbox ID", id) != nil {
-			e.log.Error("unreadable sandbox record: moved aside", "file", path, "err", err)
-			os.Rename(path, path+".bad")
+		if err := atomicfs.ReadJSON(path, &r); err != nil {
+			e.quarantine(path, id, fmt.Errorf("unreadable: %w", err))
+			continue
+		}
+		if err := r.validate(id); err != nil {
+			e.quarantine(path, id, err)
 			continue
 		}
 		recs = append(recs, &r)
@@ -62,10 +72,18 @@ func (e *Engine) recover(ctx context.Context) error {
 	for _, r := range recs {
 		e.records[r.ID] = r
 		if err := e.recoverOne(ctx, r); err != nil {
-			return fmt.Errorf("sandbox %s: %w", r.ID, err)
+			e.log.Error("cannot recover sandbox: left as recorded, the next start retries", "sandbox_id", r.ID, "err", err)
 		}
 	}
-	return e.removeOrphans(ctx)
+	e.cleanNow(ctx, e.loadCleanups())
+	e.removeOrphans(ctx)
+	return nil
+}
+
+// undo journals the cleanup of what an interrupted operation left.
+func (e *Engine) undo(r *record, instance, snap string) error {
+	_, err := e.journalCleanup(r.ID, instance, snap)
+	return err
 }
 
 func (e *Engine) recoverOne(ctx context.Context, r *record) error {
@@ -74,7 +92,7 @@ func (e *Engine) recoverOne(ctx context.Context, r *record) error {
 		log.Info("recovering interrupted operation", "op", p.Op, "instance", p.Instance, "snapshot_id", p.Snapshot)
 		switch p.Op {
 		case opCreate:
-			if err := e.killInstance(ctx, p.Instance); err != nil {
+			if err := e.undo(r, p.Instance, ""); err != nil {
 				return err
 			}
 			return e.forget(r.ID)
@@ -82,30 +100,21 @@ func (e *Engine) recoverOne(ctx context.Context, r *record) error {
 			return e.finishKill(ctx, r)
 		case opRollback, opResume:
 			// Not committed: the new instance goes, the sandbox stays as it was.
-			if err := e.killInstance(ctx, p.Instance); err != nil {
+			if err := e.undo(r, p.Instance, ""); err != nil {
 				return err
 			}
 		case opHibernate:
 			// Not committed: drop the snapshot if it got that far.
-			if p.Snapshot != "" {
-				if err := e.snaps.Delete(p.Snapshot); err != nil && !errdefs.IsNotFound(err) {
-					return err
-				}
+			if err := e.undo(r, "", p.Snapshot); err != nil {
+				return err
 			}
 		case opDiscard:
 			// Committed: free what the operation replaced.
-			if err := e.killInstance(ctx, p.Instance); err != nil {
+			if err := e.undo(r, p.Instance, p.Snapshot); err != nil {
 				return err
-			}
-			if p.Snapshot != "" {
-				if err := e.snaps.Delete(p.Snapshot); err != nil && !errdefs.IsNotFound(err) {
-					return err
-				}
 			}
 		case opSnapshot, opFork:
 			// Nothing to undo beyond the state check below.
-		default:
-			log.Warn("unknown journaled operation", "op", p.Op)
 		}
 		r.Pending = nil
 	}
@@ -152,7 +161,9 @@ func (e *Engine) recoverOne(ctx context.Context, r *record) error {
 
 // removeOrphans kills instances and deletes hibernation snapshots that no
 // record claims, then lets the runtime sweep what dead instances left.
-func (e *Engine) removeOrphans(ctx context.Context) error {
+// Nothing here is fatal: an orphan that cannot be freed is journaled and
+// retried like any cleanup.
+func (e *Engine) removeOrphans(ctx context.Context) {
 	claimed := map[string]bool{}
 	hib := map[string]bool{}
 	for _, r := range e.records {
@@ -161,34 +172,28 @@ func (e *Engine) removeOrphans(ctx context.Context) error {
 	}
 	list, err := e.rt.List(ctx)
 	if err != nil {
-		return err
+		e.log.Error("list instances: orphans not removed", "err", err)
 	}
-	var errs []error
 	for _, i := range list {
 		if !claimed[i.ID] {
 			e.log.Warn("removing orphaned instance", "instance", i.ID)
-			if err := e.killInstance(ctx, i.ID); err != nil {
-				errs = append(errs, err)
-			}
+			e.discard(sandboxOf(i.ID), i.ID, "")
 		}
 	}
 	for _, m := range e.snaps.List() {
 		if m.Kind == snapshot.KindHibernation && !hib[m.ID] {
 			e.log.Warn("removing orphaned hibernation snapshot", "snapshot_id", m.ID)
-			if err := e.snaps.Delete(m.ID); err != nil && !errdefs.IsNotFound(err) {
-				errs = append(errs, err)
-			}
+			e.discard(m.Origin, "", m.ID)
 		}
 	}
 	if s, ok := e.rt.(Sweeper); ok {
 		if err := s.Sweep(ctx); err != nil {
-			errs = append(errs, err)
+			e.log.Error("sweep the runtime", "err", err)
 		}
 	}
 	if e.net != nil {
 		if err := e.net.Sweep(ctx, claimed); err != nil {
-			errs = append(errs, err)
+			e.log.Error("sweep networks", "err", err)
 		}
 	}
-	return errors.Join(errs...)
 }

@@ -124,6 +124,13 @@ func (r *Runtime) Fail(op Op, id string, n int, err error) {
 	}
 }
 
+// ClearFaults drops every fault Fail injected and not yet used.
+func (r *Runtime) ClearFaults() {
+	r.mu.Lock()
+	clear(r.faults)
+	r.mu.Unlock()
+}
+
 // Hook sets a function run before every operation (outside the runtime's
 // lock, so it may block or call the runtime). A non-nil error fails the
 // operation before it changes anything. nil removes the hook.
