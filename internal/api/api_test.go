@@ -23,6 +23,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/sqlite"
 	"github.com/spore-run/spore/internal/testenv"
@@ -372,4 +373,78 @@ func TestProxy(t *testing.T) {
 		t.Fatalf("bad port header: %d", code)
 	}
 
+}
+
+// echoServer is a user's app in a sandbox: it answers every GET with the
+// request's headers, as JSON pairs.
+const echoServer = `import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = json.dumps(list(self.headers.items())).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+`
+
+// The API key never reaches a sandbox: a server in one that echoes its
+// request headers, reached through the proxy by header and by Host with
+// the key in X-API-KEY and Authorization, sees neither, while the
+// client's own headers (a custom one, its own Bearer token) arrive, and
+// envd still takes its Basic user and access token.
+func TestProxyKeepsAPIKeyOut(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create(`{"templateID":"base"}`)
+	ctx := context.Background()
+	var out strings.Builder
+	code, err := h.n.Engine.Exec(ctx, sb.SandboxID, runtime.ExecSpec{Args: []string{"/bin/bash", "-c",
+		"cat > /tmp/echo.py <<'PY'\n" + echoServer + "PY\nnohup python3 /tmp/echo.py >/tmp/echo.log 2>&1 &"}, Stdout: &out, Stderr: &out})
+	if err != nil || code != 0 {
+		t.Fatalf("start the echo server: %d %v %s", code, err, out.String())
+	}
+	echoed := func(hdr ...string) string {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			code, b, _ := h.do("GET", "/", "", hdr...)
+			if code == 200 {
+				return string(b)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("echo server through the proxy: %d %s", code, b)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	routes := [][]string{
+		{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8000"},
+		{"Host", "8000-" + sb.SandboxID + ".spore.localhost"},
+	}
+	for _, route := range routes {
+		// h.do sends the key in X-API-KEY on every request.
+		got := echoed(append(route, "Authorization", "Bearer "+key, "X-Custom", "arrives")...)
+		if strings.Contains(got, key) {
+			t.Fatalf("the sandbox saw the API key (route %v): %s", route, got)
+		}
+		if !strings.Contains(got, `["X-Custom", "arrives"]`) {
+			t.Fatalf("the client's own header did not arrive (route %v): %s", route, got)
+		}
+		if got := echoed(append(route, "Authorization", "Bearer the-app-s-own")...); !strings.Contains(got, `["Authorization", "Bearer the-app-s-own"]`) {
+			t.Fatalf("the app's own Authorization did not arrive (route %v): %s", route, got)
+		}
+	}
+	// envd: Basic selects the user, X-Access-Token admits; the key beside
+	// them changes nothing. The command prints who runs it.
+	start := `{"process":{"cmd":"/usr/bin/id","args":["-un"]}}`
+	frame := string([]byte{0, 0, 0, 0, byte(len(start))}) + start
+	for _, user := range []string{"root", "user"} {
+		code, b, _ := h.do("POST", "/process.Process/Start", frame, "E2b-Sandbox-Id", sb.SandboxID, "Content-Type", "application/connect+json",
+			"X-Access-Token", sb.EnvdAccessToken, "Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+		if want := base64.StdEncoding.EncodeToString([]byte(user + "\n")); code != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("envd as %s with the key beside: %d %q, want stdout %s", user, code, b, want)
+		}
+	}
 }
