@@ -63,6 +63,7 @@ type Driver struct {
 	version string
 	log     *slog.Logger
 	managed bool // the driver manages instances' cgroups (see cgroup.go)
+	pids    pidWatcher
 }
 
 var _ runtime.Runtime = (*Driver)(nil)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,18 +21,20 @@ import (
 
 var _ runtime.Waiter = (*Driver)(nil)
 
-// Wait implements runtime.Waiter. It holds a pidfd of the instance's
-// sandbox process (the gVisor kernel) in Go's poller: no polling, and the
-// death is seen as soon as the host kernel reaps the process's threads.
+// Wait implements runtime.Waiter. It waits on a pidfd of the instance's
+// sandbox process (the gVisor kernel) in the driver's epoll (pidWatcher):
+// no polling, and the death is seen as soon as the process has exited.
 // pidfds work for processes that are not our children (the sandbox process
 // is re-parented away from runsc when run/restore -detach returns).
 func (d *Driver) Wait(ctx context.Context, id string) (runtime.Exit, error) {
-	info, err := d.State(ctx, id)
-	if err != nil {
+	if err := d.mustExist(id); err != nil {
 		return runtime.Exit{}, err
 	}
-	if info.PID <= 0 || info.State == runtime.StateStopped {
-		return d.exitOf(id, info.PID, nil, 0), nil
+	// The PID from runsc's state file, not `runsc state`: that starts a
+	// process per watch and can hang on a sandbox that just died.
+	var info runtime.Info
+	if info.PID = d.sandboxPID(id); info.PID <= 0 {
+		return runtime.Exit{}, fmt.Errorf("wait for instance %s: no sandbox process in its state: %w", id, errdefs.ErrInternal)
 	}
 	// Where to look for an OOM kill afterwards, read while the process is
 	// alive (its /proc entry goes with it).
@@ -44,28 +47,98 @@ func (d *Driver) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 	if err != nil {
 		return runtime.Exit{}, fmt.Errorf("wait for instance %s: pidfd_open: %w: %v", id, errdefs.ErrInternal, err)
 	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w: %v", id, errdefs.ErrInternal, err)
-	}
-	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
-	defer stop()
-	// A pidfd is readable once the process has exited; Read parks in the
-	// poller until then.
-	err = rc.Read(func(fd uintptr) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		return n > 0
-	})
-	if ctx.Err() != nil {
-		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w", id, ctx.Err())
-	}
-	if err != nil {
-		return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w: %v", id, errdefs.ErrInternal, err)
+	defer unix.Close(fd)
+	for !pidfdReadable(fd) {
+		ready, err := d.pids.add(fd)
+		if err != nil {
+			return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w: %v", id, errdefs.ErrInternal, err)
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			d.pids.remove(fd)
+			return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w", id, ctx.Err())
+		}
 	}
 	return d.exitOf(id, info.PID, &memcg, oomBefore), nil
+}
+
+// pidfdReadable reports whether the process behind a pidfd has exited.
+func pidfdReadable(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(p, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return n > 0
+	}
+}
+
+// pidWatcher waits for many pidfds with one epoll instance and one
+// goroutine (one OS thread for every instance of the host). Go's own
+// poller cannot take them: pidfs inodes look like regular files to it.
+type pidWatcher struct {
+	once    sync.Once
+	epfd    int
+	initErr error
+	mu      sync.Mutex
+	waiters map[int32]chan struct{}
+}
+
+// add registers a pidfd; the channel closes when it may have become
+// readable (the caller checks: a descriptor number can be reused).
+func (w *pidWatcher) add(fd int) (<-chan struct{}, error) {
+	w.once.Do(func() {
+		w.epfd, w.initErr = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if w.initErr == nil {
+			w.waiters = map[int32]chan struct{}{}
+			go w.loop()
+		}
+	})
+	if w.initErr != nil {
+		return nil, w.initErr
+	}
+	ch := make(chan struct{})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waiters[int32(fd)] = ch
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
+	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		delete(w.waiters, int32(fd))
+		return nil, err
+	}
+	return ch, nil
+}
+
+// remove unregisters a pidfd before it is closed.
+func (w *pidWatcher) remove(fd int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.waiters, int32(fd))
+	_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+}
+
+func (w *pidWatcher) loop() {
+	events := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(w.epfd, events, -1)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return
+		}
+		w.mu.Lock()
+		for _, ev := range events[:n] {
+			if ch, ok := w.waiters[ev.Fd]; ok {
+				delete(w.waiters, ev.Fd)
+				_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+				close(ch)
+			}
+		}
+		w.mu.Unlock()
+	}
 }
 
 // exitOf explains the death of instance id's sandbox process pid: an OOM
@@ -146,20 +219,22 @@ func underOOMRecently(memcg string) bool {
 // killed pid ("Killed process <pid> (...)"). It reads the kernel's ring
 // buffer non-blocking and at most 4 MiB of it.
 func kmsgOOMKilled(pid int) bool {
-	f, err := os.OpenFile("/dev/kmsg", os.O_RDONLY|unix.O_NONBLOCK, 0)
+	// Raw syscalls: an os.File would park a non-blocking read in Go's
+	// poller until the next kernel message instead of returning EAGAIN.
+	fd, err := unix.Open("/dev/kmsg", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer unix.Close(fd)
 	needle := []byte("Killed process " + strconv.Itoa(pid) + " ")
 	buf := make([]byte, 8192) // one record per read
 	for total := 0; total < 4<<20; {
-		n, err := f.Read(buf)
-		if errors.Is(err, unix.EPIPE) { // overwritten records: go on
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.EINTR) { // overwritten records: go on
 			continue
 		}
-		if err != nil || n == 0 {
-			return false
+		if err != nil || n <= 0 {
+			return false // EAGAIN: the end of the log
 		}
 		total += n
 		if bytes.Contains(buf[:n], needle) {
