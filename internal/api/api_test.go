@@ -115,6 +115,8 @@ type harness struct {
 	ctl *control.Service
 	n   *node.Node
 	now time.Time
+	// apiLog holds what the API logged, as JSON lines.
+	apiLog *syncBuffer
 }
 
 func newHarness(t testing.TB) *harness {
@@ -147,7 +149,9 @@ func newHarness(t testing.TB) *harness {
 	}
 	st := openStore(t)
 	h.ctl = control.New(control.Config{Store: st, Engine: n.Engine, Logger: log, Now: func() time.Time { return h.now }})
-	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, api.KeyCheck(st), log), Logger: log}))
+	h.apiLog = &syncBuffer{}
+	apiLog := slog.New(slog.NewMultiHandler(log.Handler(), slog.NewJSONHandler(h.apiLog, nil)))
+	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, api.KeyCheck(st), apiLog), Logger: apiLog}))
 	t.Cleanup(srv.Close)
 	h.url = srv.URL
 	return h
@@ -446,5 +450,48 @@ func TestProxyKeepsAPIKeyOut(t *testing.T) {
 		if want := base64.StdEncoding.EncodeToString([]byte(user + "\n")); code != 200 || !strings.Contains(string(b), want) {
 			t.Fatalf("envd as %s with the key beside: %d %q, want stdout %s", user, code, b, want)
 		}
+	}
+}
+
+// A damaged snapshot is Spore's failure, not the client's: creating from
+// one answers a 500 with an error ID and no host path or runsc output,
+// and the log has that ID beside the full error. Both damages: the image
+// truncated (runsc fails) and the image gone (the runtime finds nothing).
+func TestDamagedSnapshotAnswersAnID(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create(`{"templateID":"base"}`)
+	for _, damage := range []string{"truncate", "remove"} {
+		code, b, _ := h.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`)
+		var sn api.SnapshotInfo
+		if code != 201 || json.Unmarshal(b, &sn) != nil {
+			t.Fatalf("snapshot: %d %s", code, b)
+		}
+		img := filepath.Join(h.n.Engine.Snapshots().ImageDir(sn.SnapshotID), "checkpoint.img")
+		var err error
+		if damage == "truncate" {
+			err = os.Truncate(img, 4096)
+		} else {
+			err = os.Remove(img)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, b, _ = h.do("POST", "/v2/sandboxes", `{"templateID":"`+sn.SnapshotID+`"}`)
+		var eb api.ErrorBody
+		json.Unmarshal(b, &eb)
+		if code != 500 || eb.Code != 500 {
+			t.Fatalf("%s: create from the damaged snapshot = %d %s, want a JSON 500", damage, code, b)
+		}
+		for _, leak := range []string{"/var/lib", h.n.Engine.Snapshots().Dir(), "runsc", "checkpoint"} {
+			if strings.Contains(eb.Message, leak) {
+				t.Fatalf("%s: the answer carries %q: %s", damage, leak, eb.Message)
+			}
+		}
+		_, id, ok := strings.Cut(eb.Message, "error id ")
+		id = strings.TrimSuffix(id, ")")
+		if !ok || id == "" || !strings.Contains(h.apiLog.String(), `"error_id":"`+id+`"`) {
+			t.Fatalf("%s: error ID %q of %q not in the log", damage, id, eb.Message)
+		}
+		t.Logf("%s: answer %q", damage, eb.Message)
 	}
 }

@@ -91,18 +91,25 @@ type edge struct {
 	t   *testing.T
 	url string
 	eng *scriptedEngine
-	log *bytes.Buffer
+	log *syncBuffer
 }
 
+// syncBuffer is a log destination safe for the server's goroutines.
 type syncBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func newEdge(t *testing.T, eng *scriptedEngine) *edge {
@@ -112,7 +119,7 @@ func newEdge(t *testing.T, eng *scriptedEngine) *edge {
 	ctl := control.New(control.Config{Store: st, Engine: eng, Logger: log})
 	srv := httptest.NewServer(api.New(api.Config{Control: ctl, Store: st, Logger: log}))
 	t.Cleanup(srv.Close)
-	return &edge{t: t, url: srv.URL, eng: eng, log: &buf.Buffer}
+	return &edge{t: t, url: srv.URL, eng: eng, log: buf}
 }
 
 func (e *edge) do(method, path, body string) (int, []byte) {

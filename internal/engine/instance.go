@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"strings"
 
@@ -64,10 +65,22 @@ func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, po
 				e.log.Warn("teardown network", "instance", spec.ID, "err", terr)
 			}
 		}
-		return netip.Addr{}, err
+		return netip.Addr{}, launchErr(err)
 	}
 	e.watch(sandboxOf(spec.ID), spec.ID)
 	return addr, nil
+}
+
+// launchErr marks the runtime refusing an instance the engine specified as
+// the engine's failure: an image or root filesystem missing on disk, a
+// clashing instance ID or a rejected spec is not the client's doing, and
+// must not reach it as a 404/409/400 (carrying host paths) but as an
+// internal error.
+func launchErr(err error) error {
+	if errdefs.IsNotFound(err) || errdefs.IsAlreadyExists(err) || errdefs.IsInvalidArgument(err) || errdefs.IsConflict(err) {
+		return fmt.Errorf("%w: %w", errdefs.ErrInternal, err)
+	}
+	return err
 }
 
 // sandboxOf is the sandbox an instance (<sandboxID>-<gen>) belongs to.
