@@ -69,6 +69,9 @@ type Service struct {
 	eng Engine
 	cfg Config
 	log *slog.Logger
+	// life serializes decisions about one sandbox's lifetime (the reaper
+	// against connect and new timeouts); see expiry.go.
+	life sandboxLocks
 
 	// lookups caches where each running sandbox is reached, for the proxy.
 	mu      sync.RWMutex

@@ -51,6 +51,11 @@ func (s *Service) Hibernate(ctx context.Context, id string) error {
 // resumed (resumed = true). The timeout, when given, is only ever
 // extended.
 func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration) (Sandbox, bool, error) {
+	unlock, err := s.life.lock(ctx, id)
+	if err != nil {
+		return Sandbox{}, false, err
+	}
+	defer unlock()
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
 		return Sandbox{}, false, err
@@ -85,7 +90,12 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 
 // SetTimeout sets a sandbox's timeout from now.
 func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
-	_, err := s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+	unlock, err := s.life.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
 		x.EndAt = s.now().Add(timeout)
 		return nil
 	})
@@ -124,8 +134,18 @@ func (s *Service) ReapExpired(ctx context.Context) {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
 	}
-	for _, sb := range expired {
-		var err error
+	for _, listed := range expired {
+		unlock, err := s.life.lock(ctx, listed.ID)
+		if err != nil {
+			return
+		}
+		// Decide again under the sandbox's lock: a connect or a new
+		// timeout may have extended it since the list was read.
+		sb, err := s.st.GetSandbox(ctx, listed.ID)
+		if err != nil || sb.EndAt.After(s.now()) || sb.State == store.StateHibernated {
+			unlock()
+			continue
+		}
 		switch {
 		case sb.State == store.StateError:
 			s.log.Info("timeout: removing dead sandbox", "sandbox_id", sb.ID)
@@ -137,6 +157,7 @@ func (s *Service) ReapExpired(ctx context.Context) {
 			s.log.Info("timeout: killing", "sandbox_id", sb.ID)
 			err = s.Kill(ctx, sb.ID)
 		}
+		unlock()
 		if err != nil && !errdefs.IsNotFound(err) {
 			s.log.Error("timeout action", "sandbox_id", sb.ID, "err", err)
 		}

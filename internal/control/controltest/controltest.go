@@ -1,0 +1,155 @@
+// Package controltest is a fake node for fast tests of the control plane,
+// the API and the proxy: the real engine (its state machine, journal and
+// snapshot repository) over the in-memory fake runtime (runtime/fake) and
+// a fake network that hands each instance a loopback address. It needs no
+// runsc, no root filesystem and no root, and runs under -race.
+//
+// Every instance gets its own address in 127.0.0.0/8 (all of it is
+// loopback on Linux): a test that wants the proxy to reach "the sandbox"
+// listens on 0.0.0.0 (or the instance's address) at some port and names
+// that port in E2b-Sandbox-Port.
+package controltest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/runtime/fake"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Templates are built by New (the names `spore up` builds).
+var Templates = []string{"base", "code-interpreter-v1"}
+
+var _ control.Engine = (*engine.Engine)(nil)
+
+// Node is a fake node.
+type Node struct {
+	Dir     string
+	Runtime *fake.Runtime
+	Net     *Network
+	Engine  *engine.Engine
+}
+
+// New opens a fake node in a temporary directory with Templates built;
+// the engine is closed when t ends.
+func New(t testing.TB) *Node {
+	t.Helper()
+	n := &Node{Dir: t.TempDir(), Runtime: fake.New(), Net: NewNetwork()}
+	rootfs := filepath.Join(n.Dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "base"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "base.json"), []byte(`{"id":"fake-base-1","suite":"fake"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	repo, err := snapshot.Open(filepath.Join(n.Dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n.Engine, err = engine.Open(ctx, engine.Config{
+		Dir: filepath.Join(n.Dir, "engine"), RootFSDir: rootfs, Runtime: n.Runtime, Snapshots: repo,
+		Network: n.Net, MemoryReserve: -1, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatalf("open engine: %v", err)
+	}
+	t.Cleanup(func() { n.Engine.Close() })
+	for _, name := range Templates {
+		if _, err := n.Engine.BuildTemplate(ctx, engine.TemplateSpec{
+			Name: name, Run: snapshot.RunConfig{Args: []string{"init"}, Env: []string{"PATH=/usr/bin:/bin"}}, Ready: []string{"true"},
+		}); err != nil {
+			t.Fatalf("build template %s: %v", name, err)
+		}
+	}
+	return n
+}
+
+// Network is the fake network: one loopback address per instance, the
+// egress policy remembered.
+type Network struct {
+	mu     sync.Mutex
+	next   uint32
+	nets   map[string]netns.Net
+	setups int
+}
+
+// NewNetwork returns an empty fake network.
+func NewNetwork() *Network { return &Network{nets: map[string]netns.Net{}} }
+
+var _ engine.Network = (*Network)(nil)
+
+// Setup gives the instance the next address of 127.1.0.0/16.
+func (n *Network) Setup(ctx context.Context, instance string, p netns.Policy) (netns.Net, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.nets[instance]; ok {
+		return netns.Net{}, fmt.Errorf("fake network: %s already set up", instance)
+	}
+	n.next++
+	addr := netip.AddrFrom4([4]byte{127, 1, byte(n.next >> 8), byte(n.next)})
+	nt := netns.Net{Instance: instance, Slot: int(n.next), Addr: addr, HostAddr: netip.AddrFrom4([4]byte{127, 0, 0, 1}), Policy: p}
+	n.nets[instance] = nt
+	n.setups++
+	return nt, nil
+}
+
+// Teardown forgets the instance's network.
+func (n *Network) Teardown(ctx context.Context, instance string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.nets, instance)
+	return nil
+}
+
+// SetPolicy changes the instance's policy.
+func (n *Network) SetPolicy(ctx context.Context, instance string, p netns.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	nt, ok := n.nets[instance]
+	if !ok {
+		return fmt.Errorf("fake network: no network for %s", instance)
+	}
+	nt.Policy = p
+	n.nets[instance] = nt
+	return nil
+}
+
+// Sweep drops every network not in keep.
+func (n *Network) Sweep(ctx context.Context, keep map[string]bool) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for id := range n.nets {
+		if !keep[id] {
+			delete(n.nets, id)
+		}
+	}
+	return nil
+}
+
+// Policy returns an instance's policy.
+func (n *Network) Policy(instance string) (netns.Policy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	nt, ok := n.nets[instance]
+	return nt.Policy, ok
+}
+
+// Len is how many instances have a network.
+func (n *Network) Len() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.nets)
+}
