@@ -68,15 +68,34 @@ type Config struct {
 	Prefix string
 	// StateDir records which instance holds which slot.
 	StateDir string
-	Logger   *slog.Logger
+	// Floor is what no sandbox reaches whatever its policy (the operator
+	// floor): nil means DefaultFloor. The host's own addresses are always
+	// added. It is checked before a sandbox's allow list, so no user
+	// policy opens the host's LAN or the cloud metadata address.
+	Floor []netip.Prefix
+	// DNSPort is the port of the node's DNS forwarder on the host end of
+	// every sandbox (10.200.S.1): the gateway sends the sandbox's queries
+	// to 10.0.0.1:53 there. 0: sandboxes get no DNS service.
+	DNSPort uint16
+	Logger  *slog.Logger
 }
 
 // Manager creates and removes instance networks.
 type Manager struct {
-	cfg  Config
-	base netip.Addr // 10.200.0.0
-	mu   sync.Mutex
+	cfg   Config
+	base  netip.Addr     // 10.200.0.0
+	floor []netip.Prefix // IPv4 floor, host addresses included
+	mu    sync.Mutex
+
+	// byAddr maps each sandbox's gateway address (where its packets to
+	// the host come from) to its policy, for the DNS forwarder. Its own
+	// lock: a DNS query never waits on a slot allocation's file I/O.
+	idxMu  sync.RWMutex
+	byAddr map[netip.Addr]Policy
 }
+
+// sandboxSpace holds every host end and gateway address.
+var sandboxSpace = netip.MustParsePrefix("10.200.0.0/16")
 
 const maxSlots = 1 << 14 // 10.200.0.0/16 in /30 blocks
 
@@ -94,7 +113,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, base: netip.MustParseAddr("10.200.0.0")}
+	m := &Manager{cfg: cfg, base: sandboxSpace.Addr(), byAddr: map[netip.Addr]Policy{}}
+	for _, p := range cfg.Floor {
+		if !p.IsValid() {
+			return nil, errdefs.Invalidf("egress floor entry %v is not a CIDR", p)
+		}
+	}
+	host, err := hostAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("netns: host addresses: %w", err)
+	}
+	m.floor = buildFloor(cfg.Floor, host, sandboxSpace)
+	if err := m.loadIndex(); err != nil {
+		return nil, fmt.Errorf("netns: %w", err)
+	}
 	if err := sharedRunDir(); err != nil {
 		return nil, fmt.Errorf("netns: %w", err)
 	}
@@ -107,6 +139,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("netns: enable forwarding: %w", err)
 	}
+	m.refreshEgress()
 	return m, nil
 }
 
@@ -202,6 +235,7 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 		if err := os.WriteFile(m.statePath(instance), b, 0o600); err != nil {
 			return Net{}, err
 		}
+		m.index(n)
 		return n, nil
 	}
 	return Net{}, fmt.Errorf("no free network slot: %w", errdefs.ErrResourceLimit)
@@ -240,6 +274,9 @@ func hostAddrs() (map[netip.Addr]bool, error) {
 // Setup creates the instance's namespaces, links, addresses and rules.
 // On failure nothing is left.
 func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, error) {
+	if err := p.Validate(); err != nil {
+		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
+	}
 	unlock, err := hostLock()
 	if err != nil {
 		return Net{}, fmt.Errorf("network of %s: host lock: %w", instance, err)
@@ -371,6 +408,7 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	var errs []error
 	n, err := m.Get(instance)
 	if err == nil {
+		defer m.unindex(n.Addr)
 		defer flushConntrack(n.Addr)
 		if h, err := netlink.NewHandle(); err == nil {
 			if l, err := h.LinkByName(m.hostIf(n.Slot)); err == nil {

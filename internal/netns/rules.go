@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -58,6 +61,16 @@ func inPrefix(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
+// dport matches a transport protocol and destination port.
+func dport(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	}
+}
+
 func rule(parts ...any) []expr.Any {
 	var out []expr.Any
 	for _, p := range parts {
@@ -75,6 +88,27 @@ const (
 	offSrc = 12
 	offDst = 16
 )
+
+// bigBatch lets one transaction carry a policy's hundreds of rules: the
+// kernel acknowledges every message, and the acknowledgements of ~500
+// rules overflow a default netlink receive buffer (ENOBUFS). Small acks
+// and a forced 4 MiB buffer (the server runs as root) hold them.
+var bigBatch = nftables.WithSockOptions(func(c *netlink.Conn) error {
+	if err := c.SetOption(netlink.CapAcknowledge, true); err != nil {
+		return err
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
+	}); err != nil {
+		return err
+	}
+	return serr
+})
 
 var policyAccept = nftables.ChainPolicyAccept
 var policyDrop = nftables.ChainPolicyDrop
@@ -94,6 +128,14 @@ func (m *Manager) hostRules() error {
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	sb := m.hostIfPrefix() + "*"
 	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), ctEstablished(), verdict(expr.VerdictAccept))})
+	if port := m.cfg.DNSPort; port != 0 {
+		// The DNS forwarder: sandboxes' queries (DNAT'd by their gateway)
+		// in, everyone else's out: it is no open resolver for the LAN.
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), dport(proto, port), verdict(expr.VerdictAccept))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(dport(proto, port), verdict(expr.VerdictDrop))})
+		}
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), verdict(expr.VerdictDrop))})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), verdict(expr.VerdictDrop))})
@@ -117,7 +159,7 @@ func (m *Manager) RemoveHostRules() error {
 // connections to the sandbox, SNAT both ways, a default-drop forward chain
 // and the egress policy.
 func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
-	c, err := nftables.New(nftables.WithNetNSFd(int(gw)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(gw)), bigBatch)
 	if err != nil {
 		return err
 	}
@@ -130,6 +172,22 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 		&expr.Immediate{Register: 1, Data: sbAddr[:]},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
 	)})
+	// The sandbox's resolver (10.0.0.1:53 in its resolv.conf) is the
+	// node's DNS forwarder on the host end: identical inside every
+	// sandbox and clone, whatever its slot.
+	hostAddr := n.HostAddr.As4()
+	if port := m.cfg.DNSPort; port != 0 {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: rule(
+				ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq),
+				inPrefix(offDst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
+				dport(proto, 53),
+				&expr.Immediate{Register: 1, Data: hostAddr[:]},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true},
+			)})
+		}
+	}
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	// Toward the sandbox everything comes from its gateway; outward
 	// everything leaves from up0's address.
@@ -139,15 +197,29 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ctEstablished(), verdict(expr.VerdictAccept))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), verdict(expr.VerdictAccept))})
+	if port := m.cfg.DNSPort; port != 0 {
+		// Only the DNAT'd queries reach the forwarder: its address is in
+		// the floor for everything else.
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(
+				ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq),
+				inPrefix(offDst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), dport(proto, port), verdict(expr.VerdictAccept))})
+		}
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
-	egressRules(c, t, egress, n.Policy)
+	egressRules(c, t, egress, m.floor, n.Policy)
 	return c.Flush()
 }
 
-// egressRules fills the egress chain: deny list, allow list, then the
-// default. Private, link-local and loopback ranges are refused unless
-// allowed explicitly: a sandbox reaches the internet, not the host's LAN.
-func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, p Policy) {
+// egressRules fills the egress chain: the operator floor first (the
+// host's LAN, link-local and loopback: no user policy reaches past it),
+// then the deny list, the allow list and the default. The floor is
+// rewritten with the policy, so a policy change also brings an older
+// gateway up to the manager's floor.
+func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
+	for _, f := range floor {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, f, expr.CmpOpEq), verdict(expr.VerdictDrop))})
+	}
 	for _, d := range p.Deny {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, d, expr.CmpOpEq), verdict(expr.VerdictDrop))})
 	}
@@ -158,36 +230,65 @@ func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, p Poli
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(verdict(expr.VerdictDrop))})
 		return
 	}
-	for _, r := range []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "100.64.0.0/10"} {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, netip.MustParsePrefix(r), expr.CmpOpEq), verdict(expr.VerdictDrop))})
-	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(verdict(expr.VerdictAccept))})
 }
 
 // SetPolicy changes a running instance's egress policy (atomically: the
 // chain is flushed and refilled in one transaction).
 func (m *Manager) SetPolicy(ctx context.Context, instance string, p Policy) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("network of %s: %w", instance, err)
+	}
 	n, err := m.Get(instance)
 	if err != nil {
 		return err
 	}
+	if err := m.writeEgress(instance, p); err != nil {
+		return err
+	}
+	n.Policy = p
+	m.index(n)
+	b, _ := json.Marshal(n)
+	return os.WriteFile(m.statePath(instance), b, 0o600)
+}
+
+// writeEgress replaces a gateway's egress chain in one transaction.
+func (m *Manager) writeEgress(instance string, p Policy) error {
 	gw, err := netns.GetFromName(m.gwName(instance))
 	if err != nil {
 		return fmt.Errorf("network of %s: %w", instance, err)
 	}
 	defer gw.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(gw)))
+	c, err := nftables.New(nftables.WithNetNSFd(int(gw)), bigBatch)
 	if err != nil {
 		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "spore"}
 	ch := &nftables.Chain{Name: "egress", Table: t}
 	c.FlushChain(ch)
-	egressRules(c, t, ch, p)
+	egressRules(c, t, ch, m.floor, p)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network of %s: set policy: %w", instance, err)
 	}
-	n.Policy = p
-	b, _ := json.Marshal(n)
-	return os.WriteFile(m.statePath(instance), b, 0o600)
+	return nil
+}
+
+// refreshEgress rewrites the egress chain of every gateway this manager
+// recorded, so sandboxes that kept running across a restart get the
+// floor as configured now (and gateways built before the floor existed
+// get one). A record without a gateway is left to Sweep.
+func (m *Manager) refreshEgress() {
+	ids, _ := m.List()
+	for _, id := range ids {
+		n, err := m.Get(id)
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(runDir, m.gwName(id))); err != nil {
+			continue
+		}
+		if err := m.writeEgress(id, n.Policy); err != nil {
+			m.cfg.Logger.Warn("egress floor not applied to a running sandbox", "instance", id, "err", err)
+		}
+	}
 }

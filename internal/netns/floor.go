@@ -1,0 +1,172 @@
+package netns
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/spore-run/spore/internal/errdefs"
+)
+
+// MaxPolicyEntries caps each list of a policy: every entry is a rule the
+// kernel walks for each new outbound connection of the sandbox.
+const MaxPolicyEntries = 256
+
+// defaultFloor is what no sandbox reaches, whatever its policy: the host's
+// LAN (private ranges), carrier-grade NAT, link-local (the cloud metadata
+// address 169.254.169.254), loopback, "this network", IETF protocol
+// assignments, multicast and reserved space. 198.18.0.0/15 (benchmarking)
+// is deliberately not here: the tests' outside hosts live there.
+var defaultFloor = []string{
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+	"::1/128", "fc00::/7", "fe80::/10",
+}
+
+// DefaultFloor returns the default operator floor (see Config.Floor).
+func DefaultFloor() []netip.Prefix {
+	out := make([]netip.Prefix, len(defaultFloor))
+	for i, s := range defaultFloor {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// ParsePrefixes parses CIDRs or single addresses (an operator's list).
+func ParsePrefixes(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range list {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		return nil, errdefs.Invalidf("%q is not an address or CIDR", s)
+	}
+	return out, nil
+}
+
+// Validate checks a user policy: IPv4 entries only (sandboxes have no
+// IPv6 route), at most MaxPolicyEntries in each list.
+func (p Policy) Validate() error {
+	for _, l := range []struct {
+		name string
+		list []netip.Prefix
+	}{{"allow", p.Allow}, {"deny", p.Deny}} {
+		if len(l.list) > MaxPolicyEntries {
+			return errdefs.Invalidf("%s list has %d entries, at most %d", l.name, len(l.list), MaxPolicyEntries)
+		}
+		for _, e := range l.list {
+			if !e.IsValid() || !e.Addr().Is4() {
+				return errdefs.Invalidf("%s entry %v is not an IPv4 address or CIDR", l.name, e)
+			}
+		}
+	}
+	return nil
+}
+
+// buildFloor returns the IPv4 floor the gateways enforce: the configured
+// prefixes (DefaultFloor when nil) and the host's own addresses, outside
+// the sandbox space (which the floor's 10.0.0.0/8 covers by default and
+// the root namespace's rules cover anyway). IPv6 entries need no rule:
+// sandboxes have no IPv6 address or route and gateways forward no IPv6.
+func buildFloor(cfg []netip.Prefix, host map[netip.Addr]bool, sandboxSpace netip.Prefix) []netip.Prefix {
+	if cfg == nil {
+		cfg = DefaultFloor()
+	}
+	var out []netip.Prefix
+	for _, p := range cfg {
+		if p.Addr().Is4() {
+			out = append(out, p.Masked())
+		}
+	}
+	for a := range host {
+		if a.Is4() && !sandboxSpace.Contains(a) && !slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			out = append(out, netip.PrefixFrom(a, 32))
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// Floor returns the IPv4 prefixes no sandbox of this manager reaches.
+func (m *Manager) Floor() []netip.Prefix { return slices.Clone(m.floor) }
+
+// DNSVerdict says what the node's DNS forwarder does with a query from a
+// source address.
+type DNSVerdict int
+
+const (
+	// DNSDrop: not a sandbox of this manager; ignore the packet.
+	DNSDrop DNSVerdict = iota
+	// DNSRefuse: a sandbox whose policy keeps it off the internet; answer
+	// REFUSED at once (so resolvers fail fast, and a name lookup is no
+	// channel out of a closed sandbox).
+	DNSRefuse
+	// DNSForward: forward to the operator's upstream.
+	DNSForward
+)
+
+func (v DNSVerdict) String() string {
+	switch v {
+	case DNSRefuse:
+		return "refuse"
+	case DNSForward:
+		return "forward"
+	}
+	return "drop"
+}
+
+// DNSVerdictFor decides on a query arriving from src: the gateway address
+// (up0, 10.200.S.2) a sandbox's packets leave with. A sandbox with
+// internet access resolves names; one without does not, whatever its
+// allow list (the list is of addresses; DNS would be a way out).
+func (m *Manager) DNSVerdictFor(src netip.Addr) DNSVerdict {
+	m.idxMu.RLock()
+	p, ok := m.byAddr[src.Unmap()]
+	m.idxMu.RUnlock()
+	switch {
+	case !ok:
+		return DNSDrop
+	case p.Internet:
+		return DNSForward
+	}
+	return DNSRefuse
+}
+
+func (m *Manager) index(n Net) {
+	m.idxMu.Lock()
+	m.byAddr[n.Addr] = n.Policy
+	m.idxMu.Unlock()
+}
+
+func (m *Manager) unindex(addr netip.Addr) {
+	m.idxMu.Lock()
+	delete(m.byAddr, addr)
+	m.idxMu.Unlock()
+}
+
+// loadIndex fills the address index from the records (a restarted server
+// re-attaches to running sandboxes).
+func (m *Manager) loadIndex() error {
+	ids, err := m.List()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		n, err := m.Get(id)
+		if err != nil {
+			m.cfg.Logger.Warn("network record unreadable; its sandbox gets no DNS", "instance", id, "err", err)
+			continue
+		}
+		m.index(n)
+	}
+	return nil
+}
