@@ -191,3 +191,31 @@ func TestFakeCleanupAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A sandbox whose recovery fails (the runtime errs re-attaching to it)
+// does not fail Open: it is logged and left as recorded, the others
+// recover, and the next Open recovers it.
+func TestFakeOpenSurvivesRecoveryFailure(t *testing.T) {
+	f := newFake(t)
+	a, b := f.create(), f.create()
+	f.set(a.ID, "x", "a")
+	f.close()
+	f.rt.Fail(fake.OpRecover, b.Instance, 1, errors.New("runtime hiccup"))
+	f.open()
+	if got := f.get(a.ID, "x"); got != "a" {
+		t.Fatalf("a's x = %q", got)
+	}
+	if !strings.Contains(f.logged(), "cannot recover sandbox") {
+		t.Fatalf("the failure was not logged:\n%s", f.logged())
+	}
+	if !slices.Contains(f.rt.Instances(), b.Instance) {
+		t.Fatalf("b's instance %s was removed although its record is intact", b.Instance)
+	}
+	f.reopen()
+	if sb, err := f.eng.Get(fctx(t), b.ID); err != nil || sb.State != engine.StateRunning {
+		t.Fatalf("b after the next Open = %+v, %v", sb, err)
+	}
+	if _, err := f.run(b.ID, "true"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -124,6 +124,27 @@ func (r *Runtime) Fail(op Op, id string, n int, err error) {
 	}
 }
 
+// Clone returns a copy of the runtime's instances as they are now (a
+// crash image: what a restarted process would find), without faults,
+// hook or exec handler.
+func (r *Runtime) Clone() *Runtime {
+	c := New()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, in := range r.instances {
+		cp := *in
+		cp.mem = maps.Clone(in.mem)
+		cp.done = make(chan struct{})
+		if in.exit != nil {
+			ex := *in.exit
+			cp.exit = &ex
+			close(cp.done)
+		}
+		c.instances[id] = &cp
+	}
+	return c
+}
+
 // ClearFaults drops every fault Fail injected and not yet used.
 func (r *Runtime) ClearFaults() {
 	r.mu.Lock()
