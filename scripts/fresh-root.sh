@@ -89,7 +89,14 @@ if [ "${1:-}" = --inside ]; then
 		echo "deb $MIRROR $SUITE-updates main"
 		if [ -n "$SECURITY" ]; then echo "deb $SECURITY $SUITE-security main"; fi
 	} >"$ROOT/etc/apt/sources.list"
+	# The network's settings are the machine's, not the project's: its DNS,
+	# and the certificate authorities local to this site (an egress proxy
+	# that re-signs TLS, say), which a fresh machine on this network has too.
 	cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+	if compgen -G '/usr/local/share/ca-certificates/*' >/dev/null; then
+		cp -a /usr/local/share/ca-certificates/. "$ROOT/usr/local/share/ca-certificates/"
+		chroot "$ROOT" update-ca-certificates >>"$LOG" 2>&1
+	fi
 
 	GOROOT_HOST=$(go env GOROOT)
 	MODCACHE=$(go env GOMODCACHE)
@@ -115,13 +122,19 @@ if [ "${1:-}" = --inside ]; then
 	git -C "$ROOT/src/spore" fetch --quiet "$REPO" "$rev"
 	git -C "$ROOT/src/spore" checkout --quiet --detach "$rev"
 
+	# The machine's network environment (proxies, CA bundle paths), if any.
+	netenv=()
+	for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY SSL_CERT_FILE SSL_CERT_DIR \
+		NODE_EXTRA_CA_CERTS GIT_SSL_CAINFO CURL_CA_BUNDLE; do
+		if [ -n "${!v:-}" ]; then netenv+=("$v=${!v}"); fi
+	done
 	inroot() { # name, shell command: run in the chroot with a clean environment
 		local name=$1 t
 		shift
 		t=$(date +%s)
 		step "$name: $*"
 		echo "==== $name: $*" >>"$LOG"
-		if ! env -i HOME=/root TERM=dumb LANG=C.UTF-8 CI="${CI:-}" \
+		if ! env -i HOME=/root TERM=dumb LANG=C.UTF-8 CI="${CI:-}" "${netenv[@]}" \
 			PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			GOPROXY="$GOPROXY_CHAIN" GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
 			chroot "$ROOT" /bin/bash -c "cd /src/spore && $*" >>"$LOG" 2>&1; then
