@@ -26,6 +26,7 @@ import (
 	"github.com/spore-run/spore/internal/atomicfs"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/netns"
 )
 
 // Stamp records how a root filesystem was built.
@@ -76,8 +77,30 @@ type Spec struct {
 	Revision int
 }
 
-// treeRevision is the revision of prepareTree's adjustments.
-const treeRevision = 2
+// treeRevision is the revision of prepareTree's adjustments (3: the
+// sandbox's own /etc/hosts, /etc/hostname and /etc/resolv.conf).
+const treeRevision = 3
+
+// Hostname is a sandbox's host name (the runtime's default, see
+// runtime/gvisor), listed in the root filesystem's /etc/hosts.
+const Hostname = "sandbox"
+
+// etcFiles are the name-service files of every sandbox. debootstrap
+// leaves the build host's resolv.conf (a resolver sandboxes cannot
+// reach) and no hosts file (not even localhost resolves). Every sandbox
+// and clone sees the same addresses (netns), so static files hold: the
+// resolver is the gateway, where the node's DNS forwarder answers.
+func etcFiles() map[string]string {
+	return map[string]string{
+		"etc/hosts": "127.0.0.1\tlocalhost\n" +
+			"::1\tlocalhost ip6-localhost ip6-loopback\n" +
+			"ff02::1\tip6-allnodes\n" +
+			"ff02::2\tip6-allrouters\n" +
+			netns.SandboxIP.String() + "\t" + Hostname + "\n",
+		"etc/hostname":    Hostname + "\n",
+		"etc/resolv.conf": "nameserver " + netns.GatewayIP.String() + "\n",
+	}
+}
 
 // BaseSpec is the `base` root filesystem: Debian bookworm minbase plus the
 // tools agents expect.
@@ -201,6 +224,9 @@ func prepareTree(root string, files map[string]string) error {
 			return err
 		}
 	}
+	if err := writeEtc(root); err != nil {
+		return err
+	}
 	// Package caches are not needed at run time.
 	os.RemoveAll(filepath.Join(root, "var", "cache", "apt", "archives"))
 	os.MkdirAll(filepath.Join(root, "var", "cache", "apt", "archives", "partial"), 0o755)
@@ -214,6 +240,22 @@ func prepareTree(root string, files map[string]string) error {
 			return err
 		}
 		if err := os.WriteFile(target, b, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeEtc writes the sandbox's name-service files into a tree.
+func writeEtc(root string) error {
+	for name, content := range etcFiles() {
+		p := filepath.Join(root, name)
+		// Replace, never write through: a symbolic link left by a package
+		// must not send the write elsewhere.
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 			return err
 		}
 	}

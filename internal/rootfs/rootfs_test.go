@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -44,5 +45,44 @@ func TestLookupAndUpToDate(t *testing.T) {
 	}
 	if st, err := Lookup(dir, "base"); err != nil || st.ID != "r1" {
 		t.Fatalf("Lookup = %+v, %v", st, err)
+	}
+}
+
+// The tree gets the sandbox's own name-service files, replacing what
+// debootstrap left (the build host's resolver), without following links.
+func TestWriteEtc(t *testing.T) {
+	root := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "outside")
+	os.WriteFile(outside, []byte("keep"), 0o644)
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "resolv.conf"), []byte("nameserver 10.255.255.53\n"), 0o755)
+	os.Symlink(outside, filepath.Join(root, "etc", "hosts"))
+	if err := writeEtc(root); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(root, "etc", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if got := read("resolv.conf"); got != "nameserver 10.0.0.1\n" {
+		t.Errorf("resolv.conf = %q", got)
+	}
+	hosts := read("hosts")
+	for _, line := range []string{"127.0.0.1\tlocalhost", "10.0.0.2\t" + Hostname} {
+		if !strings.Contains(hosts, line+"\n") {
+			t.Errorf("hosts lacks %q:\n%s", line, hosts)
+		}
+	}
+	if got := read("hostname"); got != Hostname+"\n" {
+		t.Errorf("hostname = %q", got)
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "keep" {
+		t.Errorf("wrote through a symbolic link: %q", b)
+	}
+	if st, _ := os.Lstat(filepath.Join(root, "etc", "hosts")); st.Mode()&os.ModeSymlink != 0 || st.Mode().Perm() != 0o644 {
+		t.Errorf("hosts mode %v", st.Mode())
 	}
 }
