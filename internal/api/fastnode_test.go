@@ -1,0 +1,324 @@
+package api_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/proxy"
+)
+
+// The API and the proxy over a fake node (controltest: the real engine on
+// the fake runtime, a loopback network) and a real SQLite store: status
+// codes, JSON errors, paging and proxying, fast and under -race. The same
+// behaviour over real sandboxes: TestLifecycle, TestProxy, TestBadInput.
+
+type fnode struct {
+	t   *testing.T
+	url string
+	n   *controltest.Node
+	ctl *control.Service
+}
+
+func newFnode(t *testing.T) *fnode {
+	t.Helper()
+	st := openStore(t)
+	f := &fnode{t: t, n: controltest.New(t)}
+	f.ctl = control.New(control.Config{Store: st, Engine: f.n.Engine})
+	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	return f
+}
+
+func (f *fnode) do(method, path, body string, hdr ...string) (int, []byte, http.Header) {
+	f.t.Helper()
+	req, _ := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	req.Header.Set("X-API-KEY", key)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header
+}
+
+// want checks a status; an error status must come with a JSON
+// {code,message} of the same code.
+func (f *fnode) want(code int, method, path, body string, hdr ...string) []byte {
+	f.t.Helper()
+	got, b, _ := f.do(method, path, body, hdr...)
+	if got != code {
+		f.t.Fatalf("%s %s %.80s = %d %.300s, want %d", method, path, body, got, b, code)
+	}
+	if code >= 400 {
+		var e api.ErrorBody
+		if json.Unmarshal(b, &e) != nil || e.Code != code || e.Message == "" {
+			f.t.Fatalf("%s %s = %d with body %.300s, want a JSON {code,message}", method, path, code, b)
+		}
+	}
+	return b
+}
+
+func (f *fnode) create(body string) api.SandboxResponse {
+	f.t.Helper()
+	var r api.SandboxResponse
+	if err := json.Unmarshal(f.want(201, "POST", "/v2/sandboxes", body), &r); err != nil || r.SandboxID == "" {
+		f.t.Fatalf("create: %v %+v", err, r)
+	}
+	return r
+}
+
+func (f *fnode) state(id string) (string, string) {
+	f.t.Helper()
+	var d api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/sandboxes/"+id, ""), &d)
+	return d.State, d.SporeState
+}
+
+// The lifecycle's status codes: create 201; pause 204 then 409; connect
+// 201 when it resumed, 200 when it was running; resume of a running
+// sandbox 409; hibernate; snapshot, fork, rollback; kill 204 then 404.
+func TestFastLifecycleStatuses(t *testing.T) {
+	f := newFnode(t)
+	sb := f.create(`{"templateID":"base","timeout":60,"metadata":{"k":"v"}}`)
+	if st, sp := f.state(sb.SandboxID); st != "running" || sp != "running" {
+		t.Fatalf("new sandbox: %s/%s", st, sp)
+	}
+	f.want(204, "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
+	f.want(409, "POST", "/sandboxes/"+sb.SandboxID+"/pause", "")
+	f.want(201, "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":60}`)
+	f.want(200, "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":60}`)
+	f.want(409, "POST", "/sandboxes/"+sb.SandboxID+"/resume", `{}`)
+	f.want(204, "POST", "/sandboxes/"+sb.SandboxID+"/hibernate", "")
+	if st, sp := f.state(sb.SandboxID); st != "paused" || sp != "hibernated" {
+		t.Fatalf("hibernated sandbox: %s/%s", st, sp)
+	}
+	f.want(201, "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":60}`)
+	f.want(204, "POST", "/sandboxes/"+sb.SandboxID+"/timeout", `{"timeout":120}`)
+	var sn struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	json.Unmarshal(f.want(201, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{"name":"fast-snap"}`), &sn)
+	f.want(409, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{"name":"fast-snap"}`)
+	var kids []api.ForkChild
+	json.Unmarshal(f.want(201, "POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count":2}`), &kids)
+	if len(kids) != 2 || kids[0].Sandbox == nil || kids[1].Sandbox == nil || kids[0].Sandbox.SandboxID == kids[1].Sandbox.SandboxID {
+		t.Fatalf("fork children: %+v", kids)
+	}
+	f.want(200, "POST", "/sandboxes/"+sb.SandboxID+"/rollback", `{"snapshotID":"`+sn.SnapshotID+`"}`)
+	f.want(404, "POST", "/sandboxes/"+sb.SandboxID+"/rollback", `{"snapshotID":"s0000000000000000000"}`)
+	f.want(204, "DELETE", "/sandboxes/"+sb.SandboxID, "")
+	f.want(404, "DELETE", "/sandboxes/"+sb.SandboxID, "")
+	f.want(404, "GET", "/sandboxes/"+sb.SandboxID, "")
+	// The snapshot outlives its sandbox and creates a new one.
+	f.create(`{"templateID":"` + sn.SnapshotID + `"}`)
+}
+
+// Bad input is a JSON 4xx and changes nothing.
+func TestFastBadInput(t *testing.T) {
+	f := newFnode(t)
+	sb := f.create(`{"templateID":"base"}`)
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/v2/sandboxes", `{not json`, 400},
+		{"POST", "/v2/sandboxes", `{"timeout":-5}`, 400},
+		{"POST", "/v2/sandboxes", `{"templateID":"no-such-template"}`, 404},
+		{"POST", "/v2/sandboxes", `{"templateID":"../../etc"}`, 400},
+		{"POST", "/v2/sandboxes", `{"network":{"denyOut":["not-a-cidr"]}}`, 400},
+		{"GET", "/sandboxes/UPPER", "", 400},
+		{"GET", "/sandboxes/i0000000000000000000", "", 404},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/fork", `{"count":0}`, 400},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/fork", `{"count":101}`, 400},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/rollback", `{}`, 400},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout", `{"timeout":-1}`, 400},
+		{"GET", "/v2/sandboxes?nextToken=garbage", "", 400},
+		{"GET", "/v2/sandboxes?limit=0", "", 400},
+		{"GET", "/v2/sandboxes?state=exploded", "", 400},
+	} {
+		f.want(c.want, c.method, c.path, c.body)
+	}
+	var list []api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/v2/sandboxes", ""), &list)
+	if len(list) != 1 || list[0].SandboxID != sb.SandboxID {
+		t.Fatalf("bad input changed the sandboxes: %+v", list)
+	}
+}
+
+// Paging walks every sandbox exactly once; filters select by metadata
+// and state.
+func TestFastPaging(t *testing.T) {
+	f := newFnode(t)
+	want := map[string]bool{}
+	for i := range 5 {
+		sb := f.create(fmt.Sprintf(`{"templateID":"base","metadata":{"i":"%d","even":"%v"}}`, i, i%2 == 0))
+		want[sb.SandboxID] = true
+	}
+	seen := map[string]bool{}
+	next, pages := "", 0
+	for {
+		code, b, hdr := f.do("GET", "/v2/sandboxes?limit=2&nextToken="+next, "")
+		var page []api.SandboxDetail
+		if code != 200 || json.Unmarshal(b, &page) != nil || len(page) > 2 {
+			t.Fatalf("page %d: %d %s", pages, code, b)
+		}
+		for _, d := range page {
+			if seen[d.SandboxID] || !want[d.SandboxID] {
+				t.Fatalf("page %d: %s repeated or unknown", pages, d.SandboxID)
+			}
+			seen[d.SandboxID] = true
+		}
+		pages++
+		if next = hdr.Get("X-Next-Token"); next == "" {
+			break
+		}
+	}
+	if len(seen) != 5 || pages != 3 {
+		t.Fatalf("paging saw %d sandboxes in %d pages, want 5 in 3", len(seen), pages)
+	}
+	var evens []api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/v2/sandboxes?metadata=even%3Dtrue", ""), &evens)
+	if len(evens) != 3 {
+		t.Fatalf("metadata filter: %d sandboxes, want 3", len(evens))
+	}
+	for id := range want {
+		f.want(204, "POST", "/sandboxes/"+id+"/pause", "")
+		break
+	}
+	var paused []api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/v2/sandboxes?state=paused", ""), &paused)
+	if len(paused) != 1 {
+		t.Fatalf("state filter: %d paused, want 1", len(paused))
+	}
+}
+
+// backend is "the sandbox's" server: it listens on the port every fake
+// instance's loopback address shares. /stream writes a line, then waits
+// until the client has read it (so streaming is checked by order, not
+// time), then writes lines until the request ends.
+type backend struct {
+	port    int
+	readOne chan struct{}
+	ended   chan struct{}
+	once    sync.Once
+}
+
+func newBackend(t *testing.T) *backend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &backend{port: ln.Addr().(*net.TCPAddr).Port, readOne: make(chan struct{}), ended: make(chan struct{})}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/stream" {
+			fmt.Fprintf(w, "hello from %s", r.Host)
+			return
+		}
+		defer b.once.Do(func() { close(b.ended) })
+		fmt.Fprintln(w, "first")
+		w.(http.Flusher).Flush()
+		select {
+		case <-b.readOne:
+		case <-r.Context().Done():
+			return
+		}
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintln(w, i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return b
+}
+
+// The proxy routes by header and by Host, streams as the sandbox writes,
+// answers a JSON 502 for paused and unknown sandboxes and a 400 for bad
+// routes, and ends a stream when its sandbox goes (kill, hibernate).
+func TestFastProxy(t *testing.T) {
+	f := newFnode(t)
+	be := newBackend(t)
+	port := strconv.Itoa(be.port)
+	sb := f.create(`{"templateID":"base"}`)
+	if b := f.want(200, "GET", "/hello", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", port); !strings.HasPrefix(string(b), "hello from 127.1.") {
+		t.Fatalf("by header: %s", b)
+	}
+	if b := f.want(200, "GET", "/hello", "", "Host", port+"-"+sb.SandboxID+".spore.localhost"); !strings.HasPrefix(string(b), "hello from 127.1.") {
+		t.Fatalf("by Host: %s", b)
+	}
+	f.want(400, "GET", "/hello", "", "E2b-Sandbox-Id", "../etc")
+	f.want(400, "GET", "/hello", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "99999")
+	f.want(502, "GET", "/hello", "", "E2b-Sandbox-Id", "i0000000000000000000", "E2b-Sandbox-Port", port)
+
+	for _, end := range []struct{ name, method, path string }{
+		{"hibernate", "POST", "/sandboxes/" + sb.SandboxID + "/hibernate"},
+		{"kill", "DELETE", "/sandboxes/" + sb.SandboxID},
+	} {
+		t.Run(end.name, func(t *testing.T) {
+			be.readOne, be.ended, be.once = make(chan struct{}), make(chan struct{}), sync.Once{}
+			f.want(map[bool]int{true: 201, false: 200}[end.name == "kill"], "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{}`)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/stream", nil)
+			req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+			req.Header.Set("E2b-Sandbox-Port", port)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			rd := bufio.NewReader(resp.Body)
+			if l, err := rd.ReadString('\n'); l != "first\n" {
+				t.Fatalf("first line %q, %v: not streamed", l, err)
+			}
+			close(be.readOne)
+			if l, err := rd.ReadString('\n'); err != nil || l != "0\n" {
+				t.Fatalf("second line %q, %v", l, err)
+			}
+			f.want(204, end.method, end.path, "")
+			if _, err := io.Copy(io.Discard, rd); ctx.Err() != nil {
+				t.Fatalf("the stream did not end when the sandbox went (%s): %v", end.name, err)
+			}
+			select {
+			case <-be.ended:
+			case <-ctx.Done():
+				t.Fatal("the sandbox side of the stream was not ended")
+			}
+			if end.name == "hibernate" {
+				f.want(502, "GET", "/hello", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", port)
+			}
+		})
+	}
+}
