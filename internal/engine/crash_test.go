@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // The helper process: an engine running snapshots or forks in a loop until
@@ -62,6 +62,7 @@ func TestCrashRecovery(t *testing.T) {
 
 func crashRounds(t *testing.T, mode string, rounds int) {
 	e := newEnv(t)
+	rng := testenv.Rand(t) // the kill delays
 	ctx := ctxFor(t)
 	src := e.create(ctx, e.counter)
 	c := e.bump(ctx, src.ID)
@@ -97,7 +98,7 @@ func crashRounds(t *testing.T, mode string, rounds int) {
 				break
 			}
 		}
-		time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 		committed += dones

@@ -8,11 +8,14 @@ package testenv
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 // DataDir is where `make setup` installs the runtime (SPORE_DATA_DIR
@@ -40,6 +43,27 @@ func RealTier(t testing.TB) {
 	if Fast() {
 		t.Skip("real tier: needs the real runtime (SPORE_TIER=fast)")
 	}
+}
+
+// SeedEnv overrides the seed of Rand, to replay a failed run.
+const SeedEnv = "SPORE_TEST_SEED"
+
+// Rand returns the random source for a test's random delays and choices
+// (crash and chaos tests), seeded from SPORE_TEST_SEED or else the clock.
+// The seed is logged, so a failure can be replayed with the same delays
+// and choices (the host's own timing still varies).
+func Rand(t testing.TB) *rand.Rand {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(SeedEnv); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q is not a number", SeedEnv, s)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (replay: %s=%d)", seed, SeedEnv, seed)
+	return rand.New(rand.NewPCG(seed, seed^0x5eed))
 }
 
 // Runsc returns the runsc binary, failing t when it is missing.

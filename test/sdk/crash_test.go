@@ -23,6 +23,7 @@ import (
 // instance directories, network namespaces).
 func TestCrashRounds(t *testing.T) {
 	s := newServer(t, "--pool", "0") // no background restores racing the checks
+	rng := testenv.Rand(t)           // the kill delays; each round's client has its own source
 	rounds := 20
 	var lastSnaps []string
 	restored := map[string]bool{}
@@ -33,6 +34,7 @@ func TestCrashRounds(t *testing.T) {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		ops := 0
+		work := rand.New(rand.NewPCG(rng.Uint64(), uint64(round)))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -42,14 +44,14 @@ func TestCrashRounds(t *testing.T) {
 					return
 				default:
 				}
-				if s.workStep(round) {
+				if s.workStep(round, work) {
 					mu.Lock()
 					ops++
 					mu.Unlock()
 				}
 			}
 		}()
-		time.Sleep(time.Duration(200+rand.IntN(1300)) * time.Millisecond)
+		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
 		s.kill9()
 		close(stop)
 		wg.Wait()
@@ -61,7 +63,7 @@ func TestCrashRounds(t *testing.T) {
 }
 
 // workStep does one random operation; it reports whether it succeeded.
-func (s *server) workStep(round int) bool {
+func (s *server) workStep(round int, rng *rand.Rand) bool {
 	code, body := s.restQuiet("GET", "/v2/sandboxes?state=running", "")
 	if code != 200 {
 		return false
@@ -72,8 +74,8 @@ func (s *server) workStep(round int) bool {
 		code, _ := s.restQuiet("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":600,"metadata":{"round":"%d"}}`, round))
 		return code == 201
 	}
-	sb := running[rand.IntN(len(running))].SandboxID
-	switch rand.IntN(6) {
+	sb := running[rng.IntN(len(running))].SandboxID
+	switch rng.IntN(6) {
 	case 0:
 		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/snapshots", `{}`)
 	case 1:
@@ -87,7 +89,7 @@ func (s *server) workStep(round int) bool {
 		if len(snaps) == 0 {
 			return false
 		}
-		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/rollback", `{"snapshotID":"`+snaps[rand.IntN(len(snaps))].SnapshotID+`"}`)
+		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/rollback", `{"snapshotID":"`+snaps[rng.IntN(len(snaps))].SnapshotID+`"}`)
 	case 3:
 		code, _ = s.restQuiet("POST", "/sandboxes/"+sb+"/hibernate", "")
 	case 4:
