@@ -8,17 +8,21 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/spore-run/spore/internal/dnsfwd"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envdclient"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/runtime/gvisor"
 	"github.com/spore-run/spore/internal/setup"
@@ -48,7 +52,16 @@ type Config struct {
 	// MemoryReserve is host memory new sandboxes may not use (see
 	// engine.Config.MemoryReserve; 0: the default, negative: none).
 	MemoryReserve int64
-	Logger        *slog.Logger
+	// EgressFloor is what no sandbox reaches whatever its policy (nil:
+	// netns.DefaultFloor; the host's addresses are always added).
+	EgressFloor []netip.Prefix
+	// DNSUpstreams are the resolvers the sandboxes' DNS forwarder asks
+	// (default: the nameservers of the host's /etc/resolv.conf).
+	DNSUpstreams []netip.AddrPort
+	// DNSPort is the forwarder's port on the host ends (0: the port
+	// recorded in the data directory, else a free one).
+	DNSPort uint16
+	Logger  *slog.Logger
 }
 
 // Node is a running node.
@@ -58,6 +71,7 @@ type Node struct {
 	Net     *netns.Manager
 	Envd    *envdclient.Client
 	envdDir string
+	dns     *dnsfwd.Forwarder
 	log     *slog.Logger
 }
 
@@ -95,12 +109,33 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger})
+	if st, err := rootfs.Lookup(cfg.RootFSDir, "base"); err == nil && st.Revision < rootfs.BaseSpec().Revision {
+		cfg.Logger.Warn("the base root filesystem predates this build (sandboxes may lack name resolution); run `spore setup`", "revision", st.Revision, "want", rootfs.BaseSpec().Revision)
+	}
+	upstreams := cfg.DNSUpstreams
+	if len(upstreams) == 0 {
+		if upstreams, err = HostResolvers("/etc/resolv.conf"); err != nil || len(upstreams) == 0 {
+			cfg.Logger.Warn("no DNS upstream (none given, none in /etc/resolv.conf): names do not resolve in sandboxes", "err", err)
+		}
+	}
+	sockets, err := listenDNS(filepath.Join(dataDir, "dns-port"), cfg.DNSPort, cfg.Logger)
 	if err != nil {
+		return nil, err
+	}
+	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger,
+		Floor: cfg.EgressFloor, DNSPort: sockets.port})
+	if err != nil {
+		sockets.Close()
+		return nil, err
+	}
+	fwd, err := dnsfwd.Serve(dnsfwd.Config{Upstreams: upstreams, Policy: dnsPolicy(nm), Logger: cfg.Logger}, sockets.udp, sockets.tcp)
+	if err != nil {
+		sockets.Close()
 		return nil, err
 	}
 	repo, err := snapshot.Open(filepath.Join(dataDir, "snapshots"))
 	if err != nil {
+		fwd.Close()
 		return nil, err
 	}
 	client := envdclient.New()
@@ -110,13 +145,15 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		MemoryReserve: cfg.MemoryReserve,
 	})
 	if err != nil {
+		fwd.Close()
 		return nil, err
 	}
-	return &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, log: cfg.Logger}, nil
+	return &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger}, nil
 }
 
-// Close releases the node; sandboxes keep running.
-func (n *Node) Close() error { return n.Engine.Close() }
+// Close releases the node; sandboxes keep running (without name
+// resolution until the node is back).
+func (n *Node) Close() error { return errors.Join(n.Engine.Close(), n.dns.Close()) }
 
 // EnvdDir is the installed daemon's directory (bound at /opt/spore).
 func (n *Node) EnvdDir() string { return n.envdDir }

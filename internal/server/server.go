@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,6 +54,10 @@ type Config struct {
 	// PoolSize is how many sandboxes of each default template are kept
 	// restored ahead of time (0: none).
 	PoolSize int
+	// EgressFloor, DNSUpstreams and DNSPort: see node.Config.
+	EgressFloor  []netip.Prefix
+	DNSUpstreams []netip.AddrPort
+	DNSPort      uint16
 }
 
 // KeyFile is where a generated API key is kept (root-only).
@@ -70,6 +75,7 @@ func Run(ctx context.Context, cfg Config) error {
 	n, err := node.Open(ctx, node.Config{
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: log,
+		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
 	})
 	if err != nil {
 		return err
