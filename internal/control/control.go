@@ -165,6 +165,13 @@ func ParsePolicy(internet *bool, allow, deny []string) (netns.Policy, error) {
 		}
 		return out, nil
 	}
+	// Capped before parsing: each entry is a rule in the sandbox's
+	// gateway (netns refuses more too).
+	for name, list := range map[string][]string{"allowOut": allow, "denyOut": deny} {
+		if len(list) > netns.MaxPolicyEntries {
+			return p, errdefs.Invalidf("%s has %d entries, at most %d", name, len(list), netns.MaxPolicyEntries)
+		}
+	}
 	var err error
 	if p.Allow, err = parse(allow); err != nil {
 		return p, err
