@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,12 @@ import (
 
 // Hostile code cannot read or write host files: /proc/1/root, symlinks
 // and .. all stay inside the sandbox's own root.
+//
+// Each probe has a positive control: the same command, through the same
+// exec channel as the same user, aimed at a file inside the sandbox must
+// read it (or, for the mount tricks, be visibly refused). So "the probe
+// did not read the host file" means the boundary held, not that the
+// channel, the shell or the command was broken.
 func TestHostileFilesystem(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxFor(t)
@@ -26,37 +33,81 @@ func TestHostileFilesystem(t *testing.T) {
 	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
 	c := e.client(sb)
 	c.user = "root"
-	probes := []string{
-		"cat " + secret,
-		"cat /proc/1/root" + secret,
-		"cat /proc/self/root" + secret,
-		"cat /../../../.." + secret,
-		"ln -sf " + secret + " /tmp/l && cat /tmp/l",
-		"ln -sf /proc/1/root /tmp/r && cat /tmp/r" + secret,
-		"cat /proc/1/cwd/" + filepath.Base(secret),
+	// The sandbox's own file, at a path of the same shape, and a copy in
+	// its pid 1's working directory (for the /proc/1/cwd probe).
+	inside := "/tmp/spore-sandbox-file-" + ids.New('x')
+	c.sh(ctx, "echo 'sandbox file' > "+inside+" && cp "+inside+" \"$(readlink /proc/1/cwd)\"/")
+	type probe struct {
+		cmd   func(path string) string
+		mount bool // may be refused outright (no CAP_SYS_ADMIN)
+	}
+	probes := []probe{
+		{cmd: func(p string) string { return "cat " + p }},
+		{cmd: func(p string) string { return "cat /proc/1/root" + p }},
+		{cmd: func(p string) string { return "cat /proc/self/root" + p }},
+		{cmd: func(p string) string { return "cat /../../../.." + p }},
+		{cmd: func(p string) string { return "ln -sf " + p + " /tmp/l && cat /tmp/l" }},
+		{cmd: func(p string) string { return "ln -sf /proc/1/root /tmp/r && cat /tmp/r" + p }},
+		{cmd: func(p string) string { return "cat /proc/1/cwd/" + filepath.Base(p) }},
 		// Bind tricks: root in the sandbox has no CAP_SYS_ADMIN, and even
 		// its own mounts only see the sandbox's tree.
-		"mkdir -p /mnt/x && mount --bind / /mnt/x && cat /mnt/x" + secret,
-		"mkdir -p /mnt/p && mount -t proc proc /mnt/p && cat /mnt/p/1/root" + secret,
-		"unshare -m sh -c 'mount --bind / /mnt && cat /mnt" + secret + "'",
+		{mount: true, cmd: func(p string) string {
+			return "mkdir -p /mnt/x && mount --bind / /mnt/x && cat /mnt/x" + p + "; umount /mnt/x 2>/dev/null"
+		}},
+		{mount: true, cmd: func(p string) string {
+			return "mkdir -p /mnt/p && mount -t proc proc /mnt/p && cat /mnt/p/1/root" + p + "; umount /mnt/p 2>/dev/null"
+		}},
+		{mount: true, cmd: func(p string) string { return "unshare -m sh -c 'mount --bind / /mnt && cat /mnt" + p + "'" }},
+	}
+	refused := regexp.MustCompile(`(?i)permission denied|operation not permitted|must be superuser|not permitted`)
+	// exec runs a probe and fails the test if the channel or the shell
+	// broke: the marker after it must come back.
+	exec := func(cmd string) string {
+		t.Helper()
+		r, err := c.run(ctx, "( "+cmd+" ) 2>&1; echo probe-exit=$?")
+		if err != nil || !strings.Contains(r.stdout, "probe-exit=") {
+			t.Fatalf("exec channel broken running %q: %v %q %q", cmd, err, r.stdout, r.stderr)
+		}
+		return r.stdout
 	}
 	for _, p := range probes {
-		r, _ := c.run(ctx, p)
-		if strings.Contains(r.stdout, "host secret") {
-			t.Fatalf("sandbox read a host file with %q", p)
+		control := exec(p.cmd(inside))
+		switch {
+		case strings.Contains(control, "sandbox file"):
+		case p.mount && refused.MatchString(control):
+			t.Logf("refused: %q: %s", p.cmd(inside), strings.TrimSpace(control))
+		default:
+			t.Fatalf("positive control failed: %q read nothing inside the sandbox and was not refused: %q", p.cmd(inside), control)
+		}
+		if out := exec(p.cmd(secret)); strings.Contains(out, "host secret") {
+			t.Fatalf("sandbox read a host file with %q", p.cmd(secret))
 		}
 	}
-	// Writes land in the sandbox, not on the host.
+	// Writes land in the sandbox, not on the host; the same writes to a
+	// sandbox path work (positive control).
 	escape := filepath.Join(os.TempDir(), "spore-escape-"+ids.New('x'))
-	for _, p := range []string{"echo x > " + escape, "echo x > /proc/1/root" + escape, "mkdir -p /tmp/a && echo x > /tmp/a/../../.." + escape} {
-		c.run(ctx, p)
+	for _, w := range []func(string) string{
+		func(p string) string { return "echo x > " + p },
+		func(p string) string { return "echo x > /proc/1/root" + p },
+		func(p string) string { return "mkdir -p /tmp/a && echo x > /tmp/a/../../.." + p },
+	} {
+		ok := "/tmp/spore-write-ok-" + ids.New('x')
+		if out := exec(w(ok) + " && cat " + ok); !strings.Contains(out, "x\nprobe-exit=0") {
+			t.Fatalf("positive control: %q did not write inside the sandbox: %q", w(ok), out)
+		}
+		exec(w(escape))
 		if _, err := os.Stat(escape); err == nil {
 			os.Remove(escape)
-			t.Fatalf("sandbox wrote a host file with %q", p)
+			t.Fatalf("sandbox wrote a host file with %q", w(escape))
 		}
 	}
-	// The sandbox's processes are its own: no host process is visible.
-	if out := c.sh(ctx, "ps -e -o comm= | sort -u | tr '\\n' ' '"); strings.Contains(out, "runsc") || strings.Contains(out, "go") || strings.Contains(out, "systemd") {
+	// The sandbox's processes are its own: no host process is visible, but
+	// its own are (the listing works).
+	out := c.sh(ctx, "ps -e -o comm= | sort -u | tr '\\n' ' '")
+	if !strings.Contains(out, "ps") {
+		t.Fatalf("positive control: ps does not list itself: %q", out)
+	}
+	if strings.Contains(out, "runsc") || strings.Contains(out, "go") || strings.Contains(out, "systemd") {
 		t.Fatalf("host processes visible: %s", out)
 	}
 }
