@@ -120,7 +120,12 @@ func TestHostileNeighbours(t *testing.T) {
 	b := e.client(e.create(ctx, engine.CreateOptions{Template: node.TemplateBase}))
 	a.sh(ctx, "echo a-secret > /home/user/a-secret.txt; nohup sleep 321 >/dev/null 2>&1 &")
 	b.user = "root"
-	if out := b.sh(ctx, "find / -xdev -name a-secret.txt 2>/dev/null; pgrep -x sleep || true"); strings.TrimSpace(out) != "" {
+	// Positive control: the same search finds b's own file and process.
+	b.sh(ctx, "echo b > /home/user/b-own.txt; nohup sleep 322 >/dev/null 2>&1 &")
+	if out := b.sh(ctx, "find / -xdev -name b-own.txt 2>/dev/null; pgrep -f 'sleep 322' >/dev/null && echo own-process"); out != "/home/user/b-own.txt\nown-process\n" {
+		t.Fatalf("positive control: b does not find its own file and process: %q", out)
+	}
+	if out := b.sh(ctx, "find / -xdev -name a-secret.txt 2>/dev/null; pgrep -f 'sleep 321' || true"); strings.TrimSpace(out) != "" {
 		t.Fatalf("b sees a's file or process: %q", out)
 	}
 }
