@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"testing"
@@ -17,12 +16,16 @@ import (
 func FuzzCreateRequest(f *testing.F) {
 	for _, s := range []string{`{}`, `{"templateID":"base","timeout":300}`, `{"timeout":-1}`, `{"timeout":1e20}`,
 		`{"metadata":{"":"x"}}`, `{"network":{"allowOut":["10.0.0.0/8"],"denyOut":["x"]}}`, `{"templateID":"../../etc"}`,
-		`{"envVars":{"A=B":"c"}}`, `{"cpuCount":-3}`, `null`, `[]`, `{"timeout":"5"}`} {
+		`{"envVars":{"A=B":"c"}}`, `{"cpuCount":-3}`, `null`, `[]`, `{"timeout":"5"}`, `{"secure":false}`, `{"mcp":{}}`,
+		`{"volumeMounts":[{}]}`, `{"network":{"egressProxy":{"address":"p"}}}`, `{"unknown":1}`, `{} {}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req api.CreateRequest
-		if json.Unmarshal(body, &req) != nil {
+		if err := api.DecodeStrict(body, &req); err != nil {
+			if !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("DecodeStrict = %v, want invalid argument", err)
+			}
 			return // the handler answers 400 before parsing
 		}
 		cr, err := api.ParseCreate(req)
