@@ -180,7 +180,6 @@ func HashKey(key string) string {
 // accepted nowhere else (no query parameter, no cookie), which is why the
 // proxy strips only these two headers.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
-	isKey := KeyCheck(s.st)
 	return func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("X-API-KEY")
 		if key == "" {
@@ -190,7 +189,7 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
 			return
 		}
-		if !isKey(r.Context(), key) {
+		if ok, _ := validKey(r.Context(), s.st, key); !ok {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
@@ -198,14 +197,23 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// KeyCheck reports whether a credential is a valid API key of st: the
-// API's authentication, and how the proxy knows which Authorization
-// headers to keep out of sandboxes.
+func validKey(ctx context.Context, st store.Store, key string) (bool, error) {
+	hash := HashKey(key)
+	k, err := st.APIKeyByHash(ctx, hash)
+	if err != nil {
+		return false, err
+	}
+	return subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) == 1, nil
+}
+
+// KeyCheck tells the proxy which Authorization values carry one of st's
+// API keys, to keep them out of sandboxes. When the store cannot answer
+// (anything but "no such key") it says yes: a credential held back is
+// harmless, a key let through is not.
 func KeyCheck(st store.Store) func(ctx context.Context, key string) bool {
 	return func(ctx context.Context, key string) bool {
-		hash := HashKey(key)
-		k, err := st.APIKeyByHash(ctx, hash)
-		return err == nil && subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) == 1
+		ok, err := validKey(ctx, st, key)
+		return ok || err != nil && !errdefs.IsNotFound(err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // scriptedEngine is the part of an engine the API edge tests reach: create,
@@ -296,5 +298,26 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 		if code != c.want || c.field != "" && !strings.Contains(string(body), `\"`+c.field+`\"`) {
 			t.Errorf("%s %s %s = %d %s, want %d naming %q", c.method, c.path, c.body, code, body, c.want, c.field)
 		}
+	}
+}
+
+// brokenKeys is a store that cannot look keys up.
+type brokenKeys struct{ store.Store }
+
+func (brokenKeys) APIKeyByHash(context.Context, string) (store.APIKey, error) {
+	return store.APIKey{}, errors.New("database is locked")
+}
+
+// The proxy's key check knows the keys, and when the store cannot answer
+// it holds the credential back rather than let a key into a sandbox.
+func TestKeyCheck(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	check := api.KeyCheck(st)
+	if !check(ctx, key) || check(ctx, "not-a-key") {
+		t.Fatalf("KeyCheck: key %v, non-key %v", check(ctx, key), check(ctx, "not-a-key"))
+	}
+	if !api.KeyCheck(brokenKeys{st})(ctx, "anything") {
+		t.Fatal("a store failure let a credential through")
 	}
 }
