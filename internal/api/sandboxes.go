@@ -41,14 +41,17 @@ type Lifecycle struct {
 
 // SandboxDetail is what getInfo and list return.
 type SandboxDetail struct {
-	SandboxID           string            `json:"sandboxID"`
-	TemplateID          string            `json:"templateID"`
-	ClientID            string            `json:"clientID"`
-	Alias               string            `json:"alias,omitempty"`
-	StartedAt           string            `json:"startedAt"`
-	EndAt               string            `json:"endAt"`
-	State               string            `json:"state"`      // running | paused
-	SporeState          string            `json:"sporeState"` // running | paused | hibernated
+	SandboxID  string `json:"sandboxID"`
+	TemplateID string `json:"templateID"`
+	ClientID   string `json:"clientID"`
+	Alias      string `json:"alias,omitempty"`
+	StartedAt  string `json:"startedAt"`
+	EndAt      string `json:"endAt"`
+	State      string `json:"state"`      // running | paused
+	SporeState string `json:"sporeState"` // running | paused | hibernated | error
+	// SporeReason says why a sandbox in state error died: oom | crashed.
+	SporeReason         string            `json:"sporeReason,omitempty"`
+	SporeReasonDetail   string            `json:"sporeReasonDetail,omitempty"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
 	DiskSizeMB          int               `json:"diskSizeMB"`
@@ -66,6 +69,9 @@ func sandboxResponse(sb control.Sandbox) SandboxResponse {
 }
 
 func apiState(st string) string {
+	if st == store.StateError {
+		return "error" // died on its own: sporeReason says why
+	}
 	if st == store.StateRunning {
 		return "running"
 	}
@@ -80,6 +86,7 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 	d := SandboxDetail{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, Alias: sb.Alias,
 		StartedAt: rfc3339(sb.StartedAt), EndAt: rfc3339(sb.EndAt), State: apiState(sb.State), SporeState: sb.State,
+		SporeReason: sb.Reason, SporeReasonDetail: sb.ReasonDetail,
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Metadata: md,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, AllowInternetAccess: sb.AllowInternet,
 		Lifecycle: Lifecycle{OnTimeout: "kill"},
