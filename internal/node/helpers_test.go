@@ -34,12 +34,15 @@ type env struct {
 	dir    string
 	cgroup string
 	n      *node.Node
+	tune   func(*node.Config) // changes the node's configuration
 }
 
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { return newEnvTuned(t, nil) }
+
+func newEnvTuned(t testing.TB, tune func(*node.Config)) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
-	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g')}
+	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: tune}
 	e.open()
 	t.Cleanup(e.destroy)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -52,11 +55,15 @@ func newEnv(t testing.TB) *env {
 
 func (e *env) open() {
 	e.t.Helper()
-	n, err := node.Open(context.Background(), node.Config{
+	cfg := node.Config{
 		DataDir: e.dir, RootFSDir: testenv.RootFSDir(e.t), Runsc: testenv.Runsc(e.t), EnvdBinary: testenv.EnvdBinary(e.t),
 		NetPrefix: "spn", CgroupParent: e.cgroup,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+	if e.tune != nil {
+		e.tune(&cfg)
+	}
+	n, err := node.Open(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
