@@ -122,10 +122,10 @@ func TestHostileNeighbours(t *testing.T) {
 	b.user = "root"
 	// Positive control: the same search finds b's own file and process.
 	b.sh(ctx, "echo b > /home/user/b-own.txt; nohup sleep 322 >/dev/null 2>&1 &")
-	if out := b.sh(ctx, "find / -xdev -name b-own.txt 2>/dev/null; pgrep -f 'sleep 322' >/dev/null && echo own-process"); out != "/home/user/b-own.txt\nown-process\n" {
+	if out := b.sh(ctx, "find / -xdev -name b-own.txt 2>/dev/null; pgrep -f '[s]leep 322' >/dev/null && echo own-process"); out != "/home/user/b-own.txt\nown-process\n" {
 		t.Fatalf("positive control: b does not find its own file and process: %q", out)
 	}
-	if out := b.sh(ctx, "find / -xdev -name a-secret.txt 2>/dev/null; pgrep -f 'sleep 321' || true"); strings.TrimSpace(out) != "" {
+	if out := b.sh(ctx, "find / -xdev -name a-secret.txt 2>/dev/null; pgrep -f '[s]leep 321' || true"); strings.TrimSpace(out) != "" {
 		t.Fatalf("b sees a's file or process: %q", out)
 	}
 }
