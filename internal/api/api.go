@@ -44,6 +44,20 @@ type Config struct {
 	// header or Host); nil: none.
 	Proxy  http.Handler
 	Logger *slog.Logger
+	// Node, when set, reports what the node set aside or has yet to free
+	// (shown by GET /debug/stats so an operator sees it without reading
+	// logs).
+	Node func() NodeReport
+}
+
+// NodeReport is the node's housekeeping as the operator sees it.
+type NodeReport struct {
+	// Quarantined lists sandbox records the node could not read at start
+	// and set aside ("<id>: <reason>").
+	Quarantined []string `json:"quarantined"`
+	// PendingCleanups counts instances and snapshots still to be freed
+	// (retried in the background; normally 0).
+	PendingCleanups int `json:"pendingCleanups"`
 }
 
 // Server is the API's HTTP handler.
@@ -53,6 +67,7 @@ type Server struct {
 	proxy http.Handler
 	log   *slog.Logger
 	mux   *http.ServeMux
+	node  func() NodeReport
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -63,7 +78,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux()}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node}
 	s.routes()
 	return s
 }
@@ -134,9 +149,10 @@ func (s *Server) table() []route {
 
 // Stats is the server's own resource use (leak checks, operations).
 type Stats struct {
-	Goroutines int    `json:"goroutines"`
-	HeapAlloc  uint64 `json:"heapAlloc"` // bytes, after a GC
-	OpenFiles  int    `json:"openFiles"`
+	Goroutines int         `json:"goroutines"`
+	HeapAlloc  uint64      `json:"heapAlloc"` // bytes, after a GC
+	OpenFiles  int         `json:"openFiles"`
+	Node       *NodeReport `json:"node,omitempty"`
 }
 
 func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
@@ -144,7 +160,12 @@ func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
 	var ms goruntime.MemStats
 	goruntime.ReadMemStats(&ms)
 	fds, _ := os.ReadDir("/proc/self/fd")
-	writeJSON(w, http.StatusOK, Stats{Goroutines: goruntime.NumGoroutine(), HeapAlloc: ms.HeapAlloc, OpenFiles: len(fds)})
+	st := Stats{Goroutines: goruntime.NumGoroutine(), HeapAlloc: ms.HeapAlloc, OpenFiles: len(fds)}
+	if s.node != nil {
+		r := s.node()
+		st.Node = &r
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
 func (s *Server) routes() {

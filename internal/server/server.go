@@ -104,7 +104,8 @@ func Run(ctx context.Context, cfg Config) error {
 		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
 	}()
 	defer func() { <-poolDone }()
-	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, api.KeyCheck(st), log), Logger: log})
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, api.KeyCheck(st), log), Logger: log,
+		Node: func() api.NodeReport { return nodeReport(n) }})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
@@ -160,4 +161,13 @@ func ensureKey(ctx context.Context, st store.Store, cfg Config) (string, error) 
 		return "", err
 	}
 	return key, nil
+}
+
+// nodeReport is the node's housekeeping for GET /debug/stats.
+func nodeReport(n *node.Node) api.NodeReport {
+	r := api.NodeReport{Quarantined: []string{}, PendingCleanups: len(n.Engine.PendingCleanups())}
+	for _, q := range n.Engine.Quarantined() {
+		r.Quarantined = append(r.Quarantined, q.Sandbox+": "+q.Reason)
+	}
+	return r
 }
