@@ -41,10 +41,15 @@ type daemon struct {
 
 func newDaemon(t *testing.T, opts ...connect.ClientOption) *daemon {
 	t.Helper()
+	return newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond}, opts...)
+}
+
+func newDaemonConfig(t *testing.T, cfg envd.Config, opts ...connect.ClientOption) *daemon {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("envd tests run as root (envd switches users)")
 	}
-	s := envd.New(envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond})
+	s := envd.New(cfg)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	d := &daemon{t: t, srv: srv, header: http.Header{}}

@@ -33,8 +33,12 @@ const Port = 49983
 type Config struct {
 	DefaultUser string        // "user"
 	Keepalive   time.Duration // on quiet streams (default 15s)
-	Reaper      *reaper.Reaper
-	Logger      *slog.Logger
+	// SlowSubscriber bounds how long a command's output waits for a stream
+	// that does not keep up before that stream is ended with an error
+	// (default 10s; see process.Config).
+	SlowSubscriber time.Duration
+	Reaper         *reaper.Reaper
+	Logger         *slog.Logger
 }
 
 // Server is the daemon's HTTP handler.
@@ -65,7 +69,7 @@ func New(cfg Config) *Server {
 		log:      cfg.Logger,
 		mux:      http.NewServeMux(),
 	}
-	s.procs = process.New(cfg.Reaper, s.defaults, cfg.Keepalive, cfg.Logger)
+	s.procs = process.New(cfg.Reaper, s.defaults, process.Config{Keepalive: cfg.Keepalive, SlowSubscriber: cfg.SlowSubscriber, Logger: cfg.Logger})
 	s.files = filesystem.New(cfg.Keepalive, cfg.Logger)
 	opts := []connect.HandlerOption{connect.WithInterceptors(s.userInterceptor())}
 	path, h := processpbconnect.NewProcessHandler(s.procs, opts...)

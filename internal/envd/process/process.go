@@ -9,85 +9,135 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
-	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 
 	processpb "github.com/spore-run/spore/proto/gen/process"
 )
 
+// subBuffer is how many output events (each at most 32 KiB) wait for one
+// subscriber before the output pump waits for it (backpressure).
+const subBuffer = 64
+
 // proc is one started process.
+//
+// Locking: mu guards the fields below it and is only ever held for
+// bookkeeping, never across a pipe write, a channel send or any other call
+// that can block: a process that does not read its stdin, or a subscriber
+// that does not read its stream, must not stop signals, kill, other
+// subscribers or the output pump.
 type proc struct {
 	pid    int
 	tag    string
 	config *processpb.ProcessConfig
+	// slow is how long the output pump waits for a subscriber whose buffer
+	// is full before cutting that subscriber off with an error.
+	slow time.Duration
 
 	mu      sync.Mutex
 	stdin   *os.File // nil when stdin was not kept open (or was closed)
-	pty     *os.File // PTY master, nil without a PTY
-	subs    map[chan *processpb.ProcessEvent]struct{}
+	pty     *os.File // PTY master (non-blocking), nil without a PTY
+	subs    map[*subscriber]struct{}
 	end     *processpb.ProcessEvent_EndEvent // set once it ended
-	done    chan struct{}                    // closed once it ended and output is drained
+	done    chan struct{}                    // closed once end is set
 	outputs sync.WaitGroup
 }
 
-// subscribe returns a channel of the process's events from now on. The
-// channel is closed after the end event, or when the subscriber falls too
-// far behind (so a slow reader never stalls the process).
-func (p *proc) subscribe() (chan *processpb.ProcessEvent, func()) {
-	ch := make(chan *processpb.ProcessEvent, 1024)
+// subscriber is one stream following the process's output.
+type subscriber struct {
+	ch   chan *processpb.ProcessEvent // data events, in order
+	left chan struct{}                // closed when the subscriber goes away
+	cut  chan struct{}                // closed when it fell behind and output was dropped for it
+	once sync.Once
+}
+
+// errTooSlow ends the stream of a subscriber that was cut off: it must see
+// an error, never a clean end, because output was dropped for it.
+var errTooSlow = errors.New("output subscriber too slow: output was dropped for it and its stream cut (the process keeps running; Connect again to follow it)")
+
+// subscribe follows the process's events from now on. The end event is not
+// queued: once done is closed, every data event published before the end is
+// already in ch (the pumps have returned), so the reader drains ch and then
+// reports p.end (see Service.forward).
+func (p *proc) subscribe() (*subscriber, func()) {
+	s := &subscriber{ch: make(chan *processpb.ProcessEvent, subBuffer), left: make(chan struct{}), cut: make(chan struct{})}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.end != nil {
-		ch <- endEvent(p.end)
-		close(ch)
-		return ch, func() {}
+	if p.end == nil {
+		p.subs[s] = struct{}{}
 	}
-	p.subs[ch] = struct{}{}
-	return ch, func() {
+	p.mu.Unlock()
+	return s, func() {
 		p.mu.Lock()
-		defer p.mu.Unlock()
-		if _, ok := p.subs[ch]; ok {
-			delete(p.subs, ch)
-			close(ch)
-		}
+		delete(p.subs, s)
+		p.mu.Unlock()
+		s.once.Do(func() { close(s.left) })
 	}
 }
 
+// publish hands one output event to every subscriber, waiting (without
+// holding mu) while a subscriber's buffer is full: the pump stops reading,
+// so a fast writer is slowed down to the pace of its readers rather than
+// having output dropped. A subscriber that takes no event for p.slow is cut
+// off with an error, so it cannot stall the process for the others forever.
 func (p *proc) publish(ev *processpb.ProcessEvent) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for ch := range p.subs {
-		select {
-		case ch <- ev:
-		default: // too slow: drop the subscriber rather than block output
-			delete(p.subs, ch)
-			close(ch)
-		}
+	subs := make([]*subscriber, 0, len(p.subs))
+	for s := range p.subs {
+		subs = append(subs, s)
 	}
+	p.mu.Unlock()
+	for _, s := range subs {
+		select {
+		case s.ch <- ev:
+			continue
+		case <-s.cut:
+			continue
+		case <-s.left:
+			continue
+		default:
+		}
+		t := time.NewTimer(p.slow)
+		select {
+		case s.ch <- ev:
+		case <-s.cut:
+		case <-s.left:
+		case <-t.C:
+			p.cutOff(s)
+		}
+		t.Stop()
+	}
+}
+
+// cutOff drops a subscriber that fell behind. After the end, output of
+// background children still holding the pipes is not owed to anyone, so
+// nobody is cut then.
+func (p *proc) cutOff(s *subscriber) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end != nil {
+		return
+	}
+	delete(p.subs, s)
+	close(s.cut) // only publishers cut, under mu, and only while subscribed
 }
 
 func (p *proc) finish(end *processpb.ProcessEvent_EndEvent) {
 	p.mu.Lock()
 	p.end = end
-	ev := endEvent(end)
-	for ch := range p.subs {
-		select {
-		case ch <- ev:
-		default:
-		}
-		close(ch)
-		delete(p.subs, ch)
-	}
-	if p.stdin != nil {
-		p.stdin.Close()
-		p.stdin = nil
-	}
-	if p.pty != nil {
-		p.pty.Close()
-		p.pty = nil
-	}
+	clear(p.subs) // their readers see done and drain what they have
+	stdin, tty := p.stdin, p.pty
+	p.stdin, p.pty = nil, nil
 	p.mu.Unlock()
 	close(p.done)
+	// Closing wakes a write blocked on them with an error (both are
+	// non-blocking descriptors served by Go's poller).
+	if stdin != nil {
+		stdin.Close()
+	}
+	if tty != nil {
+		tty.Close()
+	}
 }
 
 func endEvent(e *processpb.ProcessEvent_EndEvent) *processpb.ProcessEvent {
@@ -125,50 +175,94 @@ func (p *proc) pump(f *os.File, kind int) {
 	}
 }
 
-// writeInput sends bytes to the process's stdin or PTY.
+// writeInput sends bytes to the process's stdin or PTY. The write happens
+// without mu: it blocks for as long as the process does not read, and the
+// output pump (which needs mu to publish), signals and kill must go on
+// meanwhile. Closing the descriptor (CloseStdin, the process's end) wakes a
+// blocked write with an error.
 func (p *proc) writeInput(b []byte, toPTY bool) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.end != nil {
+		p.mu.Unlock()
 		return errEnded
 	}
 	w := p.stdin
 	if toPTY || p.pty != nil {
 		w = p.pty
 	}
+	p.mu.Unlock()
 	if w == nil {
 		return errNoStdin
 	}
 	_, err := w.Write(b)
+	return p.writeErr(err)
+}
+
+// writeErr names why a write to the process's input failed.
+func (p *proc) writeErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	p.mu.Lock()
+	ended := p.end != nil
+	p.mu.Unlock()
+	switch {
+	case ended:
+		return errEnded
+	case errors.Is(err, os.ErrClosed):
+		return fmt.Errorf("%w: %w", errStdinGone, err)
+	case errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.EIO):
+		return fmt.Errorf("%w: %w", errStdinGone, err)
+	}
 	return err
 }
 
 func (p *proc) closeStdin() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.end != nil {
+		p.mu.Unlock()
 		return errEnded
 	}
-	if p.pty != nil {
+	if tty := p.pty; tty != nil {
+		p.mu.Unlock()
 		// A terminal has no separate stdin to close: send end-of-file.
-		_, err := p.pty.Write([]byte{4})
-		return err
+		_, err := tty.Write([]byte{4})
+		return p.writeErr(err)
 	}
-	if p.stdin == nil {
+	stdin := p.stdin
+	p.stdin = nil
+	p.mu.Unlock()
+	if stdin == nil {
 		return errNoStdin
 	}
-	err := p.stdin.Close()
-	p.stdin = nil
-	return err
+	return stdin.Close() // wakes a write blocked on it
 }
 
 func (p *proc) resize(cols, rows uint32) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.pty == nil {
+	tty := p.pty
+	p.mu.Unlock()
+	if tty == nil {
 		return errNoPTY
 	}
-	return pty.Setsize(p.pty, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)})
+	return setSize(tty, cols, rows)
+}
+
+// setSize sets a PTY's window size through SyscallConn: File.Fd (which
+// pty.Setsize uses) would switch the master back to blocking mode, and a
+// blocked write could then no longer be woken by closing it.
+func setSize(tty *os.File, cols, rows uint32) error {
+	rc, err := tty.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) {
+		ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Col: uint16(cols), Row: uint16(rows)})
+	}); err != nil {
+		return err
+	}
+	return ioErr
 }
 
 // signal signals the process's whole process group (it leads one), so a
@@ -187,9 +281,10 @@ func (p *proc) signal(sig syscall.Signal) error {
 }
 
 var (
-	errEnded   = errors.New("process has ended")
-	errNoStdin = errors.New("process was started without stdin (start it with stdin: true)")
-	errNoPTY   = errors.New("process has no PTY")
+	errEnded     = errors.New("process has ended")
+	errNoStdin   = errors.New("process was started without stdin (start it with stdin: true)")
+	errNoPTY     = errors.New("process has no PTY")
+	errStdinGone = errors.New("process no longer reads its input (stdin closed or process exiting)")
 )
 
 // status renders an exit like Go's os.ProcessState does.

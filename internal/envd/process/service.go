@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/envd/identity"
 	"github.com/spore-run/spore/internal/envd/reaper"
@@ -27,6 +28,7 @@ type Service struct {
 	reaper    *reaper.Reaper
 	defaults  *identity.Defaults
 	keepalive time.Duration
+	slow      time.Duration // see Config.SlowSubscriber
 	// drain is how long output is still collected after the process
 	// exited, for background children that keep its pipes open.
 	drain time.Duration
@@ -38,9 +40,26 @@ type Service struct {
 
 var _ processpbconnect.ProcessHandler = (*Service)(nil)
 
+// Config configures the service.
+type Config struct {
+	Keepalive time.Duration // sent on quiet output streams
+	// SlowSubscriber is how long a process's output waits for a stream
+	// whose buffer is full before that stream is ended with
+	// resource_exhausted (default 10s). Meanwhile the process is slowed
+	// down, not its output dropped.
+	SlowSubscriber time.Duration
+	Logger         *slog.Logger
+}
+
 // New returns the service.
-func New(r *reaper.Reaper, d *identity.Defaults, keepalive time.Duration, log *slog.Logger) *Service {
-	return &Service{reaper: r, defaults: d, keepalive: keepalive, drain: 200 * time.Millisecond, log: log, procs: map[int]*proc{}}
+func New(r *reaper.Reaper, d *identity.Defaults, cfg Config) *Service {
+	if cfg.SlowSubscriber == 0 {
+		cfg.SlowSubscriber = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{reaper: r, defaults: d, keepalive: cfg.Keepalive, slow: cfg.SlowSubscriber, drain: 200 * time.Millisecond, log: cfg.Logger, procs: map[int]*proc{}}
 }
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -59,7 +78,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[processpb.Star
 	if err != nil {
 		return err
 	}
-	p, ch, unsub, err := s.start(u, req.Msg)
+	p, sub, unsub, err := s.start(u, req.Msg)
 	if err != nil {
 		return err
 	}
@@ -68,29 +87,56 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[processpb.Star
 	if err := stream.Send(&processpb.StartResponse{Event: start}); err != nil {
 		return err
 	}
-	return s.forward(ctx, ch, func(ev *processpb.ProcessEvent) error {
+	return s.forward(ctx, p, sub, func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
 	})
 }
 
 // forward streams events until the end event (or the client leaves; the
-// process keeps running), with keepalives on quiet streams.
-func (s *Service) forward(ctx context.Context, ch <-chan *processpb.ProcessEvent, send func(*processpb.ProcessEvent) error) error {
+// process keeps running), with keepalives on quiet streams. A stream that
+// was cut off for being too slow ends with resource_exhausted, never with a
+// clean end: the client must not mistake dropped output for complete output.
+func (s *Service) forward(ctx context.Context, p *proc, sub *subscriber, send func(*processpb.ProcessEvent) error) error {
 	tick := time.NewTicker(s.keepalive)
 	defer tick.Stop()
 	keep := &processpb.ProcessEvent{Event: &processpb.ProcessEvent_Keepalive{Keepalive: &processpb.ProcessEvent_KeepAlive{}}}
+	tooSlow := func() error {
+		s.log.Warn("output stream cut: subscriber too slow", "pid", p.pid, "waited", s.slow)
+		return connect.NewError(connect.CodeResourceExhausted, errTooSlow)
+	}
 	for {
 		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return nil
-			}
+		case <-sub.cut:
+			return tooSlow()
+		default:
+		}
+		select {
+		case ev := <-sub.ch:
 			if err := send(ev); err != nil {
 				return err
 			}
-			if _, end := ev.Event.(*processpb.ProcessEvent_End); end {
-				return nil
+		case <-sub.cut:
+			return tooSlow()
+		case <-p.done:
+			// The pumps were done (or given up on) before the end was set,
+			// so everything published for this stream is queued: send it,
+			// then the end.
+			for drained := false; !drained; {
+				select {
+				case ev := <-sub.ch:
+					if err := send(ev); err != nil {
+						return err
+					}
+				default:
+					drained = true
+				}
 			}
+			select {
+			case <-sub.cut:
+				return tooSlow()
+			default:
+			}
+			return send(endEvent(p.end))
 		case <-tick.C:
 			if err := send(keep); err != nil {
 				return err
@@ -101,7 +147,7 @@ func (s *Service) forward(ctx context.Context, ch <-chan *processpb.ProcessEvent
 	}
 }
 
-func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, chan *processpb.ProcessEvent, func(), error) {
+func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, *subscriber, func(), error) {
 	cfg := req.GetProcess()
 	if cfg == nil || cfg.GetCmd() == "" {
 		return nil, nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
@@ -133,8 +179,8 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, ch
 	if u.UID != uint32(os.Getuid()) || u.GID != uint32(os.Getgid()) {
 		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	p := &proc{tag: req.GetTag(), config: cfg, subs: map[chan *processpb.ProcessEvent]struct{}{}, done: make(chan struct{})}
-	ch, unsub := p.subscribe()
+	p := &proc{tag: req.GetTag(), config: cfg, slow: s.slow, subs: map[*subscriber]struct{}{}, done: make(chan struct{})}
+	sub, unsub := p.subscribe()
 	var parentEnds []*os.File // our ends, read by pumps
 	var childEnds []*os.File  // closed once the child has them
 	closeAll := func() {
@@ -148,8 +194,14 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, ch
 			unsub()
 			return nil, nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("open pty: %w", err))
 		}
+		master, err = nonBlocking(master)
+		if err != nil {
+			slave.Close()
+			unsub()
+			return nil, nil, nil, connect.NewError(connect.CodeInternal, fmt.Errorf("pty master: %w", err))
+		}
 		if sz := req.GetPty().GetSize(); sz != nil {
-			pty.Setsize(master, &pty.Winsize{Cols: uint16(sz.GetCols()), Rows: uint16(sz.GetRows())})
+			setSize(master, sz.GetCols(), sz.GetRows())
 		}
 		attr.Files = []*os.File{slave, slave, slave}
 		attr.Sys.Setsid, attr.Sys.Setctty, attr.Sys.Ctty = true, true, 0
@@ -205,8 +257,13 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, ch
 	s.procs[pid] = p
 	s.mu.Unlock()
 	if p.pty != nil {
+		reader, err := dup(p.pty)
+		if err != nil {
+			s.log.Warn("pty: reading the master itself (no duplicate)", "err", err)
+			reader = p.pty
+		}
 		p.outputs.Add(1)
-		go p.pump(dupOrSame(p.pty), 3)
+		go p.pump(reader, 3)
 	} else {
 		p.outputs.Add(2)
 		go p.pump(parentEnds[0], 1)
@@ -214,17 +271,44 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, ch
 	}
 	go s.await(p, exited)
 	s.log.Debug("process started", "pid", pid, "cmd", cfg.GetCmd(), "user", u.Name, "tag", p.tag)
-	return p, ch, unsub, nil
+	return p, sub, unsub, nil
 }
 
-// dupOrSame gives the pump its own descriptor of the PTY master, so
-// closing the master (on exit) and reading from it do not race.
-func dupOrSame(f *os.File) *os.File {
+// nonBlocking replaces a PTY master that pty.Open left in blocking mode
+// (it calls File.Fd) with a non-blocking one served by Go's poller, so that
+// closing it wakes a write blocked on a terminal nobody reads.
+func nonBlocking(f *os.File) (*os.File, error) {
+	defer f.Close()
 	fd, err := syscall.Dup(int(f.Fd()))
 	if err != nil {
-		return f
+		return nil, err
 	}
-	return os.NewFile(uintptr(fd), f.Name())
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	syscall.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// dup gives the pump its own descriptor of the PTY master, so closing the
+// master (on exit) and reading from it do not race. It goes through
+// SyscallConn because File.Fd would make the shared file description
+// blocking again.
+func dup(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd := -1
+	var dupErr error
+	if err := rc.Control(func(fd uintptr) { nfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if dupErr != nil {
+		return nil, dupErr
+	}
+	return os.NewFile(uintptr(nfd), f.Name()), nil
 }
 
 func (s *Service) await(p *proc, exited <-chan reaper.Exit) {
@@ -327,13 +411,13 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[processpb.Co
 	if err != nil {
 		return err
 	}
-	ch, unsub := p.subscribe()
+	sub, unsub := p.subscribe()
 	defer unsub()
 	start := &processpb.ProcessEvent{Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}
 	if err := stream.Send(&processpb.ConnectResponse{Event: start}); err != nil {
 		return err
 	}
-	return s.forward(ctx, ch, func(ev *processpb.ProcessEvent) error {
+	return s.forward(ctx, p, sub, func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.ConnectResponse{Event: ev})
 	})
 }
@@ -386,7 +470,7 @@ func inputErr(err error) error {
 		return nil
 	case errors.Is(err, errEnded):
 		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, errNoStdin), errors.Is(err, errNoPTY):
+	case errors.Is(err, errNoStdin), errors.Is(err, errNoPTY), errors.Is(err, errStdinGone):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	default:
 		return connect.NewError(connect.CodeInternal, err)
