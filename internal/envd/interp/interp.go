@@ -73,8 +73,23 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. Once /init set an access token, every
+// route but /health needs it: contexts are as much the sandbox's state as
+// the code run in them (deleting or restarting one drops its variables).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	health := r.URL.Path == "/health" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+	if !health && !s.tokenOK(r) {
+		jsonError(w, http.StatusUnauthorized, "missing or wrong access token")
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// tokenOK checks X-Access-Token in constant time when a token is set.
+func (s *Server) tokenOK(r *http.Request) bool {
+	tok := s.cfg.Defaults.Token()
+	return tok == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) == 1
+}
 
 func jsonError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
@@ -167,10 +182,6 @@ type executeRequest struct {
 }
 
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
-	if tok := s.cfg.Defaults.Token(); tok != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(tok)) != 1 {
-		jsonError(w, http.StatusUnauthorized, "missing or wrong access token")
-		return
-	}
 	var req executeRequest
 	if !decode(w, r, &req) {
 		return

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,6 +19,7 @@ import (
 type server struct {
 	t   *testing.T
 	url string
+	h   http.Handler
 	d   *identity.Defaults
 }
 
@@ -27,23 +29,27 @@ func newServer(t *testing.T) *server {
 	srv := httptest.NewServer(s)
 	t.Cleanup(func() {
 		srv.Close()
-		// Kernels are killed with their contexts.
-		for _, c := range listContexts(t, srv.URL) {
-			req, _ := http.NewRequest("DELETE", srv.URL+"/contexts/"+c.ID, nil)
-			http.DefaultClient.Do(req)
+		// Kernels are killed with their contexts (the handler, not the
+		// closed listener, so a leftover kernel is never left running).
+		for _, c := range listContexts(t, s, d.Token()) {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("DELETE", "/contexts/"+c.ID, nil)
+			req.Header.Set("X-Access-Token", d.Token())
+			s.ServeHTTP(rec, req)
 		}
 	})
-	return &server{t: t, url: srv.URL, d: d}
+	return &server{t: t, url: srv.URL, h: s, d: d}
 }
 
-func listContexts(t *testing.T, url string) []interp.Context {
-	resp, err := http.Get(url + "/contexts")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
+func listContexts(t *testing.T, h http.Handler, token string) []interp.Context {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/contexts", nil)
+	req.Header.Set("X-Access-Token", token)
+	h.ServeHTTP(rec, req)
 	var out []interp.Context
-	json.NewDecoder(resp.Body).Decode(&out)
+	if err := json.NewDecoder(rec.Body).Decode(&out); err != nil {
+		t.Errorf("list contexts: %d %s", rec.Code, rec.Body)
+	}
 	return out
 }
 
@@ -151,7 +157,7 @@ func TestExecuteStateErrorsContexts(t *testing.T) {
 	if find(evs, "result")["text"] != "(False, '/tmp')" {
 		t.Fatalf("new context = %v", evs)
 	}
-	if got := listContexts(t, s.url); len(got) != 2 {
+	if got := listContexts(t, s.h, ""); len(got) != 2 {
 		t.Fatalf("contexts = %+v", got)
 	}
 	// Restart clears its state.
@@ -214,5 +220,76 @@ func TestInterruptOnDisconnect(t *testing.T) {
 	_, evs := s.execute(ctx, map[string]any{"code": "kept"}, nil)
 	if r := find(evs, "result"); r == nil || r["text"] != "'yes'" {
 		t.Fatalf("after interrupt = %v", evs)
+	}
+}
+
+// With an access token set, every route but /health refuses a request
+// without it or with a wrong one (and the refused request changes nothing),
+// and serves one with it.
+func TestTokenOnEveryRoute(t *testing.T) {
+	s := newServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	do := func(method, path, body, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, s.url+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// A context holding a variable, made before the token is set.
+	code, body := do("POST", "/contexts", `{"language":"python"}`, "")
+	var c interp.Context
+	if code != 200 || json.Unmarshal([]byte(body), &c) != nil || c.ID == "" {
+		t.Fatalf("create context = %d %s", code, body)
+	}
+	if code, evs := s.execute(ctx, map[string]any{"code": "kept = 7", "context_id": c.ID}, nil); code != 200 || find(evs, "error") != nil {
+		t.Fatalf("set variable = %d %v", code, evs)
+	}
+
+	s.d.Update(nil, "", "", "tok", "", true)
+	routes := []struct{ method, path, body string }{
+		{"POST", "/execute", `{"code":"1"}`},
+		{"POST", "/contexts", `{"language":"python"}`},
+		{"GET", "/contexts", ""},
+		{"POST", "/contexts/" + c.ID + "/restart", ""},
+		{"DELETE", "/contexts/" + c.ID, ""},
+		{"GET", "/no-such-route", ""},
+	}
+	for _, r := range routes {
+		for _, tok := range []string{"", "wrong"} {
+			if code, body := do(r.method, r.path, r.body, tok); code != 401 || !strings.Contains(body, `"code":401`) {
+				t.Errorf("%s %s with token %q = %d %s, want a JSON 401", r.method, r.path, tok, code, body)
+			}
+		}
+	}
+	if code, _ := do("GET", "/health", "", ""); code != 200 {
+		t.Errorf("health without a token = %d", code)
+	}
+	// The refused create, restart and delete did nothing.
+	if got := listContexts(t, s.h, "tok"); len(got) != 1 || got[0].ID != c.ID {
+		t.Fatalf("contexts after refused requests = %+v", got)
+	}
+	tok := map[string]string{"X-Access-Token": "tok"}
+	if _, evs := s.execute(ctx, map[string]any{"code": "kept", "context_id": c.ID}, tok); find(evs, "result")["text"] != "7" {
+		t.Fatalf("variable after a refused restart = %v", evs)
+	}
+
+	// With the token, each route answers.
+	for _, r := range routes {
+		want := map[string]int{"/execute": 200, "/contexts": 200, "/no-such-route": 404}[r.path]
+		if want == 0 {
+			want = 204
+		}
+		if code, body := do(r.method, r.path, r.body, "tok"); code != want {
+			t.Errorf("%s %s with the token = %d %s, want %d", r.method, r.path, code, body, want)
+		}
 	}
 }
