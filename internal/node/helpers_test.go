@@ -35,6 +35,7 @@ type env struct {
 	cgroup string
 	n      *node.Node
 	tune   func(*node.Config) // changes the node's configuration
+	prefix string             // of the node's network namespaces
 }
 
 func newEnv(t testing.TB) *env { return newEnvTuned(t, nil) }
@@ -63,6 +64,7 @@ func (e *env) open() {
 	if e.tune != nil {
 		e.tune(&cfg)
 	}
+	e.prefix = cfg.NetPrefix
 	n, err := node.Open(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
@@ -86,7 +88,7 @@ func (e *env) destroy() {
 		e.t.Errorf("cleanup: networks: %v", err)
 	}
 	e.n.Net.RemoveHostRules()
-	if ents, _ := filepath.Glob("/var/run/netns/spn-*"); len(ents) > 0 {
+	if ents, _ := filepath.Glob("/var/run/netns/" + e.prefix + "-*"); len(ents) > 0 {
 		e.t.Errorf("cleanup: namespaces left: %v", ents)
 	}
 }
