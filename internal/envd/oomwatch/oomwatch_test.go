@@ -29,7 +29,8 @@ func TestKillsLargestUnprotectedOverThreshold(t *testing.T) {
 	// envd (PID 1) is the largest, then the hog (7), a bystander (9).
 	proc := fakeProc(t, limit>>10, map[int]int64{1: 50 << 20 / page, 7: 30 << 20 / page, 9: 10 << 20 / page})
 	var killed []int
-	w := New(Config{Proc: proc, Kill: func(pid int) error { killed = append(killed, pid); return nil }})
+	used := func() (int64, error) { return 95 << 20, nil }
+	w := New(Config{Proc: proc, Used: used, Kill: func(pid int) error { killed = append(killed, pid); return nil }})
 	if w.Threshold() != int64(float64(limit)*0.85) {
 		t.Fatalf("threshold %d from MemTotal %d", w.Threshold(), limit)
 	}
@@ -47,14 +48,81 @@ func TestUnderThresholdKillsNothingAndPollsSlowly(t *testing.T) {
 	page := int64(os.Getpagesize())
 	proc := fakeProc(t, 1<<20, map[int]int64{1: 20 << 20 / page, 5: 10 << 20 / page})
 	killed := 0
-	w := New(Config{Proc: proc, Kill: func(int) error { killed++; return nil }})
+	used := func() (int64, error) { return 30 << 20, nil }
+	w := New(Config{Proc: proc, Used: used, Kill: func(int) error { killed++; return nil }})
 	if d := w.Check(); killed != 0 || d < 300*time.Millisecond {
 		t.Fatalf("killed %d, next check in %v; want none and a long interval far from the limit", killed, d)
 	}
 	// Close to the threshold it polls faster.
 	proc = fakeProc(t, 1<<20, map[int]int64{1: 20 << 20 / page, 5: 840 << 20 / page})
-	w = New(Config{Proc: proc, Kill: func(int) error { killed++; return nil }})
+	used = func() (int64, error) { return 860 << 20, nil }
+	w = New(Config{Proc: proc, Used: used, Kill: func(int) error { killed++; return nil }})
 	if d := w.Check(); killed != 0 || d >= 100*time.Millisecond {
 		t.Fatalf("killed %d, next check in %v; want none and a short interval near the limit", killed, d)
+	}
+}
+
+// TestFarBelowTheLimitReadsOnlyTheGlobalFigure: while the sandbox's whole
+// memory in use is under ScanShare of the limit, a poll reads that one
+// figure and never walks /proc (the walk is what made an idle sandbox
+// expensive); above it, the processes are scanned.
+func TestFarBelowTheLimitReadsOnlyTheGlobalFigure(t *testing.T) {
+	page := int64(os.Getpagesize())
+	proc := fakeProc(t, 1<<20, map[int]int64{1: 20 << 20 / page, 5: 100 << 20 / page})
+	used := int64(120 << 20)
+	w := New(Config{Proc: proc, Used: func() (int64, error) { return used, nil }, Kill: func(int) error { return nil }})
+	for range 10 {
+		if d := w.Check(); d < 300*time.Millisecond {
+			t.Fatalf("idle poll: next in %v, want a long interval", d)
+		}
+	}
+	if w.scans != 0 {
+		t.Fatalf("%d polls walked /proc while the sandbox used %d of %d bytes", w.scans, used, w.cfg.Limit)
+	}
+	used = int64(float64(w.cfg.Limit)*0.70) + 1
+	w.Check()
+	if w.scans != 1 {
+		t.Fatalf("polls walking /proc above 70%%: %d, want 1", w.scans)
+	}
+	// Without the global figure, every poll scans.
+	w = New(Config{Proc: proc, Used: func() (int64, error) { return 0, os.ErrNotExist }, Kill: func(int) error { return nil }})
+	w.Check()
+	if w.scans != 1 {
+		t.Fatalf("polls walking /proc without the global figure: %d, want 1", w.scans)
+	}
+}
+
+// TestGrowingHogIsCaughtBeforeTheLimit replays a hog growing steadily from
+// an idle sandbox (450 MB/s, as python's bytearray measured here, and at
+// the default GrowthRate the intervals are sized for) on a simulated clock: the poll
+// that kills it comes before memory passes the threshold by more than one
+// shortest interval's growth, far from the sandbox's limit.
+func TestGrowingHogIsCaughtBeforeTheLimit(t *testing.T) {
+	page := int64(os.Getpagesize())
+	const limit = int64(1 << 30)
+	for _, rate := range []int64{450 << 20, 1 << 30} {
+		proc := fakeProc(t, limit>>10, map[int]int64{1: 20 << 20 / page, 9: 50 << 20 / page})
+		start := int64(80 << 20) // envd + bystander + kernel
+		var now time.Duration
+		hog := func() int64 { return int64(float64(rate) * now.Seconds()) }
+		var killedAt int64 = -1
+		w := New(Config{Proc: proc, Used: func() (int64, error) { return start + hog(), nil },
+			Kill: func(pid int) error {
+				if pid != 7 {
+					t.Errorf("rate %d: killed %d, want the hog 7", rate, pid)
+				}
+				killedAt = start + hog()
+				return nil
+			}})
+		for killedAt < 0 && now < time.Minute {
+			os.MkdirAll(filepath.Join(proc, "7"), 0o755)
+			os.WriteFile(filepath.Join(proc, "7", "statm"), []byte("1 "+strconv.FormatInt(hog()/page, 10)+" 0\n"), 0o644)
+			now += w.Check()
+		}
+		over := killedAt - w.Threshold()
+		t.Logf("rate %d MB/s: killed at %d MB used (threshold %d MB), after %v, %d scans", rate>>20, killedAt>>20, w.Threshold()>>20, now, w.scans)
+		if killedAt < 0 || over > int64(float64(rate)*w.cfg.MinInterval.Seconds())+70<<20 || killedAt >= limit {
+			t.Fatalf("rate %d: killed at %d bytes, threshold %d, limit %d", rate, killedAt, w.Threshold(), limit)
+		}
 	}
 }
