@@ -95,12 +95,16 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 }
 
 // EnsureTemplate builds the template unless one with this name exists and
-// is still restorable here (same root filesystem build, same runtime).
+// is still restorable here (same root filesystem build, same runtime) and
+// was built from the same start command, mounts and limits.
 // It reports whether it built.
 func (e *Engine) EnsureTemplate(ctx context.Context, spec TemplateSpec) (snapshot.Manifest, bool, error) {
 	if m, err := e.snaps.Get(spec.Name); err == nil {
 		_, serr := e.instanceSpec("probe", m)
-		same := reflect.DeepEqual(m.Run.Args, spec.Run.Args) && reflect.DeepEqual(m.Run.Mounts, spec.Run.Mounts)
+		// Limits too: a template built before /dev/shm had a size has
+		// none in its manifest and is rebuilt with one.
+		same := reflect.DeepEqual(m.Run.Args, spec.Run.Args) && reflect.DeepEqual(m.Run.Mounts, spec.Run.Mounts) &&
+			m.Run.Limits == spec.Run.Limits
 		if serr == nil && same && m.Kind == snapshot.KindTemplate {
 			return m, false, nil
 		}

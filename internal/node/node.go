@@ -209,11 +209,12 @@ const (
 // (its kernel is in the snapshot, so the first runCode is instant).
 func (n *Node) TemplateSpecs() []engine.TemplateSpec {
 	run := snapshot.RunConfig{
-		Args:   []string{"/opt/spore/bin/spore-envd"},
-		Env:    []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Cwd:    "/",
-		User:   runtime.User{UID: 0, GID: 0},
-		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096},
+		Args: []string{"/opt/spore/bin/spore-envd"},
+		Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Cwd:  "/",
+		User: runtime.User{UID: 0, GID: 0},
+		// /dev/shm gets half the memory, as Linux sizes it by default.
+		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096, ShmMB: 512},
 		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: "/opt/spore", ReadOnly: true}},
 	}
 	return []engine.TemplateSpec{

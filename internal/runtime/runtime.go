@@ -23,6 +23,11 @@ type Limits struct {
 	MemoryMB int64   `json:"memory_mb,omitempty"` // memory, including the sandbox kernel
 	MaxProcs int64   `json:"max_procs,omitempty"` // host tasks (threads) of the instance
 	DiskMB   int64   `json:"disk_mb,omitempty"`   // size of the writable root overlay
+	// ShmMB is the size of /dev/shm, a tmpfs held in the sandbox's memory
+	// (0: no size option, as in images taken before it existed; a restore
+	// must be given the value its image was taken with, since the mount
+	// options must match).
+	ShmMB int64 `json:"shm_mb,omitempty"`
 }
 
 // User is the identity a process runs as inside the sandbox.

@@ -1,6 +1,8 @@
 package gvisor
 
 import (
+	"strconv"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/spore-run/spore/internal/runtime"
@@ -40,7 +42,7 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: shmOptions(s.Limits)},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	for _, m := range s.Mounts {
@@ -72,6 +74,20 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 			},
 		},
 	}
+}
+
+// shmOptions are the mount options of /dev/shm. Without a size gVisor's
+// tmpfs may grow to half the host's memory, and a full one kills the whole
+// sandbox at its memory limit (killing processes frees none of it); with
+// one, filling it fails with ENOSPC. The options must be exactly those of
+// the image a restore reads, hence the size comes from the instance's
+// recorded limits and is absent when they have none.
+func shmOptions(l runtime.Limits) []string {
+	opts := []string{"nosuid", "noexec", "nodev", "mode=1777"}
+	if l.ShmMB > 0 {
+		opts = append(opts, "size="+strconv.FormatInt(l.ShmMB, 10)+"m")
+	}
+	return opts
 }
 
 // cgroupPath is the instance's cgroup for runsc ("" when the driver
