@@ -1,7 +1,9 @@
-// Package store is the control plane's metadata contract: sandboxes,
-// snapshots and API keys. SQLite (store/sqlite) backs one machine; a
-// PostgreSQL implementation can join behind the same contract, held to it
-// by the conformance suite in store/storetest.
+// Package store is the control plane's metadata contract and the fleet's
+// source of truth: sandboxes (with their node and a version for
+// compare-and-swap), snapshots, templates, nodes, leases and API keys.
+// SQLite (store/sqlite) backs one machine (`spore up`); PostgreSQL
+// (store/postgres) backs a fleet of API replicas. Both are held to the
+// same contract by the conformance suite in store/storetest.
 package store
 
 import (
@@ -35,6 +37,15 @@ type Sandbox struct {
 	AllowOut      []string          `json:"allowOut,omitempty"`
 	DenyOut       []string          `json:"denyOut,omitempty"`
 	NodeID        string            `json:"nodeID"`
+	// Addr is where the node reaches the sandbox (opaque to the store).
+	Addr string `json:"addr,omitempty"`
+	// EnvdAccessToken is minted by the control plane; GET answers it
+	// from here, not from the node.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	// Version is set to 1 by CreateSandbox and incremented by every
+	// successful UpdateSandbox and CompareAndSwapSandbox; the value a
+	// caller sets is ignored except as CompareAndSwapSandbox's expectation.
+	Version int64 `json:"version"`
 	// Reason says why a sandbox in state error died: "oom" (its memory
 	// limit) or "crashed"; ReasonDetail explains it in words.
 	Reason       string `json:"reason,omitempty"`
@@ -49,6 +60,58 @@ type Snapshot struct {
 	Kind      string    `json:"kind"`
 	CreatedAt time.Time `json:"createdAt"`
 	SizeBytes int64     `json:"sizeBytes"`
+	NodeID    string    `json:"nodeID,omitempty"`   // the node that holds it
+	Storage   string    `json:"storage,omitempty"`  // StorageLocal ("" too), StorageUploading or StorageDurable
+	Template  string    `json:"template,omitempty"` // the template it belongs to, if any
+}
+
+// Where a snapshot's bytes are.
+const (
+	StorageLocal     = "local"     // only on NodeID's disk ("" means the same)
+	StorageUploading = "uploading" // being copied to shared storage
+	StorageDurable   = "durable"   // in shared storage: any node can use it
+)
+
+// Template is a named, buildable sandbox image: the snapshot it starts
+// from, its build spec and the nodes that hold a copy.
+type Template struct {
+	Name       string    `json:"name"`
+	SnapshotID string    `json:"snapshotID,omitempty"`
+	Spec       []byte    `json:"spec,omitempty"` // opaque JSON
+	NodeIDs    []string  `json:"nodeIDs,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"` // kept from the first PutTemplate
+	UpdatedAt  time.Time `json:"updatedAt"` // set by the store on every write
+}
+
+// Node states.
+const (
+	NodeReady = "ready"
+	NodeLost  = "lost" // stopped answering
+	NodeLeft  = "left" // left on purpose
+)
+
+// Resources is an amount of node capacity.
+type Resources struct {
+	MemoryMB  int64   `json:"memoryMB"`
+	VCPUs     float64 `json:"vcpus"`
+	Sandboxes int     `json:"sandboxes"`
+}
+
+// Node is a node agent as the fleet knows it.
+type Node struct {
+	ID          string            `json:"id"`
+	Addr        string            `json:"addr"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Capacity    Resources         `json:"capacity"`
+	Reserved    Resources         `json:"reserved"` // the node's admission reserve
+	RunscBuild  string            `json:"runscBuild,omitempty"`
+	CPUFeatures []string          `json:"cpuFeatures,omitempty"`
+	Heartbeat   time.Time         `json:"heartbeat"`
+	// Draining is an operator's decision: UpsertNode (a node registering
+	// or heart-beating) keeps the stored value; only UpdateNode changes it.
+	Draining bool      `json:"draining"`
+	State    string    `json:"state"`
+	JoinedAt time.Time `json:"joinedAt"` // kept from the first UpsertNode
 }
 
 // APIKey is a stored API key: only its hash is kept.
@@ -63,6 +126,7 @@ type SandboxFilter struct {
 	States   []string
 	Metadata map[string]string
 	Template string
+	NodeID   string // "": every node
 	Limit    int    // 0: no limit
 	Cursor   string // from a previous page; "" starts at the beginning
 }
@@ -76,13 +140,33 @@ type SnapshotFilter struct {
 }
 
 // Store is the metadata contract. Errors are errdefs kinds: ErrNotFound,
-// ErrAlreadyExists, ErrInvalidArgument (a malformed cursor).
+// ErrAlreadyExists, ErrConflict (a compare-and-swap lost), and
+// ErrInvalidArgument (a malformed cursor). Every method is safe to call
+// concurrently, also from several processes on one database.
 type Store interface {
+	Sandboxes
+	Snapshots
+	Templates
+	Nodes
+	Leases
+	APIKeys
+	Close() error
+}
+
+// Sandboxes are the sandbox records.
+type Sandboxes interface {
+	// CreateSandbox stores a new sandbox with Version 1.
 	CreateSandbox(ctx context.Context, s Sandbox) error
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// UpdateSandbox reads, changes with fn and writes a sandbox in one
-	// transaction; an error from fn aborts it.
+	// transaction (concurrent updates, also from other processes, are
+	// serialized, none lost) and increments its Version; an error from
+	// fn aborts it.
 	UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error)
+	// CompareAndSwapSandbox writes s only if the stored Version equals
+	// s.Version, and returns the stored row (Version incremented). A
+	// different stored Version is ErrConflict; a missing one ErrNotFound.
+	CompareAndSwapSandbox(ctx context.Context, s Sandbox) (Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
 	// ListSandboxes returns a page, oldest first, and the cursor of the
 	// next page ("" when it is the last).
@@ -90,15 +174,61 @@ type Store interface {
 	// Expired returns the sandboxes in the given states whose EndAt is
 	// not after now.
 	Expired(ctx context.Context, now time.Time, states ...string) ([]Sandbox, error)
+}
 
+// Snapshots is the snapshot catalog.
+type Snapshots interface {
+	// PutSnapshot inserts or replaces a snapshot, names included; a name
+	// another snapshot holds is ErrAlreadyExists.
 	PutSnapshot(ctx context.Context, s Snapshot) error
 	GetSnapshot(ctx context.Context, id string) (Snapshot, error)
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, string, error)
 	DeleteSnapshot(ctx context.Context, id string) error
+}
 
+// Templates are the named templates.
+type Templates interface {
+	// PutTemplate inserts or replaces a template (CreatedAt kept from the
+	// first put; zero there means now) and returns the stored row.
+	PutTemplate(ctx context.Context, t Template) (Template, error)
+	GetTemplate(ctx context.Context, name string) (Template, error)
+	// ListTemplates returns every template by name.
+	ListTemplates(ctx context.Context) ([]Template, error)
+	// UpdateTemplate is read-change-write in one transaction.
+	UpdateTemplate(ctx context.Context, name string, fn func(*Template) error) (Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
+}
+
+// Nodes are the fleet's node agents.
+type Nodes interface {
+	// UpsertNode registers a node or records its heartbeat: it writes n
+	// but keeps the stored Draining and JoinedAt (JoinedAt is now on the
+	// first call if n leaves it zero), and returns the stored row.
+	UpsertNode(ctx context.Context, n Node) (Node, error)
+	GetNode(ctx context.Context, id string) (Node, error)
+	// ListNodes returns every node by ID.
+	ListNodes(ctx context.Context) ([]Node, error)
+	// UpdateNode is read-change-write in one transaction (drain, lost).
+	UpdateNode(ctx context.Context, id string, fn func(*Node) error) (Node, error)
+	DeleteNode(ctx context.Context, id string) error
+}
+
+// Leases make background work (the reaper, reconcile, warm pools) run
+// once across API replicas sharing the database.
+type Leases interface {
+	// AcquireLease takes the lease name for holder for ttl and reports
+	// whether it got it: true when it was free, expired, or already held
+	// by holder (then renewed for ttl from now). Expiry is judged by the
+	// database's clock in PostgreSQL and the process clock in SQLite.
+	AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+	// ReleaseLease frees the lease if holder holds it; otherwise it does
+	// nothing.
+	ReleaseLease(ctx context.Context, name, holder string) error
+}
+
+// APIKeys are the stored API keys.
+type APIKeys interface {
 	AddAPIKey(ctx context.Context, k APIKey) error
 	APIKeyByHash(ctx context.Context, hash string) (APIKey, error)
 	CountAPIKeys(ctx context.Context) (int, error)
-
-	Close() error
 }

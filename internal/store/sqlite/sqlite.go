@@ -5,11 +5,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,8 +19,15 @@ import (
 
 // DB is a SQLite-backed store.
 type DB struct {
-	db *sql.DB
+	db  *sql.DB
+	now func() time.Time // leases' expiry, templates' and nodes' times
 }
+
+// Option configures Open.
+type Option func(*DB)
+
+// WithClock replaces the process clock (tests of lease expiry).
+func WithClock(now func() time.Time) Option { return func(s *DB) { s.now = now } }
 
 var _ store.Store = (*DB)(nil)
 
@@ -60,22 +65,50 @@ var migrations = []string{
 		hash TEXT NOT NULL UNIQUE,
 		created_at INTEGER NOT NULL
 	);`,
+	// 2: the fleet: sandbox version (compare-and-swap) and node (reconcile
+	// per node) as columns, templates, nodes, leases.
+	`ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+	ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+	UPDATE sandboxes SET node_id = COALESCE(json_extract(data, '$.nodeID'), ''),
+		data = json_set(data, '$.version', 1);
+	CREATE INDEX sandboxes_node ON sandboxes(node_id);
+	CREATE TABLE templates (
+		name TEXT PRIMARY KEY,
+		data TEXT NOT NULL
+	);
+	CREATE TABLE nodes (
+		id TEXT PRIMARY KEY,
+		data TEXT NOT NULL
+	);
+	CREATE TABLE leases (
+		name TEXT PRIMARY KEY,
+		holder TEXT NOT NULL,
+		expires_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with
 // synchronous=NORMAL: a committed transaction survives the process being
 // killed at any point (SIGKILL); only an operating-system crash can lose
 // the last few, which the reconcile at start repairs against the node.
-func Open(ctx context.Context, path string) (*DB, error) {
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+//
+// Several handles (processes) may share one file: every transaction
+// begins IMMEDIATE, taking the write lock before it reads, so a
+// read-change-write never works on a stale read (which SQLite would refuse
+// with SQLITE_BUSY_SNAPSHOT rather than wait), and a handle waits for
+// another's lock up to the busy timeout.
+func Open(ctx context.Context, path string, opts ...Option) (*DB, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	// One writer at a time: SQLite serializes writes anyway, and a single
-	// connection never sees SQLITE_BUSY.
+	// One connection per handle: SQLite serializes writes anyway.
 	db.SetMaxOpenConns(1)
-	s := &DB{db: db}
+	s := &DB{db: db, now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -87,31 +120,44 @@ func (s *DB) migrate(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)`); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	var have int
-	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	if have > len(migrations) {
-		return fmt.Errorf("database schema version %d is newer than this binary knows (%d)", have, len(migrations))
-	}
-	for v := have + 1; v <= len(migrations); v++ {
-		tx, err := s.db.BeginTx(ctx, nil)
-		if err != nil {
+	for {
+		done, err := s.migrateOne(ctx)
+		if err != nil || done {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %d: %w", v, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version) VALUES (?)`, v); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %d: %w", v, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %d: %w", v, err)
-		}
 	}
-	return nil
+}
+
+// migrateOne applies the next migration, reading the schema version inside
+// the (immediate) transaction so two handles opening at once never apply
+// one twice.
+func (s *DB) migrateOne(ctx context.Context) (done bool, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	defer tx.Rollback()
+	var have int
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	if have > len(migrations) {
+		return false, fmt.Errorf("database schema version %d is newer than this binary knows (%d)", have, len(migrations))
+	}
+	if have == len(migrations) {
+		return true, nil
+	}
+	v := have + 1
+	if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+		return false, fmt.Errorf("migration %d: %w", v, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations(version) VALUES (?)`, v); err != nil {
+		return false, fmt.Errorf("migration %d: %w", v, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("migration %d: %w", v, err)
+	}
+	return false, nil
 }
 
 // Close closes the database.
@@ -121,24 +167,9 @@ func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
-func encodeCursor(seq int64) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("seq:" + strconv.FormatInt(seq, 10)))
-}
+func encodeCursor(seq int64) string { return store.EncodeCursor(seq) }
 
-func decodeCursor(c string) (int64, error) {
-	if c == "" {
-		return 0, nil
-	}
-	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err == nil {
-		if v, ok := strings.CutPrefix(string(b), "seq:"); ok {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
-				return n, nil
-			}
-		}
-	}
-	return 0, errdefs.Invalidf("malformed paging token %q", c)
-}
+func decodeCursor(c string) (int64, error) { return store.DecodeCursor(c) }
 
 // CreateSandbox implements store.Store.
 func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
@@ -147,9 +178,10 @@ func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	defer tx.Rollback()
+	sb.Version = 1
 	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, template_id, end_at, data) VALUES (?, ?, ?, ?, ?)`,
-		sb.ID, sb.State, sb.TemplateID, sb.EndAt.UnixMilli(), string(data)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, template_id, node_id, end_at, version, data) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data)); err != nil {
 		if isUnique(err) {
 			return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
 		}
@@ -209,19 +241,46 @@ func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbo
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	version := sb.Version
 	if err := fn(&sb); err != nil {
 		return store.Sandbox{}, err
 	}
-	sb.ID = id
-	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, template_id = ?, end_at = ?, data = ? WHERE id = ?`,
-		sb.State, sb.TemplateID, sb.EndAt.UnixMilli(), string(data), id); err != nil {
-		return store.Sandbox{}, err
-	}
-	if err := putMetadata(ctx, tx, sb); err != nil {
+	sb.ID, sb.Version = id, version+1
+	if err := writeSandbox(ctx, tx, sb); err != nil {
 		return store.Sandbox{}, err
 	}
 	return sb, tx.Commit()
+}
+
+// CompareAndSwapSandbox implements store.Store.
+func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	defer tx.Rollback()
+	cur, err := getSandbox(ctx, tx, sb.ID)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if cur.Version != sb.Version {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: version %d, stored %d: %w", sb.ID, sb.Version, cur.Version, errdefs.ErrConflict)
+	}
+	sb.Version++
+	if err := writeSandbox(ctx, tx, sb); err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, tx.Commit()
+}
+
+// writeSandbox replaces an existing sandbox row and its metadata.
+func writeSandbox(ctx context.Context, tx *sql.Tx, sb store.Sandbox) error {
+	data, _ := json.Marshal(sb)
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, template_id = ?, node_id = ?, end_at = ?, version = ?, data = ? WHERE id = ?`,
+		sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), sb.ID); err != nil {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	return putMetadata(ctx, tx, sb)
 }
 
 // DeleteSandbox implements store.Store.
@@ -253,6 +312,10 @@ func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 	if f.Template != "" {
 		q += ` AND template_id = ?`
 		args = append(args, f.Template)
+	}
+	if f.NodeID != "" {
+		q += ` AND node_id = ?`
+		args = append(args, f.NodeID)
 	}
 	for k, v := range f.Metadata {
 		q += ` AND EXISTS (SELECT 1 FROM sandbox_metadata m WHERE m.sandbox_id = s.id AND m.key = ? AND m.value = ?)`

@@ -12,14 +12,38 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
-		s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
+	storetest.Run(t, storetest.Backend{
+		New: func(t *testing.T) string { return filepath.Join(t.TempDir(), "spore.db") },
+		Open: func(t *testing.T, path string) store.Store {
+			s, err := sqlite.Open(context.Background(), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
 	})
+}
+
+// A lease is held until exactly its deadline by the process clock.
+func TestLeaseClock(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "spore.db"), sqlite.WithClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if ok, err := s.AcquireLease(ctx, "reaper", "A", time.Minute); !ok || err != nil {
+		t.Fatalf("acquire = %v %v", ok, err)
+	}
+	now = now.Add(time.Minute - time.Microsecond)
+	if ok, _ := s.AcquireLease(ctx, "reaper", "B", time.Minute); ok {
+		t.Fatal("taken a microsecond before its deadline")
+	}
+	now = now.Add(time.Microsecond)
+	if ok, _ := s.AcquireLease(ctx, "reaper", "B", time.Minute); !ok {
+		t.Fatal("not free at its deadline")
+	}
 }
 
 // Data survives reopening, and migrations run once.

@@ -13,14 +13,54 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-// Run runs the suite; open returns a fresh, empty store each call.
-func Run(t *testing.T, open func(t *testing.T) store.Store) {
+// Backend is what the suite needs of an implementation.
+type Backend struct {
+	// New creates a fresh, empty database and returns where it is (a
+	// file path, a DSN).
+	New func(t *testing.T) string
+	// Open opens a new handle on the database at db, as another process
+	// or API replica would; the suite closes it. Handles on one database
+	// share everything.
+	Open func(t *testing.T, db string) store.Store
+}
+
+// Run runs the suite.
+func Run(t *testing.T, b Backend) {
+	// open returns a handle on a fresh database.
+	open := func(t *testing.T) store.Store { return b.handle(t, b.New(t)) }
+	// two returns two handles on one fresh database.
+	two := func(t *testing.T) (store.Store, store.Store) {
+		db := b.New(t)
+		return b.handle(t, db), b.handle(t, db)
+	}
 	t.Run("SandboxCRUD", func(t *testing.T) { testSandboxCRUD(t, open(t)) })
 	t.Run("ListFiltersAndPaging", func(t *testing.T) { testList(t, open(t)) })
 	t.Run("Expired", func(t *testing.T) { testExpired(t, open(t)) })
 	t.Run("ConcurrentUpdates", func(t *testing.T) { testConcurrent(t, open(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
+
+	t.Run("VersionAndCompareAndSwap", func(t *testing.T) { testCAS(t, open(t)) })
+	t.Run("NodeIDFilter", func(t *testing.T) { testNodeFilter(t, open(t)) })
+	t.Run("SnapshotFleetFields", func(t *testing.T) { testSnapshotFields(t, open(t)) })
+	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
+	t.Run("Nodes", func(t *testing.T) { testNodes(t, open(t)) })
+	t.Run("TwoHandles/NoLostUpdate", func(t *testing.T) { testTwoHandlesUpdate(t, two) })
+	t.Run("TwoHandles/OneCASWinner", func(t *testing.T) { testTwoHandlesCAS(t, two) })
+	t.Run("TwoHandles/LeaseExclusive", func(t *testing.T) { testLeases(t, two) })
+	t.Run("TwoHandles/LeaseRace", func(t *testing.T) { testLeaseRace(t, two) })
+	t.Run("TwoHandles/LeaseExpiryAndRenewal", func(t *testing.T) { testLeaseExpiry(t, two) })
+}
+
+func (b Backend) handle(t *testing.T, db string) store.Store {
+	t.Helper()
+	s := b.Open(t, db)
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s
 }
 
 func sb(id string, md map[string]string) store.Sandbox {
@@ -33,9 +73,11 @@ func sb(id string, md map[string]string) store.Sandbox {
 func testSandboxCRUD(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	want := sb("i1", map[string]string{"user": "alice"})
+	want.Version = 7 // ignored: a new sandbox is version 1
 	if err := s.CreateSandbox(ctx, want); err != nil {
 		t.Fatal(err)
 	}
+	want.Version = 1
 	if err := s.CreateSandbox(ctx, want); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("second create = %v", err)
 	}
@@ -177,8 +219,8 @@ func testConcurrent(t *testing.T, s store.Store) {
 		}()
 	}
 	wg.Wait()
-	if got, _ := s.GetSandbox(ctx, "c"); got.CPUCount != 22 {
-		t.Fatalf("lost updates: cpu %d, want 22", got.CPUCount)
+	if got, _ := s.GetSandbox(ctx, "c"); got.CPUCount != 22 || got.Version != 21 {
+		t.Fatalf("lost updates: cpu %d version %d, want 22 and 21", got.CPUCount, got.Version)
 	}
 }
 

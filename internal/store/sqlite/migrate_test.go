@@ -1,0 +1,50 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/spore-run/spore/internal/store"
+)
+
+// A database made by the first schema (before the fleet's migration 2)
+// opens with its sandboxes intact, at version 1 and filtered by node.
+func TestMigrateFromV1(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "spore.db")
+	raw, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)`,
+		migrations[0],
+		`INSERT INTO schema_migrations(version) VALUES (1)`,
+		`INSERT INTO sandboxes(id, state, template_id, end_at, data) VALUES ('old', 'running', 'base', 0,
+			'{"id":"old","templateID":"base","state":"running","nodeID":"local","cpuCount":2}')`,
+	} {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	raw.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.GetSandbox(ctx, "old")
+	if err != nil || got.Version != 1 || got.CPUCount != 2 || got.NodeID != "local" {
+		t.Fatalf("old sandbox = %+v, %v", got, err)
+	}
+	l, _, err := s.ListSandboxes(ctx, store.SandboxFilter{NodeID: "local"})
+	if err != nil || len(l) != 1 {
+		t.Fatalf("by node = %v, %v", l, err)
+	}
+	upd, err := s.CompareAndSwapSandbox(ctx, got)
+	if err != nil || upd.Version != 2 {
+		t.Fatalf("swap = %+v, %v", upd, err)
+	}
+}
