@@ -5,8 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"math/rand/v2"
+	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +20,7 @@ import (
 
 	"github.com/spore-run/spore/internal/envd"
 	processpb "github.com/spore-run/spore/proto/gen/process"
+	"github.com/spore-run/spore/proto/gen/process/processpbconnect"
 )
 
 // pattern is n bytes of numbered 8-byte lines ("0000000\n", "0000001\n"...),
@@ -192,16 +198,29 @@ func TestSignalDuringBlockedWrite(t *testing.T) {
 // that looks like complete output. The subscriber that keeps reading gets
 // every byte and the end.
 func TestSlowSubscriberGetsError(t *testing.T) {
-	d := newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond, SlowSubscriber: time.Second})
-	ctx := ctxFor(t)
-	const n = 8000000 // ~64 MB of output: more than a stalled client's socket buffers hold
-	var want bytes.Buffer
-	for i := 1; i <= n; i++ {
-		want.WriteString(strconv.Itoa(i))
-		want.WriteByte('\n')
+	// No gzip: what a stalled connection holds is then what was sent.
+	noGzip := connect.WithAcceptCompression("gzip", nil, nil)
+	d := newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond, SlowSubscriber: time.Second}, noGzip)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // -race on a busy host
+	defer cancel()
+	// 64 MiB of output: far more than the stalled client's connection holds
+	// (its receive buffer is fixed at 64 KiB, the server's send buffer is at
+	// most net.core.wmem_max, and the stream's queue 2 MiB), and more than
+	// the 1024-event queue that used to drop a subscriber silently.
+	want := make([]byte, 64<<20)
+	rand.NewChaCha8([32]byte{'s', 'p', 'o', 'r', 'e'}).Read(want)
+	file := filepath.Join(t.TempDir(), "out.bin")
+	if err := os.WriteFile(file, want, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	st, sel := startWithStdin(t, ctx, d, "/bin/bash", "-c", "read go && exec seq 1 "+strconv.Itoa(n))
-	slow, err := d.proc.Connect(ctx, connect.NewRequest(&processpb.ConnectRequest{Process: sel}))
+	st, sel := startWithStdin(t, ctx, d, "/bin/bash", "-c", "read go && exec cat "+file)
+	small := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
+		return err
+	}}
+	slowClient := processpbconnect.NewProcessClient(&http.Client{Transport: &http.Transport{DialContext: small.DialContext}}, d.srv.URL, noGzip)
+	slow, err := slowClient.Connect(ctx, connect.NewRequest(&processpb.ConnectRequest{Process: sel}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,13 +232,13 @@ func TestSlowSubscriberGetsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	fast := drain(st.Receive, func() *processpb.ProcessEvent { return st.Msg().GetEvent() }, st.Err)
-	if fast.err != nil || fast.end.GetExitCode() != 0 || !bytes.Equal(fast.stdout, want.Bytes()) {
+	if fast.err != nil || fast.end.GetExitCode() != 0 || !bytes.Equal(fast.stdout, want) {
 		t.Fatalf("reading subscriber: %d of %d bytes (first difference at %d), end %+v, err %v",
-			len(fast.stdout), want.Len(), firstDiff(fast.stdout, want.Bytes()), fast.end, fast.err)
+			len(fast.stdout), len(want), firstDiff(fast.stdout, want), fast.end, fast.err)
 	}
 	r := drain(slow.Receive, func() *processpb.ProcessEvent { return slow.Msg().GetEvent() }, slow.Err)
 	t.Logf("stalled subscriber got %d bytes, then: %v", len(r.stdout), r.err)
-	if r.end != nil || len(r.stdout) >= want.Len() {
+	if r.end != nil || len(r.stdout) >= len(want) {
 		t.Fatalf("stalled subscriber got %d bytes and end %+v: it was expected to be cut off", len(r.stdout), r.end)
 	}
 	var cerr *connect.Error
