@@ -2,6 +2,8 @@ package node_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,7 +34,11 @@ time.sleep(10**6)" >/dev/null 2>&1 & echo $!`))
 	if err != nil {
 		t.Fatalf("hog's command stream: %v", err)
 	}
-	t.Logf("hog: exit %d status %q after %v; stderr %q", r.exit, r.status, took, r.stderr)
+	// Who killed it: envd's watchdog leaves the host's OOM kill count at
+	// 0; the backstop (a stub at oom_score_adj 1000) raises it.
+	oc, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", e.cgroup, sb.Instance, "memory.oom_control"))
+	t.Logf("hog: exit %d status %q after %v; stderr %q; host cgroup: %q", r.exit, r.status, took, r.stderr,
+		strings.Join(strings.Fields(string(oc)), " "))
 	if r.exit != 137 && !strings.Contains(r.stderr, "MemoryError") && r.status != "signal: killed" {
 		t.Errorf("hog ended with exit %d (%s), want 137 or MemoryError", r.exit, r.status)
 	}
