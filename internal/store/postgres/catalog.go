@@ -1,0 +1,231 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// PutSnapshot implements store.Store (insert or replace, names included).
+func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	data, _ := json.Marshal(sn)
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)
+			ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.SandboxID, data); err != nil {
+			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM snapshot_names WHERE snapshot_id = $1`, sn.ID); err != nil {
+			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+		}
+		for _, n := range sn.Names {
+			if _, err := tx.Exec(ctx, `INSERT INTO snapshot_names(snapshot_id, name) VALUES ($1, $2)`, sn.ID, n); err != nil {
+				if isUnique(err) {
+					return fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
+				}
+				return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+			}
+		}
+		return nil
+	})
+}
+
+// GetSnapshot implements store.Store.
+func (s *DB) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error) {
+	var sn store.Snapshot
+	return sn, getJSON(ctx, s.pool, &sn, "snapshot", id, `SELECT data FROM snapshots WHERE id = $1`, id)
+}
+
+// ListSnapshots implements store.Store.
+func (s *DB) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store.Snapshot, string, error) {
+	after, err := store.DecodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	w := where{q: `SELECT seq, data FROM snapshots s WHERE seq > $1`, args: []any{after}}
+	if f.SandboxID != "" {
+		w.and(`sandbox_id = $%d`, f.SandboxID)
+	}
+	if f.Name != "" {
+		w.and(`EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.name = $%d)`, f.Name)
+	}
+	return page[store.Snapshot](ctx, s.pool, w, f.Limit)
+}
+
+// DeleteSnapshot implements store.Store.
+func (s *DB) DeleteSnapshot(ctx context.Context, id string) error {
+	return s.deleteRow(ctx, `DELETE FROM snapshots WHERE id = $1`, "snapshot", id)
+}
+
+// PutTemplate implements store.Store. One statement: a concurrent put of
+// the same name cannot lose the first CreatedAt.
+func (s *DB) PutTemplate(ctx context.Context, t store.Template) (store.Template, error) {
+	now := time.Now().UTC()
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = now
+	}
+	t.UpdatedAt = now
+	data, _ := json.Marshal(t)
+	var out store.Template
+	err := getJSON(ctx, s.pool, &out, "template", t.Name, `INSERT INTO templates(name, data) VALUES ($1, $2)
+		ON CONFLICT(name) DO UPDATE SET data = excluded.data || jsonb_build_object('createdAt', templates.data->'createdAt')
+		RETURNING data`, t.Name, data)
+	return out, err
+}
+
+// GetTemplate implements store.Store.
+func (s *DB) GetTemplate(ctx context.Context, name string) (store.Template, error) {
+	var t store.Template
+	return t, getJSON(ctx, s.pool, &t, "template", name, `SELECT data FROM templates WHERE name = $1`, name)
+}
+
+// ListTemplates implements store.Store.
+func (s *DB) ListTemplates(ctx context.Context) ([]store.Template, error) {
+	return list[store.Template](ctx, s.pool, `SELECT data FROM templates ORDER BY name`)
+}
+
+// UpdateTemplate implements store.Store.
+func (s *DB) UpdateTemplate(ctx context.Context, name string, fn func(*store.Template) error) (store.Template, error) {
+	var t store.Template
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := getJSON(ctx, tx, &t, "template", name, `SELECT data FROM templates WHERE name = $1 FOR UPDATE`, name); err != nil {
+			return err
+		}
+		created := t.CreatedAt
+		if err := fn(&t); err != nil {
+			return err
+		}
+		t.Name, t.CreatedAt, t.UpdatedAt = name, created, time.Now().UTC()
+		data, _ := json.Marshal(t)
+		if _, err := tx.Exec(ctx, `UPDATE templates SET data = $2 WHERE name = $1`, name, data); err != nil {
+			return fmt.Errorf("template %s: %w", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Template{}, err
+	}
+	return t, nil
+}
+
+// DeleteTemplate implements store.Store.
+func (s *DB) DeleteTemplate(ctx context.Context, name string) error {
+	return s.deleteRow(ctx, `DELETE FROM templates WHERE name = $1`, "template", name)
+}
+
+// UpsertNode implements store.Store. One statement: a heartbeat racing an
+// operator's drain keeps the drain.
+func (s *DB) UpsertNode(ctx context.Context, n store.Node) (store.Node, error) {
+	if n.JoinedAt.IsZero() {
+		n.JoinedAt = time.Now().UTC()
+	}
+	data, _ := json.Marshal(n)
+	var out store.Node
+	err := getJSON(ctx, s.pool, &out, "node", n.ID, `INSERT INTO nodes(id, data) VALUES ($1, $2)
+		ON CONFLICT(id) DO UPDATE SET data = excluded.data ||
+			jsonb_build_object('draining', nodes.data->'draining', 'joinedAt', nodes.data->'joinedAt')
+		RETURNING data`, n.ID, data)
+	return out, err
+}
+
+// GetNode implements store.Store.
+func (s *DB) GetNode(ctx context.Context, id string) (store.Node, error) {
+	var n store.Node
+	return n, getJSON(ctx, s.pool, &n, "node", id, `SELECT data FROM nodes WHERE id = $1`, id)
+}
+
+// ListNodes implements store.Store.
+func (s *DB) ListNodes(ctx context.Context) ([]store.Node, error) {
+	return list[store.Node](ctx, s.pool, `SELECT data FROM nodes ORDER BY id`)
+}
+
+// UpdateNode implements store.Store.
+func (s *DB) UpdateNode(ctx context.Context, id string, fn func(*store.Node) error) (store.Node, error) {
+	var n store.Node
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := getJSON(ctx, tx, &n, "node", id, `SELECT data FROM nodes WHERE id = $1 FOR UPDATE`, id); err != nil {
+			return err
+		}
+		if err := fn(&n); err != nil {
+			return err
+		}
+		n.ID = id
+		data, _ := json.Marshal(n)
+		if _, err := tx.Exec(ctx, `UPDATE nodes SET data = $2 WHERE id = $1`, id, data); err != nil {
+			return fmt.Errorf("node %s: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Node{}, err
+	}
+	return n, nil
+}
+
+// DeleteNode implements store.Store.
+func (s *DB) DeleteNode(ctx context.Context, id string) error {
+	return s.deleteRow(ctx, `DELETE FROM nodes WHERE id = $1`, "node", id)
+}
+
+// AcquireLease implements store.Store. One statement, judged by the
+// database's clock: the row lock INSERT ... ON CONFLICT takes makes the
+// check (free, expired or ours) and the take one step across replicas.
+func (s *DB) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
+	if name == "" || holder == "" || ttl <= 0 {
+		return false, errdefs.Invalidf("lease %q for %q with ttl %s", name, holder, ttl)
+	}
+	tag, err := s.pool.Exec(ctx, `INSERT INTO leases(name, holder, expires_at) VALUES ($1, $2, now() + $3 * interval '1 microsecond')
+		ON CONFLICT(name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+		WHERE leases.holder = excluded.holder OR leases.expires_at <= now()`, name, holder, ttl.Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("lease %s: %w", name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReleaseLease implements store.Store.
+func (s *DB) ReleaseLease(ctx context.Context, name, holder string) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM leases WHERE name = $1 AND holder = $2`, name, holder); err != nil {
+		return fmt.Errorf("lease %s: %w", name, err)
+	}
+	return nil
+}
+
+// AddAPIKey implements store.Store.
+func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys(id, hash, created_at) VALUES ($1, $2, $3)`, k.ID, k.Hash, k.CreatedAt)
+	if isUnique(err) {
+		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("api key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+// APIKeyByHash implements store.Store.
+func (s *DB) APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error) {
+	var k store.APIKey
+	err := s.pool.QueryRow(ctx, `SELECT id, hash, created_at FROM api_keys WHERE hash = $1`, hash).Scan(&k.ID, &k.Hash, &k.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("api key: %w", err)
+	}
+	k.CreatedAt = k.CreatedAt.UTC()
+	return k, nil
+}
+
+// CountAPIKeys implements store.Store.
+func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
+	return n, err
+}

@@ -1,0 +1,359 @@
+// Package postgres implements store.Store on PostgreSQL (pgx), the
+// metadata store of a fleet: every API replica opens it, and it is the one
+// place they share. Migrations are versioned like store/sqlite's (the same
+// numbers mean the same schema) and applied under an advisory lock, so
+// replicas starting together apply each once.
+//
+// Concurrency: read-change-write (UpdateSandbox, UpdateTemplate,
+// UpdateNode) locks the row (SELECT ... FOR UPDATE) for its transaction;
+// compare-and-swap, upserts and leases are single statements. Lease expiry
+// is judged by the database's clock (now()), never a replica's.
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// DB is a PostgreSQL-backed store.
+type DB struct {
+	pool *pgxpool.Pool
+}
+
+var _ store.Store = (*DB)(nil)
+
+// migrationLock is the advisory lock key migrations run under.
+const migrationLock = 0x5370_6f72_6501 // "Spore" + 1
+
+// migrations are applied in order, each once; numbers match store/sqlite's.
+var migrations = []string{
+	// 1: sandboxes (metadata is filtered inside the JSON record), snapshots
+	// and their unique names, API keys.
+	`CREATE TABLE sandboxes (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		state TEXT NOT NULL,
+		template_id TEXT NOT NULL,
+		end_at TIMESTAMPTZ NOT NULL,
+		data JSONB NOT NULL
+	);
+	CREATE INDEX sandboxes_state_end ON sandboxes(state, end_at);
+	CREATE INDEX sandboxes_metadata ON sandboxes USING GIN ((data->'metadata') jsonb_path_ops);
+	CREATE TABLE snapshots (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		sandbox_id TEXT NOT NULL,
+		data JSONB NOT NULL
+	);
+	CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);
+	CREATE TABLE snapshot_names (
+		snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+		name TEXT NOT NULL UNIQUE
+	);
+	CREATE INDEX snapshot_names_snapshot ON snapshot_names(snapshot_id);
+	CREATE TABLE api_keys (
+		id TEXT PRIMARY KEY,
+		hash TEXT NOT NULL UNIQUE,
+		created_at TIMESTAMPTZ NOT NULL
+	);`,
+	// 2: the fleet: sandbox version (compare-and-swap) and node (reconcile
+	// per node), templates, nodes, leases.
+	`ALTER TABLE sandboxes ADD COLUMN version BIGINT NOT NULL DEFAULT 1;
+	ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+	UPDATE sandboxes SET node_id = COALESCE(data->>'nodeID', ''), data = jsonb_set(data, '{version}', '1');
+	CREATE INDEX sandboxes_node ON sandboxes(node_id, seq);
+	CREATE TABLE templates (
+		name TEXT PRIMARY KEY,
+		data JSONB NOT NULL
+	);
+	CREATE TABLE nodes (
+		id TEXT PRIMARY KEY,
+		data JSONB NOT NULL
+	);
+	CREATE TABLE leases (
+		name TEXT PRIMARY KEY,
+		holder TEXT NOT NULL,
+		expires_at TIMESTAMPTZ NOT NULL
+	);`,
+}
+
+// Open connects to the database at dsn (a libpq URL or key=value string;
+// pool settings such as pool_max_conns go in it) and migrates it.
+func Open(ctx context.Context, dsn string) (*DB, error) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	s := &DB{pool: pool}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *DB) migrate(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)`); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		var have int
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if have > len(migrations) {
+			return fmt.Errorf("database schema version %d is newer than this binary knows (%d)", have, len(migrations))
+		}
+		for v := have + 1; v <= len(migrations); v++ {
+			if _, err := tx.Exec(ctx, migrations[v-1]); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations(version) VALUES ($1)`, v); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Close closes the pool.
+func (s *DB) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+func isUnique(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// getJSON decodes the data column of the one row q returns into v; no row
+// is ErrNotFound for kind key.
+func getJSON(ctx context.Context, q querier, v any, kind, key, sql string, args ...any) error {
+	var data []byte
+	err := q.QueryRow(ctx, sql, args...).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s %s: %w", kind, key, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", kind, key, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", kind, key, err)
+	}
+	return nil
+}
+
+// CreateSandbox implements store.Store.
+func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
+	sb.Version = 1
+	data, _ := json.Marshal(sb)
+	_, err := s.pool.Exec(ctx, `INSERT INTO sandboxes(id, state, template_id, node_id, end_at, version, data) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data)
+	if isUnique(err) {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox implements store.Store.
+func (s *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	var sb store.Sandbox
+	return sb, getJSON(ctx, s.pool, &sb, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1`, id)
+}
+
+// UpdateSandbox implements store.Store.
+func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbox) error) (store.Sandbox, error) {
+	var sb store.Sandbox
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := getJSON(ctx, tx, &sb, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, id); err != nil {
+			return err
+		}
+		version := sb.Version
+		if err := fn(&sb); err != nil {
+			return err
+		}
+		sb.ID, sb.Version = id, version+1
+		_, err := writeSandbox(ctx, tx, sb, version)
+		return err
+	})
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	return sb, nil
+}
+
+// CompareAndSwapSandbox implements store.Store.
+func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
+	expect := sb.Version
+	sb.Version++
+	ok, err := writeSandbox(ctx, s.pool, sb, expect)
+	if err != nil || ok {
+		return sb, err
+	}
+	var stored int64
+	err = s.pool.QueryRow(ctx, `SELECT version FROM sandboxes WHERE id = $1`, sb.ID).Scan(&stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	return store.Sandbox{}, fmt.Errorf("sandbox %s: version %d, stored %d: %w", sb.ID, expect, stored, errdefs.ErrConflict)
+}
+
+// writeSandbox replaces the sandbox row if its version is expect, and
+// reports whether it did.
+func writeSandbox(ctx context.Context, q querier, sb store.Sandbox, expect int64) (bool, error) {
+	data, _ := json.Marshal(sb)
+	tag, err := q.Exec(ctx, `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7
+		WHERE id = $1 AND version = $8`,
+		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect)
+	if err != nil {
+		return false, fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// DeleteSandbox implements store.Store.
+func (s *DB) DeleteSandbox(ctx context.Context, id string) error {
+	return s.deleteRow(ctx, `DELETE FROM sandboxes WHERE id = $1`, "sandbox", id)
+}
+
+func (s *DB) deleteRow(ctx context.Context, sql, kind, key string) error {
+	tag, err := s.pool.Exec(ctx, sql, key)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", kind, key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s %s: %w", kind, key, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// ListSandboxes implements store.Store.
+func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
+	after, err := store.DecodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	w := where{q: `SELECT seq, data FROM sandboxes WHERE seq > $1`, args: []any{after}}
+	if len(f.States) > 0 {
+		w.and(`state = ANY($%d)`, f.States)
+	}
+	if f.Template != "" {
+		w.and(`template_id = $%d`, f.Template)
+	}
+	if f.NodeID != "" {
+		w.and(`node_id = $%d`, f.NodeID)
+	}
+	if len(f.Metadata) > 0 {
+		md, _ := json.Marshal(f.Metadata)
+		w.and(`data->'metadata' @> $%d::jsonb`, string(md))
+	}
+	return page[store.Sandbox](ctx, s.pool, w, f.Limit)
+}
+
+// where builds a query with numbered parameters.
+type where struct {
+	q    string
+	args []any
+}
+
+// and adds a condition whose one parameter is written $%d.
+func (w *where) and(cond string, arg any) {
+	w.args = append(w.args, arg)
+	w.q += ` AND ` + fmt.Sprintf(cond, len(w.args))
+}
+
+// page runs a "SELECT seq, data ... " query ordered by seq (one row more
+// than the limit, to know whether a next page exists) and decodes a page
+// of JSON records with the cursor of the next page.
+func page[T any](ctx context.Context, q querier, w where, limit int) ([]T, string, error) {
+	w.q += ` ORDER BY seq`
+	if limit > 0 {
+		w.args = append(w.args, limit+1)
+		w.q += fmt.Sprintf(` LIMIT $%d`, len(w.args))
+	}
+	rows, err := q.Query(ctx, w.q, w.args...)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []T
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		var data []byte
+		if err := rows.Scan(&seq, &data); err != nil {
+			return nil, "", err
+		}
+		var v T
+		if err := json.Unmarshal(data, &v); err != nil {
+			return nil, "", err
+		}
+		out, seqs = append(out, v), append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+		next = store.EncodeCursor(seqs[limit-1])
+	}
+	return out, next, nil
+}
+
+// Expired implements store.Store.
+func (s *DB) Expired(ctx context.Context, now time.Time, states ...string) ([]store.Sandbox, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	return list[store.Sandbox](ctx, s.pool, `SELECT data FROM sandboxes WHERE end_at <= $1 AND state = ANY($2) ORDER BY end_at`, now, states)
+}
+
+// list decodes the data column of every row the query returns.
+func list[T any](ctx context.Context, q querier, sql string, args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var data []byte
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var v T
+		if err := json.Unmarshal(data, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
