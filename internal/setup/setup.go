@@ -36,8 +36,10 @@ const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 //   - gcc and libc6-dev: cgo, which `go test -race` needs.
 //   - Node.js and npm: see ensureNode (Debian's Node is older than the E2B
 //     SDK allows).
+//   - postgresql: the fleet's metadata store; the store tests start a
+//     throwaway cluster from its binaries (testenv.Postgres).
 var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl",
-	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev"}
+	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql"}
 
 // Tools are the pinned code generators, built into <cache>/tools.
 var Tools = []string{
