@@ -65,7 +65,7 @@ type SandboxDetail struct {
 
 func sandboxResponse(sb control.Sandbox) SandboxResponse {
 	return SandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, EnvdVersion: envd.Version,
-		EnvdAccessToken: sb.EnvdAccessToken, Alias: sb.Alias}
+		EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: control.TrafficToken(sb.EnvdAccessToken), Alias: sb.Alias}
 }
 
 func apiState(st string) string {

@@ -2,9 +2,11 @@ package control
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -62,4 +64,36 @@ func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// TrafficToken is a sandbox's traffic access token, derived from its envd
+// access token. The API returns it as E2B's trafficAccessToken; the stock
+// code-interpreter SDK sends it (E2B-Traffic-Access-Token) on the calls
+// that carry no X-Access-Token (the /contexts routes). It opens the code
+// interpreter and nothing else, and it is never the envd token itself.
+func TrafficToken(accessToken string) string {
+	if accessToken == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, []byte(accessToken))
+	m.Write([]byte("spore traffic access token v1"))
+	return "tt_" + hex.EncodeToString(m.Sum(nil)[:20])
+}
+
+// TrafficAllowed checks a traffic access token for a sandbox and returns
+// the sandbox's envd access token, which the proxy then presents to the
+// code interpreter on the client's behalf.
+func (s *Service) TrafficAllowed(ctx context.Context, id, trafficToken string) (string, bool) {
+	if trafficToken == "" {
+		return "", false
+	}
+	es, err := s.eng.Get(ctx, id)
+	if err != nil || es.Run.AccessToken == "" {
+		return "", false
+	}
+	want := TrafficToken(es.Run.AccessToken)
+	if subtle.ConstantTimeCompare([]byte(trafficToken), []byte(want)) != 1 {
+		return "", false
+	}
+	return es.Run.AccessToken, true
 }

@@ -36,10 +36,21 @@ type Resolver interface {
 	// SignedBy returns the sandbox whose access token signed a presigned
 	// /files URL.
 	SignedBy(q url.Values, op string) (string, bool)
+	// TrafficAllowed checks a sandbox's traffic access token (E2B's
+	// E2B-Traffic-Access-Token) and returns its envd access token.
+	TrafficAllowed(ctx context.Context, id, trafficToken string) (accessToken string, ok bool)
 }
 
 // DefaultPort is envd's.
 const DefaultPort = 49983
+
+// InterpreterPort is the code interpreter's. The stock code-interpreter
+// SDK sends envd's X-Access-Token to it only with /execute; its /contexts
+// calls carry the traffic access token instead, which the proxy checks and
+// exchanges for the access token the interpreter requires.
+const InterpreterPort = 49999
+
+const trafficHeader = "E2b-Traffic-Access-Token"
 
 // KeyCheck reports whether a credential is one of Spore's API keys.
 type KeyCheck func(ctx context.Context, key string) bool
@@ -62,6 +73,7 @@ type Proxy struct {
 type ctxKey struct{}
 
 type target struct {
+	id   string
 	addr netip.Addr
 	port int
 	gone <-chan struct{}
@@ -87,6 +99,7 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 			pr.Out.URL.Host = net.JoinHostPort(t.addr.String(), strconv.Itoa(t.port))
 			pr.Out.Host = pr.Out.URL.Host
 			p.stripCredentials(pr.In.Context(), pr.Out.Header)
+			p.exchangeTrafficToken(pr.In.Context(), t, pr.In.Header, pr.Out.Header)
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
@@ -131,6 +144,21 @@ func (p *Proxy) stripCredentials(ctx context.Context, h http.Header) {
 	h.Del("Authorization")
 	for _, v := range keep {
 		h.Add("Authorization", v)
+	}
+}
+
+// exchangeTrafficToken presents the sandbox's access token to its code
+// interpreter when the client proved itself with the sandbox's traffic
+// token and sent no access token of its own. The traffic token never
+// enters the sandbox.
+func (p *Proxy) exchangeTrafficToken(ctx context.Context, t target, in, out http.Header) {
+	out.Del(trafficHeader)
+	tt := in.Get(trafficHeader)
+	if t.port != InterpreterPort || tt == "" || out.Get("X-Access-Token") != "" {
+		return
+	}
+	if tok, ok := p.res.TrafficAllowed(ctx, t.id, tt); ok {
+		out.Set("X-Access-Token", tok)
 	}
 }
 
@@ -270,7 +298,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Connection", "close")
 	// End the exchange when the instance goes away (killed, hibernated,
 	// rolled back): its network is gone and would never answer.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{addr: addr, port: port, gone: gone}))
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{id: id, addr: addr, port: port, gone: gone}))
 	defer cancel()
 	go func() {
 		select {

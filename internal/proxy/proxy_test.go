@@ -26,6 +26,17 @@ func (loopback) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
 	return netip.MustParseAddr("127.0.0.1"), true, true, make(chan struct{})
 }
 func (loopback) SignedBy(url.Values, string) (string, bool) { return "", false }
+func (loopback) TrafficAllowed(_ context.Context, id, tt string) (string, bool) {
+	return "envd-token-of-" + id, tt == "traffic-token-of-"+id
+}
+
+// interpLoopback routes to 127.0.0.3, where the test's code interpreter
+// stand-in listens on the interpreter's port.
+type interpLoopback struct{ loopback }
+
+func (interpLoopback) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
+	return netip.MustParseAddr("127.0.0.3"), true, true, make(chan struct{})
+}
 
 // echo serves the request's headers back as JSON.
 func echo(t *testing.T) (port string) {
@@ -137,5 +148,75 @@ func TestUnreachableAnswer(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 502 || strings.Contains(string(body), "127.0.0.1") || !strings.Contains(string(body), "nothing listens on port") {
 		t.Fatalf("closed port: %d %s", resp.StatusCode, body)
+	}
+}
+
+// The stock code-interpreter SDK authenticates its /contexts calls with the
+// sandbox's traffic token only: the proxy checks it and presents the
+// sandbox's access token to the interpreter instead. A wrong traffic token
+// gets nothing, a client's own access token is left alone, the traffic
+// token never enters the sandbox, and other ports get no access token.
+func TestTrafficTokenOpensTheInterpreter(t *testing.T) {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.3", strconv.Itoa(proxy.InterpreterPort)))
+	if err != nil {
+		t.Fatalf("listen on the interpreter's port: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(r.Header)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	front := httptest.NewServer(proxy.New(interpLoopback{}, isKey, nil))
+	defer front.Close()
+	const id = "i0000000000000000000"
+	cases := []struct {
+		name, port, traffic, own, wantToken string
+	}{
+		{"traffic token", strconv.Itoa(proxy.InterpreterPort), "traffic-token-of-" + id, "", "envd-token-of-" + id},
+		{"wrong traffic token", strconv.Itoa(proxy.InterpreterPort), "traffic-token-of-other", "", ""},
+		{"own access token wins", strconv.Itoa(proxy.InterpreterPort), "traffic-token-of-" + id, "mine", "mine"},
+		{"no token", strconv.Itoa(proxy.InterpreterPort), "", "", ""},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest("GET", front.URL+"/contexts", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", c.port)
+		if c.traffic != "" {
+			req.Header.Set("E2B-Traffic-Access-Token", c.traffic)
+		}
+		if c.own != "" {
+			req.Header.Set("X-Access-Token", c.own)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen http.Header
+		err = json.NewDecoder(resp.Body).Decode(&seen)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", c.name, resp.StatusCode, err)
+		}
+		if got := seen.Get("X-Access-Token"); got != c.wantToken {
+			t.Errorf("%s: the interpreter saw X-Access-Token %q, want %q", c.name, got, c.wantToken)
+		}
+		if v := seen.Get("E2b-Traffic-Access-Token"); v != "" {
+			t.Errorf("%s: the traffic token entered the sandbox: %q", c.name, v)
+		}
+	}
+	// Another port: the traffic token is not exchanged.
+	port := echo(t)
+	req, _ := http.NewRequest("GET", front.URL+"/", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", port)
+	req.Header.Set("E2B-Traffic-Access-Token", "traffic-token-of-"+id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "envd-token") || strings.Contains(string(body), "traffic-token") {
+		t.Fatalf("a user port got a token: %s", body)
 	}
 }

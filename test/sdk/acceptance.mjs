@@ -75,6 +75,18 @@ try {
   assert.equal(ex.error.name, 'ZeroDivisionError')
   ok('runCode: variable persists, logs, errors')
 
+  // code contexts: the SDK authenticates these calls with the traffic token
+  const cctx = await ci.createCodeContext()
+  assert.ok(cctx.id)
+  await ci.runCode('y = "in context"', { context: cctx })
+  assert.equal((await ci.runCode('y', { context: cctx })).text, "'in context'")
+  assert.ok((await ci.listCodeContexts()).some((c) => c.id === cctx.id))
+  await ci.restartCodeContext(cctx)
+  assert.equal((await ci.runCode('y', { context: cctx })).error?.name, 'NameError')
+  await ci.removeCodeContext(cctx)
+  assert.ok(!(await ci.listCodeContexts()).some((c) => c.id === cctx.id))
+  ok('code contexts: create, run in, list, restart, remove')
+
   // snapshot, fork(3)
   const snap = await sbx.createSnapshot()
   assert.ok(snap.snapshotId)
