@@ -33,6 +33,7 @@ func main() {
 		python   = flag.String("python", "/usr/bin/python3", "python for the code interpreter")
 		health   = flag.Bool("health", false, "check a running envd's health and exit 0 if it answers")
 		oomWatch = flag.Bool("oom-watch", true, "as the sandbox's init, kill the largest process when memory nears the sandbox's limit")
+		oomIdle  = flag.Duration("oom-watch-idle", 0, "poll interval of the OOM watchdog while memory is low, when the host sends SIGUSR2 as memory rises (0: poll by the headroom, at most 1 s)")
 	)
 	flag.Parse()
 	if *health {
@@ -41,7 +42,16 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if *oomWatch && os.Getpid() == 1 {
 		// gVisor has no OOM killer of its own (see package oomwatch).
-		if w := oomwatch.New(oomwatch.Config{Logger: log}); w != nil {
+		if w := oomwatch.New(oomwatch.Config{Logger: log, IdleInterval: *oomIdle}); w != nil {
+			// The node's runtime sends SIGUSR2 when the sandbox's memory
+			// crosses a share of its limit (see runtime/gvisor/memalert.go).
+			alerts := make(chan os.Signal, 1)
+			signal.Notify(alerts, syscall.SIGUSR2)
+			go func() {
+				for range alerts {
+					w.Alert()
+				}
+			}()
 			go w.Run(context.Background())
 		}
 	}

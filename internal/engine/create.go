@@ -55,7 +55,7 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	rs := runtime.Spec{
 		ID: instance, RootFS: rootfs.Path(e.rootfsDir, spec.RootFS), Args: spec.Run.Args, Env: spec.Run.Env,
 		Cwd: spec.Run.Cwd, User: spec.Run.User, Hostname: spec.Run.Hostname, Limits: spec.Run.Limits,
-		Mounts: spec.Run.Mounts,
+		Mounts: spec.Run.Mounts, MemoryAlertSignal: spec.Run.MemoryAlertSignal,
 	}
 	spec.Run.AccessToken = "" // a template's daemon has no token until /init
 	start := time.Now()
@@ -104,7 +104,7 @@ func (e *Engine) EnsureTemplate(ctx context.Context, spec TemplateSpec) (snapsho
 		// Limits too: a template built before /dev/shm had a size has
 		// none in its manifest and is rebuilt with one.
 		same := reflect.DeepEqual(m.Run.Args, spec.Run.Args) && reflect.DeepEqual(m.Run.Mounts, spec.Run.Mounts) &&
-			m.Run.Limits == spec.Run.Limits
+			m.Run.Limits == spec.Run.Limits && m.Run.MemoryAlertSignal == spec.Run.MemoryAlertSignal
 		if serr == nil && same && m.Kind == snapshot.KindTemplate {
 			return m, false, nil
 		}

@@ -282,6 +282,7 @@ func (e *Engine) instanceSpec(instance string, m snapshot.Manifest) (runtime.Spe
 		ID: instance, RootFS: rootfs.Path(e.rootfsDir, m.RootFS),
 		Args: m.Run.Args, Env: m.Run.Env, Cwd: m.Run.Cwd, User: m.Run.User,
 		Hostname: m.Run.Hostname, Limits: m.Run.Limits, Mounts: m.Run.Mounts,
+		MemoryAlertSignal: m.Run.MemoryAlertSignal,
 	}, nil
 }
 

@@ -217,6 +217,12 @@ func (n *Node) TemplateSpecs() []engine.TemplateSpec {
 		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096, ShmMB: 512},
 		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: "/opt/spore", ReadOnly: true}},
 	}
+	if n.Runtime.MemoryAlerts() {
+		// The runtime tells envd when memory rises: its OOM watchdog may
+		// poll rarely while memory is low (each poll wakes the sandbox).
+		run.Args = append(run.Args, "-oom-watch-idle=10s")
+		run.MemoryAlertSignal = "USR2"
+	}
 	return []engine.TemplateSpec{
 		{Name: TemplateBase, Run: run, Ready: []string{"/opt/spore/bin/spore-envd", "-health"}},
 		{Name: TemplateCodeInterpreter, Run: run, Ready: []string{"/bin/sh", "-c",

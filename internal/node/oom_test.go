@@ -42,6 +42,9 @@ time.sleep(10**6)" >/dev/null 2>&1 & echo $!`))
 	if r.exit != 137 && !strings.Contains(r.stderr, "MemoryError") && r.status != "signal: killed" {
 		t.Errorf("hog ended with exit %d (%s), want 137 or MemoryError", r.exit, r.status)
 	}
+	if !strings.Contains(string(oc), "oom_kill 0") {
+		t.Errorf("the host's OOM killer acted (%q): envd's watchdog (alerted by the runtime as memory rose) should have killed the hog first", oc)
+	}
 	if got := c.sh(ctx, "kill -0 "+pid+" && echo alive"); got != "alive\n" {
 		t.Errorf("bystander %s: %q", pid, got)
 	}

@@ -52,6 +52,11 @@ type Spec struct {
 	// Mounts are host directories bound into the instance (read-only when
 	// asked). A restore must be given the same mounts as the checkpoint.
 	Mounts []Mount
+	// MemoryAlertSignal ("USR1" or "USR2"; "" for none) is sent to the
+	// init when the instance's memory crosses a share of its limit, by
+	// runtimes that can see that cheaply (gVisor on v1 memory cgroups).
+	// Only for inits that handle it: the default action ends the instance.
+	MemoryAlertSignal string
 }
 
 // Mount binds a host directory into an instance.

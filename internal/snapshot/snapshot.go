@@ -53,6 +53,10 @@ type RunConfig struct {
 	// Mounts are host directories bound into the sandbox (the in-sandbox
 	// daemon); a restore needs the same ones.
 	Mounts []runtime.Mount `json:"mounts,omitempty"`
+	// MemoryAlertSignal is sent to the init when memory rises
+	// (runtime.Spec.MemoryAlertSignal); absent in images whose init may not
+	// handle it.
+	MemoryAlertSignal string `json:"memory_alert_signal,omitempty"`
 	// AccessToken is the in-sandbox daemon's access token held in the
 	// image's memory: whoever restores the image needs it to re-initialise
 	// the daemon with a new one.

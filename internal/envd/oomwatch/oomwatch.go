@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -55,6 +56,14 @@ type Config struct {
 	GrowthRate  int64
 	MinInterval time.Duration
 	MaxInterval time.Duration
+	// IdleInterval, when set, is the interval while memory is low (under
+	// IdleShare of Limit, default 0.5) and no Alert came in the last
+	// AlertHold (default 10 s). Set it only when the host alerts the
+	// watchdog as the sandbox's memory rises (the node's runtime signals
+	// envd): growth from idle is then announced, not polled for.
+	IdleInterval time.Duration
+	IdleShare    float64
+	AlertHold    time.Duration
 	// Proc is the proc filesystem (default /proc; tests).
 	Proc string
 	// Used reports the memory the whole sandbox uses, in bytes (default:
@@ -84,6 +93,12 @@ func (c *Config) defaults() {
 	}
 	if c.MaxInterval <= 0 {
 		c.MaxInterval = time.Second
+	}
+	if c.IdleShare <= 0 || c.IdleShare > c.ScanShare {
+		c.IdleShare = min(0.5, c.ScanShare)
+	}
+	if c.AlertHold <= 0 {
+		c.AlertHold = 10 * time.Second
 	}
 	if c.Proc == "" {
 		c.Proc = "/proc"
@@ -115,7 +130,11 @@ type Watchdog struct {
 	buf       []byte
 	threshold int64
 	scanAt    int64
-	scans     int // how many Checks walked /proc (tests)
+	idleBelow int64
+	scans     int          // how many Checks walked /proc (tests)
+	alerted   atomic.Int64 // unix nanoseconds of the last Alert
+	wake      chan struct{}
+	now       func() time.Time
 }
 
 // New returns a watchdog, or nil when the sandbox's memory is unknown.
@@ -126,7 +145,8 @@ func New(cfg Config) *Watchdog {
 		return nil
 	}
 	return &Watchdog{cfg: cfg, pageSize: int64(os.Getpagesize()), buf: make([]byte, 512),
-		threshold: int64(float64(cfg.Limit) * cfg.Share), scanAt: int64(float64(cfg.Limit) * cfg.ScanShare)}
+		threshold: int64(float64(cfg.Limit) * cfg.Share), scanAt: int64(float64(cfg.Limit) * cfg.ScanShare),
+		idleBelow: int64(float64(cfg.Limit) * cfg.IdleShare), wake: make(chan struct{}, 1), now: time.Now}
 }
 
 // Threshold is the resident memory at which the largest process is killed.
@@ -142,8 +162,20 @@ func (w *Watchdog) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.wake:
+			t.Stop()
 		}
 		t.Reset(w.Check())
+	}
+}
+
+// Alert says the sandbox's memory is rising (the host saw it cross a
+// share of the limit): check now, and poll by the headroom for AlertHold.
+func (w *Watchdog) Alert() {
+	w.alerted.Store(w.now().UnixNano())
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -154,6 +186,9 @@ func (w *Watchdog) Check() time.Duration {
 	// what its processes hold, so far below the threshold there is
 	// nothing to look for.
 	if used, err := w.cfg.Used(); err == nil && used < w.scanAt {
+		if w.cfg.IdleInterval > 0 && used < w.idleBelow && w.now().Sub(time.Unix(0, w.alerted.Load())) > w.cfg.AlertHold {
+			return w.cfg.IdleInterval
+		}
 		return w.interval(w.threshold - used)
 	}
 	w.scans++

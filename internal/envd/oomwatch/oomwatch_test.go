@@ -126,3 +126,36 @@ func TestGrowingHogIsCaughtBeforeTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleIntervalUntilAlerted: where the host alerts the watchdog as
+// memory rises (IdleInterval set), low memory is polled rarely; an alert
+// switches to polling by the headroom at once and for AlertHold; memory
+// above IdleShare is polled by the headroom whatever the alerts.
+func TestIdleIntervalUntilAlerted(t *testing.T) {
+	page := int64(os.Getpagesize())
+	proc := fakeProc(t, 1<<20, map[int]int64{1: 20 << 20 / page})
+	used := int64(100 << 20)
+	now := time.Unix(1000, 0)
+	w := New(Config{Proc: proc, IdleInterval: 10 * time.Second, Used: func() (int64, error) { return used, nil }, Kill: func(int) error { return nil }})
+	w.now = func() time.Time { return now }
+	if d := w.Check(); d != 10*time.Second {
+		t.Fatalf("low memory, no alert: next poll in %v, want the idle interval", d)
+	}
+	w.Alert()
+	select {
+	case <-w.wake:
+	default:
+		t.Fatal("an alert did not wake the watchdog")
+	}
+	if d := w.Check(); d > time.Second {
+		t.Fatalf("just alerted: next poll in %v, want the headroom's (at most 1 s)", d)
+	}
+	now = now.Add(11 * time.Second)
+	if d := w.Check(); d != 10*time.Second {
+		t.Fatalf("alert long past: next poll in %v, want the idle interval", d)
+	}
+	used = 600 << 20
+	if d := w.Check(); d > time.Second {
+		t.Fatalf("memory above the idle share: next poll in %v, want the headroom's", d)
+	}
+}

@@ -64,6 +64,7 @@ type Driver struct {
 	log     *slog.Logger
 	managed bool // the driver manages instances' cgroups (see cgroup.go)
 	pids    pidWatcher
+	alerts  memAlerts
 }
 
 var _ runtime.Runtime = (*Driver)(nil)
@@ -219,6 +220,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 func (d *Driver) afterLaunch(id string) {
 	if pid := d.sandboxPID(id); pid > 0 {
 		d.protectSandbox(id, pid)
+		d.armMemoryAlerts(id, pid)
 	}
 }
 
@@ -271,7 +273,10 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 	if len(spec.Args) == 0 {
 		return errdefs.Invalidf("instance %s: empty start command", spec.ID)
 	}
-	if l := spec.Limits; l.VCPUs < 0 || l.MemoryMB < 0 || l.MaxProcs < 0 || l.DiskMB < 0 {
+	if spec.MemoryAlertSignal != "" && !alertSignals[spec.MemoryAlertSignal] {
+		return errdefs.Invalidf("instance %s: memory alert signal %q is not USR1 or USR2", spec.ID, spec.MemoryAlertSignal)
+	}
+	if l := spec.Limits; l.VCPUs < 0 || l.MemoryMB < 0 || l.MaxProcs < 0 || l.DiskMB < 0 || l.ShmMB < 0 {
 		return errdefs.Invalidf("instance %s: negative resource limit", spec.ID)
 	}
 	for _, m := range spec.Mounts {
@@ -304,6 +309,12 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 		d.cleanup(spec.ID)
 		return fmt.Errorf("instance %s: %w", spec.ID, err)
 	}
+	if spec.MemoryAlertSignal != "" {
+		if err := os.WriteFile(d.alertFile(spec.ID), []byte(spec.MemoryAlertSignal), 0o600); err != nil {
+			d.cleanup(spec.ID)
+			return fmt.Errorf("instance %s: %w", spec.ID, err)
+		}
+	}
 	if d.managed {
 		if err := d.makeCgroups(spec.ID, spec.Limits); err != nil {
 			d.cleanup(spec.ID)
@@ -327,6 +338,7 @@ func (d *Driver) abandon(id string) {
 }
 
 func (d *Driver) cleanup(id string) {
+	d.disarmMemoryAlerts(id, nil)
 	if err := os.RemoveAll(d.instDir(id)); err != nil {
 		d.log.Warn("remove instance dir", "instance", id, "err", err)
 	}
@@ -508,6 +520,9 @@ func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 			return runtime.Info{}, err
 		}
 		return runtime.Info{}, fmt.Errorf("instance %s has exited: %w", id, errdefs.ErrNotFound)
+	}
+	if !d.alertsArmed(id) { // a restarted engine: its alerts went with it
+		d.armMemoryAlerts(id, info.PID)
 	}
 	return info, nil
 }
