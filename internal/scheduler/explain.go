@@ -121,7 +121,7 @@ func lead(req *Request, need Resources, placed int) string {
 // exhausted builds the ErrResourceLimit for a request whose items did not
 // all fit, out being those that did: how many nodes each reason ruled out.
 func (p *planner) exhausted(out []string) error {
-	req, need := p.req, p.need
+	req, need := &p.req, p.need
 	nodes := p.view.Nodes
 	if len(nodes) == 0 {
 		return fmt.Errorf("%w: %s: the fleet has no nodes", errdefs.ErrResourceLimit, lead(req, need, 0))

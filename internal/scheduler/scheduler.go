@@ -137,7 +137,7 @@ func Place(view View, req Request) (Placement, error) {
 	if req.Hint != "" {
 		return placeHint(view, req, need)
 	}
-	p := planner{view: view, req: &req, need: need}
+	p := planner{view: view, req: req, need: need}
 	return p.place()
 }
 
@@ -290,12 +290,12 @@ outer:
 
 type planner struct {
 	view View
-	req  *Request
+	req  Request // by value: a pointer to Place's argument would move it to the heap
 	need Resources
 }
 
 func (p *planner) place() (Placement, error) {
-	req, need := p.req, p.need
+	req, need := &p.req, p.need
 	out := make([]string, 0, req.Count)
 	// Fork: fill the origin first. It is then left out of the spill: it
 	// no longer fits, or it was ruled out.
@@ -367,7 +367,7 @@ func (p *planner) best(skip int) (cand, bool) {
 	found := false
 	for i := range p.view.Nodes {
 		n := &p.view.Nodes[i]
-		if i == skip || !eligible(n, p.req) {
+		if i == skip || !eligible(n, &p.req) {
 			continue
 		}
 		c, ok := newCand(p.view.Nodes, i, p.need)
@@ -390,7 +390,7 @@ func (p *planner) top(skip, k int) []cand {
 	w := candHeap{c: make([]cand, 0, min(k, len(p.view.Nodes))), nodes: p.view.Nodes, worstFirst: true}
 	for i := range p.view.Nodes {
 		n := &p.view.Nodes[i]
-		if i == skip || !eligible(n, p.req) {
+		if i == skip || !eligible(n, &p.req) {
 			continue
 		}
 		c, ok := newCand(p.view.Nodes, i, p.need)
