@@ -40,8 +40,8 @@
 // goes to that node or Place fails; the rules of 1 and 2 still hold there
 // (a hint does not place on a draining node).
 //
-// Cost: one pass over the nodes for a single item (no sorting, no
-// allocation); a request of n items selects the n best nodes in the same
+// Cost: one pass over the nodes for a single item (no sorting; the one
+// allocation is the result); a request of n items selects the n best nodes in the same
 // pass (only those can be used: a node's rank only worsens as it takes
 // items) and places from a heap of them, O(nodes·log n + n·log n).
 // Node IDs are unique in a view (they are the store's key); Place does not
