@@ -46,7 +46,7 @@ test-fast:
 
 FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzValidate:./internal/ids FuzzCursor:./internal/store/sqlite FuzzCreateRequest:./internal/api \
-	FuzzListQuery:./internal/api FuzzProxyRoute:./internal/api FuzzUpload:./internal/envd
+	FuzzListQuery:./internal/api FuzzProxyRoute:./internal/api FuzzUpload:./internal/envd FuzzPlace:./internal/scheduler
 
 ## fuzz: each fuzz target for FUZZTIME (seed corpora under testdata/fuzz; make test uses a count, 3000x, since a time budget can end in a spurious "context deadline exceeded" on a busy host)
 fuzz:
