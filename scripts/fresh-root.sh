@@ -100,6 +100,9 @@ if [ "${1:-}" = --inside ]; then
 
 	GOROOT_HOST=$(go env GOROOT)
 	MODCACHE=$(go env GOMODCACHE)
+	# The root must be a mount point: `ip netns exec` (the network tests)
+	# remounts / as a slave, which fails on a plain directory.
+	bindmount "$ROOT" "$ROOT"
 	mkdir -p "$ROOT/proc"
 	mount -t proc proc "$ROOT/proc"
 	mounts+=("$ROOT/proc")
