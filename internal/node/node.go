@@ -220,7 +220,7 @@ func (n *Node) TemplateSpecs() []engine.TemplateSpec {
 	if n.Runtime.MemoryAlerts() {
 		// The runtime tells envd when memory rises: its OOM watchdog may
 		// poll rarely while memory is low (each poll wakes the sandbox).
-		run.Args = append(run.Args, "-oom-watch-idle=10s")
+		run.Args = append(run.Args, "-oom-watch-idle=60s")
 		run.MemoryAlertSignal = "USR2"
 	}
 	return []engine.TemplateSpec{
