@@ -78,7 +78,8 @@ type Spec struct {
 }
 
 // treeRevision is the revision of prepareTree's adjustments (3: the
-// sandbox's own /etc/hosts, /etc/hostname and /etc/resolv.conf).
+// sandbox's own /etc/hosts, /etc/hostname and /etc/resolv.conf, and a file
+// in /tmp that keeps it on the disk-backed overlay).
 const treeRevision = 3
 
 // Hostname is a sandbox's host name (the runtime's default, see
@@ -99,8 +100,16 @@ func etcFiles() map[string]string {
 			netns.SandboxIP.String() + "\t" + Hostname + "\n",
 		"etc/hostname":    Hostname + "\n",
 		"etc/resolv.conf": "nameserver " + netns.GatewayIP.String() + "\n",
+		// runsc mounts a tmpfs of its own (unsized, in the sandbox's
+		// memory) over an empty /tmp: filling it would take the whole
+		// sandbox to its memory limit. A non-empty /tmp stays on the root
+		// overlay, whose size limit answers ENOSPC instead.
+		TmpKeepFile: "Keeps /tmp on the sandbox's disk (its size limit applies) instead of a tmpfs in its memory.\n",
 	}
 }
+
+// TmpKeepFile is the file that keeps a sandbox's /tmp off tmpfs.
+const TmpKeepFile = "tmp/.spore-tmp-on-disk"
 
 // BaseSpec is the `base` root filesystem: Debian bookworm minbase plus the
 // tools agents expect.

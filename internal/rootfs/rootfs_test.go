@@ -55,6 +55,7 @@ func TestWriteEtc(t *testing.T) {
 	outside := filepath.Join(t.TempDir(), "outside")
 	os.WriteFile(outside, []byte("keep"), 0o644)
 	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.Mkdir(filepath.Join(root, "tmp"), 0o1777)
 	os.WriteFile(filepath.Join(root, "etc", "resolv.conf"), []byte("nameserver 10.255.255.53\n"), 0o755)
 	os.Symlink(outside, filepath.Join(root, "etc", "hosts"))
 	if err := writeEtc(root); err != nil {
@@ -78,6 +79,9 @@ func TestWriteEtc(t *testing.T) {
 	}
 	if got := read("hostname"); got != Hostname+"\n" {
 		t.Errorf("hostname = %q", got)
+	}
+	if ents, err := os.ReadDir(filepath.Join(root, "tmp")); err != nil || len(ents) == 0 {
+		t.Errorf("/tmp is empty (runsc would mount an unsized tmpfs over it): %v %v", ents, err)
 	}
 	if b, _ := os.ReadFile(outside); string(b) != "keep" {
 		t.Errorf("wrote through a symbolic link: %q", b)
