@@ -1,0 +1,293 @@
+// Package nodeapi is the contract between the control plane and a node:
+// what control asks of the host that runs sandboxes, in types that carry
+// nothing host-side (no engine, runtime, network or snapshot package), so
+// the same control code drives an in-process node (`spore up`,
+// nodeapi/local) and a remote node agent over Connect-RPC (nodeapi/rpc).
+//
+// # Who mints IDs
+//
+// The control plane mints every identifier a call creates (sandbox IDs,
+// snapshot IDs, fork children's IDs) and every sandbox's envd access
+// token, before it calls, and records them in its store first. A node
+// never invents them. That makes the creating calls idempotent: a caller
+// that did not get an answer (a timeout, a dropped connection, a crash of
+// the caller) repeats the same call with the same IDs and gets the one
+// sandbox or snapshot the first attempt made, never a second.
+//
+// # Idempotency
+//
+//   - Create with a SandboxID the node already has, asked from the same
+//     Template: returns that sandbox as it is now (no second instance). The
+//     same ID with another Template is errdefs.ErrAlreadyExists.
+//   - Snapshot with a SnapshotID the node already holds, taken of the same
+//     sandbox: returns that snapshot. Another sandbox's snapshot under the
+//     ID is ErrAlreadyExists.
+//   - Fork: a child whose SandboxID already exists (from the same source
+//     lineage) is returned as it is; only the missing children are made.
+//   - Kill, DeleteSnapshot of something gone: ErrNotFound, which a caller
+//     retrying a kill treats as done.
+//   - Pause, Resume, Hibernate are not replay-safe by themselves: a replay
+//     finds the sandbox already in the target state and gets ErrConflict;
+//     the caller reads Get to see where it is.
+//
+// # Errors
+//
+// Every error wraps one errdefs kind, which survives the wire (Connect
+// codes map to and from the kinds): ErrInvalidArgument (malformed ID or
+// request), ErrNotFound (no such sandbox or snapshot), ErrConflict (the
+// sandbox's state does not allow the operation, or another operation holds
+// it), ErrAlreadyExists (an ID or name taken by something else),
+// ErrResourceLimit (the node's admission refused: memory, task table),
+// ErrUnavailable (the node or its runtime cannot answer now; retry),
+// ErrInternal (a bug or a host failure; the message is for logs only).
+// An error of unknown kind from a remote node is ErrUnavailable when the
+// call may not have reached it: the caller retries the same idempotent
+// call, it never assumes "nothing happened".
+package nodeapi
+
+import (
+	"context"
+	"net/netip"
+	"time"
+)
+
+// Node is one host that runs sandboxes, as the control plane sees it.
+// Every method is safe for concurrent use; operations on one sandbox are
+// serialized by the node, and an operation that does not apply in the
+// sandbox's current state is ErrConflict.
+type Node interface {
+	// Info describes the node: identity, capacity, build, what it caches.
+	Info(ctx context.Context) (NodeInfo, error)
+
+	// Create restores a new sandbox from a template (name) or a snapshot
+	// (ID or name) under req.SandboxID with req.AccessToken. Idempotent by
+	// SandboxID (see the package comment).
+	Create(ctx context.Context, req CreateRequest) (Sandbox, error)
+	// Get returns one sandbox (ErrNotFound when the node has none by id).
+	Get(ctx context.Context, id string) (Sandbox, error)
+	// List returns every sandbox the node holds, oldest first. Reconcile
+	// compares it with the store's rows of this node.
+	List(ctx context.Context) ([]Sandbox, error)
+	// Kill stops a sandbox and frees everything it holds, its hibernation
+	// snapshot included.
+	Kill(ctx context.Context, id string) error
+	// Pause freezes a running sandbox in memory.
+	Pause(ctx context.Context, id string) error
+	// Resume continues a paused sandbox or restores a hibernated one.
+	Resume(ctx context.Context, id string) error
+	// Hibernate checkpoints a sandbox to the node's disk and frees its
+	// memory; Resume brings it back.
+	Hibernate(ctx context.Context, id string) error
+	// Snapshot captures a running or paused sandbox live under
+	// req.SnapshotID. Idempotent by SnapshotID.
+	Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotInfo, error)
+	// Fork captures a sandbox once and restores one child per
+	// req.Children entry. The error is for the fork as a whole (the
+	// source is missing or in the wrong state); each child's own outcome
+	// is in the result. Idempotent by child SandboxID.
+	Fork(ctx context.Context, id string, req ForkRequest) (ForkResult, error)
+	// Rollback puts a sandbox back to a snapshot in place (same ID, same
+	// access token); on failure the sandbox is unchanged.
+	Rollback(ctx context.Context, id, snapshotRef string) (Sandbox, error)
+	// GetSnapshot returns one snapshot the node holds, by ID or name.
+	GetSnapshot(ctx context.Context, ref string) (SnapshotInfo, error)
+	// DeleteSnapshot deletes a snapshot or template by ID or name; one in
+	// use (a restore reads it, a hibernated sandbox lives in it) is
+	// ErrConflict.
+	DeleteSnapshot(ctx context.Context, ref string) error
+	// Snapshots lists what the node holds: templates, snapshots and
+	// hibernations.
+	Snapshots(ctx context.Context) ([]SnapshotInfo, error)
+	// SetPolicy replaces a sandbox's egress policy.
+	SetPolicy(ctx context.Context, id string, p Policy) error
+	// Reconfigure gives a running sandbox (a warm-pool one) a new
+	// environment for its commands and, when p is set, a new egress
+	// policy.
+	Reconfigure(ctx context.Context, id string, env []string, p *Policy) (Sandbox, error)
+	// Stats reads a running or paused sandbox's resource use from the
+	// host side (ErrConflict when it has no instance; ErrUnavailable when
+	// the runtime cannot tell).
+	Stats(ctx context.Context, id string) (Stats, error)
+	// Events streams what happens on the node by itself or finishes: a
+	// sandbox's instance died, an operation completed. The channel is
+	// closed when ctx ends (or the node goes away). Events are hints
+	// delivered at most once; a caller that may have missed some (it
+	// started late, the stream broke) reconciles with List.
+	Events(ctx context.Context) (<-chan Event, error)
+}
+
+// Sandbox states a node reports. The stable ones are below; while an
+// operation runs the node shows it ("creating", "snapshotting",
+// "forking", "rolling_back", "hibernating", "resuming", "killing").
+const (
+	StateRunning    = "running"
+	StatePaused     = "paused"
+	StateHibernated = "hibernated"
+	// StateDead: the instance died on its own; Death says why. Only Kill
+	// applies.
+	StateDead = "dead"
+)
+
+// Snapshot kinds.
+const (
+	KindTemplate    = "template"
+	KindSnapshot    = "snapshot"
+	KindHibernation = "hibernation"
+)
+
+// Event kinds.
+const (
+	EventDied   = "died"    // a sandbox's instance ended by itself
+	EventOpDone = "op-done" // an operation on a sandbox finished
+)
+
+// Resources is an amount of node capacity.
+type Resources struct {
+	MemoryMB  int64
+	VCPUs     float64
+	Sandboxes int
+}
+
+// NodeInfo describes a node.
+type NodeInfo struct {
+	ID   string
+	Addr string // where the control plane reaches the node ("" in process)
+	// Capacity is what the node offers; Reserved is what its admission
+	// keeps for the host (sandboxes may not use it).
+	Capacity, Reserved Resources
+	RunscBuild         string   // runtime build: snapshots restore only on the same
+	CPUFeatures        []string // host CPU flags a checkpoint may depend on
+	Labels             map[string]string
+	Templates          []string // names of the templates it holds
+}
+
+// Limits are a sandbox's resource limits.
+type Limits struct {
+	VCPUs    float64
+	MemoryMB int64
+	DiskMB   int64
+	MaxProcs int64
+}
+
+// Policy is a sandbox's egress policy: Internet says whether the public
+// internet is reachable at all; Allow entries are reachable even when it
+// is not, Deny entries are not even when it is (IPv4 prefixes).
+type Policy struct {
+	Internet bool
+	Allow    []netip.Prefix
+	Deny     []netip.Prefix
+}
+
+// MaxPolicyEntries bounds Allow and Deny (each entry is a rule in the
+// sandbox's gateway).
+const MaxPolicyEntries = 256
+
+// Death says why a sandbox's instance died on its own.
+type Death struct {
+	Reason string // "oom" or "crashed"
+	Detail string
+	At     time.Time
+}
+
+// Sandbox is a sandbox as its node holds it.
+type Sandbox struct {
+	ID       string
+	State    string
+	Template string // template name (or the snapshot ID it was created from)
+	Parent   string // snapshot last restored into it
+	// Addr is where the node reaches the sandbox's ports: an address the
+	// node's side of the proxy dials (an IP on the node; "" while
+	// hibernated or dead). Opaque to the store.
+	Addr        string
+	AccessToken string // envd's access token (minted by the control plane)
+	Limits      Limits
+	Policy      Policy
+	Env         []string // environment added for its commands
+	CreatedAt   time.Time
+	Death       *Death // set when State is dead
+}
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	SandboxID   string // minted by the control plane (ids.Validate)
+	AccessToken string // minted by the control plane; "" is refused
+	// Template is a template name or a snapshot's ID or name.
+	Template string
+	Env      []string // added to the sandbox's default environment
+	// VCPUs and MemoryMB, when set, override the template's limits.
+	VCPUs    float64
+	MemoryMB int64
+	Policy   *Policy // nil: internet allowed
+}
+
+// SnapshotRequest asks for a live snapshot.
+type SnapshotRequest struct {
+	SnapshotID string // minted by the control plane
+	Names      []string
+	// Template makes it a template: it takes its name over from an older
+	// template of that name, which is then deleted.
+	Template bool
+}
+
+// SnapshotInfo describes a snapshot the node holds.
+type SnapshotInfo struct {
+	ID        string
+	Names     []string
+	Kind      string // KindTemplate, KindSnapshot, KindHibernation
+	Template  string // template the lineage started from
+	Origin    string // sandbox it was taken of
+	Parent    string // snapshot that sandbox was restored from
+	CreatedAt time.Time
+	SizeBytes int64
+	Limits    Limits
+}
+
+// ForkChildSpec names one child to make.
+type ForkChildSpec struct {
+	SandboxID   string
+	AccessToken string
+}
+
+// ForkRequest asks for children of a sandbox.
+type ForkRequest struct {
+	Children []ForkChildSpec // 1..MaxFork
+	// Concurrency bounds the restores running at once (0: the node's
+	// default).
+	Concurrency int
+}
+
+// MaxFork is the most children one fork makes.
+const MaxFork = 100
+
+// ForkChild is one child's outcome: a sandbox, or an error (one errdefs
+// kind) after which nothing of that child is left on the node.
+type ForkChild struct {
+	Sandbox Sandbox
+	Err     error
+}
+
+// ForkResult reports a fork, one entry per requested child, in order.
+type ForkResult struct {
+	Children []ForkChild
+}
+
+// Stats is one sample of a sandbox's resource use, read on the host.
+type Stats struct {
+	At          time.Time
+	CPUUsage    time.Duration // CPU time used since the instance started
+	MemoryBytes int64
+	MemoryLimit int64 // 0: none
+	DiskBytes   int64
+	DiskLimit   int64 // 0: none
+}
+
+// Event is something that happened on a node.
+type Event struct {
+	Kind      string // EventDied, EventOpDone
+	SandboxID string
+	Op        string // EventOpDone: "create", "snapshot", "fork", ...
+	Reason    string // EventDied: "oom" or "crashed"
+	Detail    string
+	Err       string // EventOpDone: the operation's error, "" on success
+	At        time.Time
+}
