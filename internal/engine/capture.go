@@ -16,6 +16,11 @@ import (
 
 // SnapshotOptions tune Snapshot.
 type SnapshotOptions struct {
+	// ID is the snapshot's ID, minted by the caller (generated when
+	// empty). A snapshot with the ID of an existing snapshot of the same
+	// sandbox returns that snapshot (a replay: no second capture); an ID
+	// another sandbox's snapshot holds is ErrAlreadyExists.
+	ID    string
 	Names []string
 	// Template makes the snapshot a template: it takes over its names from
 	// an older template of the same name, which is then deleted.
@@ -35,6 +40,14 @@ type SnapshotResult struct {
 // Snapshot captures a running or paused sandbox live: it keeps running (or
 // stays paused) and the snapshot is committed atomically.
 func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (SnapshotResult, error) {
+	if opts.ID != "" {
+		if err := ids.Validate("snapshot ID", opts.ID); err != nil {
+			return SnapshotResult{}, err
+		}
+		if res, done, err := e.replaySnapshot(id, opts.ID); done {
+			return res, err
+		}
+	}
 	for _, n := range opts.Names {
 		if err := ids.ValidateName("snapshot name", n); err != nil {
 			return SnapshotResult{}, err
@@ -49,10 +62,20 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 		return SnapshotResult{}, err
 	}
 	defer unlock()
+	if opts.ID != "" {
+		// Again under the lock: a replay may have waited for the first.
+		if res, done, err := e.replaySnapshot(id, opts.ID); done {
+			return res, err
+		}
+	}
 	if err := wantState(rec, "snapshot", StateRunning, StatePaused); err != nil {
 		return SnapshotResult{}, err
 	}
-	st, err := e.snaps.Stage(ids.New('s'))
+	snapID := opts.ID
+	if snapID == "" {
+		snapID = ids.New('s')
+	}
+	st, err := e.snaps.Stage(snapID)
 	if err != nil {
 		return SnapshotResult{}, err
 	}
@@ -88,6 +111,20 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	}
 	e.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", m.ID, "paused", paused, "size", m.SizeBytes)
 	return SnapshotResult{Manifest: m, Paused: paused, Took: time.Since(start)}, nil
+}
+
+// replaySnapshot answers a snapshot whose caller-given ID exists
+// already (done): that snapshot when it was taken of sandbox id, else
+// ErrAlreadyExists.
+func (e *Engine) replaySnapshot(id, snapID string) (SnapshotResult, bool, error) {
+	m, err := e.snaps.Get(snapID)
+	if err != nil || m.ID != snapID { // absent (or snapID is only a name)
+		return SnapshotResult{}, false, nil
+	}
+	if m.Origin != id {
+		return SnapshotResult{}, true, fmt.Errorf("snapshot %s exists, taken of %s, not %s: %w", snapID, m.Origin, id, errdefs.ErrAlreadyExists)
+	}
+	return SnapshotResult{Manifest: m}, true, nil
 }
 
 // capture checkpoints rec's instance into dir, leaving it running, with op
@@ -131,10 +168,23 @@ const MaxFork = 100
 
 // ForkOptions tune Fork.
 type ForkOptions struct {
+	// Count is how many children to make; with Children it may be 0 (or
+	// must equal len(Children)).
 	Count int
+	// Children, when given, names each child (IDs and access tokens
+	// minted by the caller). A child whose ID names an existing child of
+	// the same source is returned as it is (a replay); an ID taken by any
+	// other sandbox fails that child with ErrAlreadyExists.
+	Children []ForkChildSpec
 	// Concurrency bounds the restores running at once (default 4, at most
 	// Count).
 	Concurrency int
+}
+
+// ForkChildSpec names one child of a fork.
+type ForkChildSpec struct {
+	ID          string
+	AccessToken string // generated when empty
 }
 
 // ForkChild is the outcome for one child.
@@ -155,6 +205,22 @@ type ForkResult struct {
 // state with it or with each other. Each child's outcome is reported; a
 // child that failed leaves nothing behind.
 func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkResult, error) {
+	if len(opts.Children) > 0 {
+		if opts.Count != 0 && opts.Count != len(opts.Children) {
+			return ForkResult{}, errdefs.Invalidf("fork count %d but %d children named", opts.Count, len(opts.Children))
+		}
+		opts.Count = len(opts.Children)
+		seen := map[string]bool{}
+		for _, c := range opts.Children {
+			if err := ids.Validate("sandbox ID", c.ID); err != nil {
+				return ForkResult{}, err
+			}
+			if seen[c.ID] || c.ID == id {
+				return ForkResult{}, errdefs.Invalidf("fork child ID %s named twice (or the source's)", c.ID)
+			}
+			seen[c.ID] = true
+		}
+	}
 	if opts.Count < 1 || opts.Count > MaxFork {
 		return ForkResult{}, errdefs.Invalidf("fork count %d out of range 1..%d", opts.Count, MaxFork)
 	}
@@ -166,6 +232,9 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 	}
 	opts.Concurrency = min(opts.Concurrency, opts.Count)
 	start := time.Now()
+	if res, done := e.replayFork(id, opts.Children); done {
+		return res, nil
+	}
 	rec, unlock, err := e.lock(ctx, id)
 	if err != nil {
 		return ForkResult{}, err
@@ -196,10 +265,27 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			spec := ForkChildSpec{ID: ids.New('i')}
+			if len(opts.Children) > 0 {
+				spec = opts.Children[i]
+			}
+			existing, unlockChild, err := e.claim(ctx, spec.ID)
+			if err != nil {
+				res.Children[i].Err = err
+				return
+			}
+			defer unlockChild()
+			if existing != nil {
+				res.Children[i] = forkReplay(existing, id)
+				return
+			}
 			run := rec.Run
-			run.AccessToken = newToken() // each child gets its own
+			run.AccessToken = spec.AccessToken // each child gets its own
+			if run.AccessToken == "" {
+				run.AccessToken = newToken()
+			}
 			child := &record{
-				ID: ids.New('i'), State: StateRunning, Template: rec.Template, Parent: rec.Parent,
+				ID: spec.ID, State: StateRunning, Template: rec.Template, Parent: rec.Parent, Source: forkSource(id),
 				RootFS: rec.RootFS, RootFSID: rec.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: rec.Policy,
 			}
 			if err := e.restoreNew(ctx, child, m, "fork of "+id, img, rec.Run.AccessToken); err != nil {
@@ -213,6 +299,33 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 	res.Took = time.Since(start)
 	e.log.Info("forked", "sandbox_id", id, "count", opts.Count, "paused", paused, "took", res.Took)
 	return res, nil
+}
+
+func forkSource(id string) string { return "fork:" + id }
+
+// forkReplay is the outcome for a named child that exists already.
+func forkReplay(child *record, source string) ForkChild {
+	if child.Source != forkSource(source) {
+		return ForkChild{Err: fmt.Errorf("sandbox %s exists and is not a child of %s: %w", child.ID, source, errdefs.ErrAlreadyExists)}
+	}
+	return ForkChild{Sandbox: child.view()}
+}
+
+// replayFork answers a fork whose named children all exist already (a
+// replay after the first attempt finished): no capture of the source.
+func (e *Engine) replayFork(source string, children []ForkChildSpec) (ForkResult, bool) {
+	if len(children) == 0 {
+		return ForkResult{}, false
+	}
+	res := ForkResult{Children: make([]ForkChild, len(children))}
+	for i, c := range children {
+		rec, err := e.load(c.ID)
+		if err != nil || rec.Pending != nil && rec.Pending.Op == opCreate {
+			return ForkResult{}, false // missing, or still being made
+		}
+		res.Children[i] = forkReplay(rec, source)
+	}
+	return res, true
 }
 
 // Rollback puts a sandbox back to a snapshot in place: same sandbox ID,

@@ -152,6 +152,11 @@ type CreateOptions struct {
 	Policy *netns.Policy
 	// AccessToken for the sandbox's daemon (generated when empty).
 	AccessToken string
+	// ID is the sandbox's ID, minted by the caller (generated when
+	// empty). A create with the ID of an existing sandbox made from the
+	// same template or snapshot returns that sandbox (a replay: no
+	// second instance); one made from another source is ErrAlreadyExists.
+	ID string
 }
 
 // Create makes a new sandbox by restoring a template (or any snapshot): its
@@ -163,7 +168,23 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 	if opts.VCPUs < 0 || opts.MemoryMB < 0 {
 		return Sandbox{}, errdefs.Invalidf("create: negative resource limit")
 	}
+	id := opts.ID
+	if id == "" {
+		id = ids.New('i')
+	}
+	// Held across the restore: a replay of this create waits for it.
+	existing, unlock, err := e.claim(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer unlock()
 	m, release, err := e.acquireSnapshot(opts.Template)
+	if existing != nil {
+		if release != nil {
+			release()
+		}
+		return e.replayCreate(existing, opts, m, err)
+	}
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -192,11 +213,25 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 		run.AccessToken = newToken()
 	}
 	rec := &record{
-		ID: ids.New('i'), State: StateRunning, Template: template, Parent: m.ID,
+		ID: id, State: StateRunning, Template: template, Parent: m.ID, Source: m.ID,
 		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: policy,
 	}
 	if err := e.restoreNew(ctx, rec, m, m.ID, e.snaps.ImageDir(m.ID), m.Run.AccessToken); err != nil {
 		return Sandbox{}, err
+	}
+	return rec.view(), nil
+}
+
+// replayCreate answers a create whose ID names an existing sandbox: the
+// sandbox, when it was made from the same source (m, resolved from
+// opts.Template; mErr when that failed), else ErrAlreadyExists.
+func (e *Engine) replayCreate(rec *record, opts CreateOptions, m snapshot.Manifest, mErr error) (Sandbox, error) {
+	same := mErr == nil && rec.Source == m.ID
+	if rec.Source == "" && mErr == nil { // a record from before sources were kept
+		same = rec.Template == m.Template || rec.Template == m.ID
+	}
+	if !same {
+		return Sandbox{}, fmt.Errorf("sandbox %s exists, made from %s, not %s: %w", rec.ID, rec.Template, opts.Template, errdefs.ErrAlreadyExists)
 	}
 	return rec.view(), nil
 }

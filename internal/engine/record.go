@@ -74,13 +74,17 @@ const recordVersion = 1
 
 // record is what the engine keeps about a sandbox, one JSON file each.
 type record struct {
-	Version     int                `json:"version,omitempty"`
-	ID          string             `json:"id"`
-	State       State              `json:"state"`              // stable state: running, paused, hibernated
-	Instance    string             `json:"instance,omitempty"` // runtime instance backing it ("" when hibernated)
-	Gen         int                `json:"gen"`                // bumps with each new instance
-	Template    string             `json:"template"`
-	Parent      string             `json:"parent,omitempty"` // snapshot last restored into it
+	Version  int    `json:"version,omitempty"`
+	ID       string `json:"id"`
+	State    State  `json:"state"`              // stable state: running, paused, hibernated
+	Instance string `json:"instance,omitempty"` // runtime instance backing it ("" when hibernated)
+	Gen      int    `json:"gen"`                // bumps with each new instance
+	Template string `json:"template"`
+	Parent   string `json:"parent,omitempty"` // snapshot last restored into it
+	// Source is what the sandbox was created from: the snapshot's ID, or
+	// "fork:<id>" for a child of sandbox id. A create replayed under the
+	// same caller-given ID is idempotent only for the same source.
+	Source      string             `json:"source,omitempty"`
 	RootFS      string             `json:"rootfs"`
 	RootFSID    string             `json:"rootfs_id"`
 	Run         snapshot.RunConfig `json:"run"`
@@ -230,6 +234,61 @@ func (e *Engine) lock(ctx context.Context, id string) (*record, func(), error) {
 		return nil, nil, err
 	}
 	return rec, unlock, nil
+}
+
+// claim takes the operation lock of id whether or not a sandbox of that
+// ID exists yet: a create under a caller-given ID holds it while it
+// restores, so a replay of the same create waits for the first and then
+// finds its sandbox instead of making a second. It returns the record
+// when one exists (nil otherwise).
+func (e *Engine) claim(ctx context.Context, id string) (*record, func(), error) {
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, nil, err
+	}
+	for {
+		e.mu.Lock()
+		l, ok := e.locks[id]
+		if !ok {
+			l = make(opLock, 1)
+			e.locks[id] = l
+		}
+		e.mu.Unlock()
+		select {
+		case l <- struct{}{}:
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("sandbox %s: waiting for the operation in progress: %w", id, ctx.Err())
+		}
+		e.mu.Lock()
+		current := e.locks[id] == l
+		if !current {
+			// A failed create forgot the sandbox (and its lock) while we
+			// waited: take the lock now in place, if any.
+			e.mu.Unlock()
+			<-l
+			continue
+		}
+		var rec *record
+		if r, ok := e.records[id]; ok {
+			cp := *r
+			if r.Pending != nil {
+				p := *r.Pending
+				cp.Pending = &p
+			}
+			rec = &cp
+		}
+		e.mu.Unlock()
+		unlock := func() {
+			// A create that failed leaves no record: drop its lock so
+			// the map does not keep one per failed ID.
+			e.mu.Lock()
+			if _, ok := e.records[id]; !ok && e.locks[id] == l {
+				delete(e.locks, id)
+			}
+			e.mu.Unlock()
+			<-l
+		}
+		return rec, unlock, nil
+	}
 }
 
 // wantState refuses an operation on a sandbox in the wrong state.
