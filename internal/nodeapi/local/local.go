@@ -1,0 +1,339 @@
+// Package local is the in-process implementation of the node contract
+// (nodeapi.Node) over an engine on this host: `spore up` runs the control
+// plane against it, so the one-process mode and a fleet of remote nodes
+// go through the same control code. It only converts types and forwards
+// events; the engine does the work (and the idempotency: it accepts the
+// control plane's IDs).
+package local
+
+import (
+	"bufio"
+	"context"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Config describes the node to the control plane.
+type Config struct {
+	ID     string // default "local"
+	Addr   string
+	Labels map[string]string
+	// Capacity and Reserved default to the host's memory and CPUs (see
+	// HostCapacity) and the engine's memory reserve.
+	Capacity, Reserved nodeapi.Resources
+	CPUFeatures        []string
+}
+
+// Node is a nodeapi.Node over an engine in this process.
+type Node struct {
+	eng *engine.Engine
+	cfg Config
+
+	mu   sync.Mutex
+	subs map[chan nodeapi.Event]struct{}
+}
+
+var _ nodeapi.Node = (*Node)(nil)
+
+// MaxSandboxes is the slot count a node advertises: ~40 host threads per
+// gVisor sandbox against a raised pid_max; the engine's admission check
+// (memory, task table) stays the last word.
+const MaxSandboxes = 4096
+
+// New wraps eng.
+func New(eng *engine.Engine, cfg Config) *Node {
+	if cfg.ID == "" {
+		cfg.ID = "local"
+	}
+	if cfg.Capacity == (nodeapi.Resources{}) {
+		cfg.Capacity = HostCapacity()
+	}
+	n := &Node{eng: eng, cfg: cfg, subs: map[chan nodeapi.Event]struct{}{}}
+	eng.OnDeath(func(es engine.Sandbox) {
+		ev := nodeapi.Event{Kind: nodeapi.EventDied, SandboxID: es.ID, At: time.Now().UTC()}
+		if es.Death != nil {
+			ev.Reason, ev.Detail, ev.At = string(es.Death.Reason), es.Death.Detail, es.Death.At
+		}
+		n.publish(ev)
+	})
+	return n
+}
+
+// HostCapacity is this host's memory (MemTotal), CPUs and MaxSandboxes.
+func HostCapacity() nodeapi.Resources {
+	r := nodeapi.Resources{VCPUs: float64(goruntime.NumCPU()), Sandboxes: MaxSandboxes}
+	if f, err := os.Open("/proc/meminfo"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				r.MemoryMB = kb >> 10
+			}
+		}
+	}
+	return r
+}
+
+// Engine is the engine behind the node (for the node's own housekeeping
+// reports; the control plane never reaches it).
+func (n *Node) Engine() *engine.Engine { return n.eng }
+
+// Info describes the node.
+func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
+	info := nodeapi.NodeInfo{ID: n.cfg.ID, Addr: n.cfg.Addr, Capacity: n.cfg.Capacity, Reserved: n.cfg.Reserved,
+		RunscBuild: n.eng.Runtime().Name(), CPUFeatures: n.cfg.CPUFeatures, Labels: n.cfg.Labels}
+	for _, m := range n.eng.Snapshots().List() {
+		if m.Kind == snapshot.KindTemplate {
+			info.Templates = append(info.Templates, m.Names...)
+		}
+	}
+	return info, nil
+}
+
+// Create restores a sandbox under the caller's ID and token.
+func (n *Node) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
+	if req.SandboxID == "" || req.AccessToken == "" {
+		return nodeapi.Sandbox{}, errdefs.Invalidf("create: the sandbox ID and access token are minted by the caller")
+	}
+	es, err := n.eng.Create(ctx, engine.CreateOptions{ID: req.SandboxID, AccessToken: req.AccessToken, Template: req.Template,
+		Env: req.Env, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Policy: toNetPolicy(req.Policy)})
+	n.opDone("create", req.SandboxID, err)
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
+}
+
+// Get returns one sandbox.
+func (n *Node) Get(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	es, err := n.eng.Get(ctx, id)
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
+}
+
+// List returns every sandbox.
+func (n *Node) List(ctx context.Context) ([]nodeapi.Sandbox, error) {
+	list := n.eng.List(ctx)
+	out := make([]nodeapi.Sandbox, len(list))
+	for i, es := range list {
+		out[i] = Sandbox(es)
+	}
+	return out, nil
+}
+
+// Kill kills a sandbox.
+func (n *Node) Kill(ctx context.Context, id string) error {
+	err := n.eng.Kill(ctx, id)
+	n.opDone("kill", id, err)
+	return err
+}
+
+// Pause pauses a sandbox.
+func (n *Node) Pause(ctx context.Context, id string) error {
+	err := n.eng.Pause(ctx, id)
+	n.opDone("pause", id, err)
+	return err
+}
+
+// Resume resumes a sandbox.
+func (n *Node) Resume(ctx context.Context, id string) error {
+	err := n.eng.Resume(ctx, id)
+	n.opDone("resume", id, err)
+	return err
+}
+
+// Hibernate hibernates a sandbox.
+func (n *Node) Hibernate(ctx context.Context, id string) error {
+	err := n.eng.Hibernate(ctx, id)
+	n.opDone("hibernate", id, err)
+	return err
+}
+
+// Snapshot takes a live snapshot under the caller's ID.
+func (n *Node) Snapshot(ctx context.Context, id string, req nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
+	if req.SnapshotID == "" {
+		return nodeapi.SnapshotInfo{}, errdefs.Invalidf("snapshot: the snapshot ID is minted by the caller")
+	}
+	res, err := n.eng.Snapshot(ctx, id, engine.SnapshotOptions{ID: req.SnapshotID, Names: req.Names, Template: req.Template})
+	n.opDone("snapshot", id, err)
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	return SnapshotInfo(res.Manifest), nil
+}
+
+// Fork makes the named children of a sandbox.
+func (n *Node) Fork(ctx context.Context, id string, req nodeapi.ForkRequest) (nodeapi.ForkResult, error) {
+	if len(req.Children) == 0 {
+		return nodeapi.ForkResult{}, errdefs.Invalidf("fork: no children named")
+	}
+	specs := make([]engine.ForkChildSpec, len(req.Children))
+	for i, c := range req.Children {
+		if c.SandboxID == "" || c.AccessToken == "" {
+			return nodeapi.ForkResult{}, errdefs.Invalidf("fork: child %d: the sandbox ID and access token are minted by the caller", i)
+		}
+		specs[i] = engine.ForkChildSpec{ID: c.SandboxID, AccessToken: c.AccessToken}
+	}
+	fr, err := n.eng.Fork(ctx, id, engine.ForkOptions{Children: specs, Concurrency: req.Concurrency})
+	n.opDone("fork", id, err)
+	if err != nil {
+		return nodeapi.ForkResult{}, err
+	}
+	out := nodeapi.ForkResult{Children: make([]nodeapi.ForkChild, len(fr.Children))}
+	for i, c := range fr.Children {
+		out.Children[i].Err = c.Err
+		if c.Err == nil {
+			out.Children[i].Sandbox = Sandbox(c.Sandbox)
+		}
+	}
+	return out, nil
+}
+
+// Rollback rolls a sandbox back in place.
+func (n *Node) Rollback(ctx context.Context, id, snapshotRef string) (nodeapi.Sandbox, error) {
+	es, err := n.eng.Rollback(ctx, id, snapshotRef)
+	n.opDone("rollback", id, err)
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
+}
+
+// GetSnapshot returns one snapshot by ID or name.
+func (n *Node) GetSnapshot(ctx context.Context, ref string) (nodeapi.SnapshotInfo, error) {
+	m, err := n.eng.Snapshots().Get(ref)
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	return SnapshotInfo(m), nil
+}
+
+// DeleteSnapshot deletes a snapshot or template.
+func (n *Node) DeleteSnapshot(ctx context.Context, ref string) error {
+	return n.eng.DeleteSnapshot(ctx, ref)
+}
+
+// Snapshots lists what the node holds.
+func (n *Node) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
+	list := n.eng.Snapshots().List()
+	out := make([]nodeapi.SnapshotInfo, len(list))
+	for i, m := range list {
+		out[i] = SnapshotInfo(m)
+	}
+	return out, nil
+}
+
+// SetPolicy replaces a sandbox's egress policy.
+func (n *Node) SetPolicy(ctx context.Context, id string, p nodeapi.Policy) error {
+	return n.eng.SetPolicy(ctx, id, *toNetPolicy(&p))
+}
+
+// Reconfigure gives a running sandbox a new environment and policy.
+func (n *Node) Reconfigure(ctx context.Context, id string, env []string, p *nodeapi.Policy) (nodeapi.Sandbox, error) {
+	es, err := n.eng.Reconfigure(ctx, id, env, toNetPolicy(p))
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
+}
+
+// Stats reads a sandbox's resource use.
+func (n *Node) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
+	st, err := n.eng.Stats(ctx, id)
+	if err != nil {
+		return nodeapi.Stats{}, err
+	}
+	return nodeapi.Stats{At: st.At, CPUUsage: st.CPUUsage, MemoryBytes: st.MemoryBytes, MemoryLimit: st.MemoryLimit,
+		DiskBytes: st.DiskBytes, DiskLimit: st.DiskLimit}, nil
+}
+
+// eventBuffer is how many events a slow subscriber may lag before it
+// misses some (events are hints: it then reconciles with List).
+const eventBuffer = 1024
+
+// Events streams deaths and finished operations until ctx ends.
+func (n *Node) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
+	ch := make(chan nodeapi.Event, eventBuffer)
+	n.mu.Lock()
+	n.subs[ch] = struct{}{}
+	n.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		n.mu.Lock()
+		delete(n.subs, ch)
+		close(ch)
+		n.mu.Unlock()
+	}()
+	return ch, nil
+}
+
+func (n *Node) publish(ev nodeapi.Event) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for ch := range n.subs {
+		select {
+		case ch <- ev:
+		default: // full: the subscriber lags; it misses this one
+		}
+	}
+}
+
+func (n *Node) opDone(op, id string, err error) {
+	n.mu.Lock()
+	none := len(n.subs) == 0
+	n.mu.Unlock()
+	if none {
+		return
+	}
+	ev := nodeapi.Event{Kind: nodeapi.EventOpDone, SandboxID: id, Op: op, At: time.Now().UTC()}
+	if err != nil {
+		ev.Err = err.Error()
+	}
+	n.publish(ev)
+}
+
+// Sandbox converts the engine's view.
+func Sandbox(es engine.Sandbox) nodeapi.Sandbox {
+	sb := nodeapi.Sandbox{ID: es.ID, State: string(es.State), Template: es.Template, Parent: es.Parent,
+		AccessToken: es.Run.AccessToken, Limits: limits(es.Run.Limits.VCPUs, es.Run.Limits.MemoryMB, es.Run.Limits.DiskMB, es.Run.Limits.MaxProcs),
+		Policy: nodeapi.Policy{Internet: es.Policy.Internet, Allow: es.Policy.Allow, Deny: es.Policy.Deny},
+		Env:    es.Run.Env, CreatedAt: es.CreatedAt}
+	if es.Addr.IsValid() {
+		sb.Addr = es.Addr.String()
+	}
+	if es.Death != nil {
+		sb.Death = &nodeapi.Death{Reason: string(es.Death.Reason), Detail: es.Death.Detail, At: es.Death.At}
+	}
+	return sb
+}
+
+func limits(vcpus float64, mem, disk, procs int64) nodeapi.Limits {
+	return nodeapi.Limits{VCPUs: vcpus, MemoryMB: mem, DiskMB: disk, MaxProcs: procs}
+}
+
+// SnapshotInfo converts a manifest.
+func SnapshotInfo(m snapshot.Manifest) nodeapi.SnapshotInfo {
+	l := m.Run.Limits
+	return nodeapi.SnapshotInfo{ID: m.ID, Names: m.Names, Kind: string(m.Kind), Template: m.Template, Origin: m.Origin,
+		Parent: m.Parent, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Limits: limits(l.VCPUs, l.MemoryMB, l.DiskMB, l.MaxProcs)}
+}
+
+func toNetPolicy(p *nodeapi.Policy) *netns.Policy {
+	if p == nil {
+		return nil
+	}
+	return &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny}
+}
