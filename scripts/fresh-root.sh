@@ -3,7 +3,7 @@
 # bootstraps a new Debian bookworm (minbase) root, puts in it only the
 # prerequisites (Go, bind-mounted read-only from this host; git, make and
 # ca-certificates, which cloning and running make take), a fresh clone of
-# this checkout's HEAD (committed files only), then runs, inside a chroot:
+# this checkout's HEAD (committed files only), then runs, inside it:
 #   make setup, go build ./..., go vet ./..., the fast test tier
 #   and, with FRESH_TIER=real (or all), the real-sandbox tier too
 #   (FRESH_TIER=none: setup and build only). FRESH_CMD: one more command
@@ -131,6 +131,12 @@ if [ "${1:-}" = --inside ]; then
 		NODE_EXTRA_CA_CERTS GIT_SSL_CAINFO CURL_CA_BUNDLE; do
 		if [ -n "${!v:-}" ]; then netenv+=("$v=${!v}"); fi
 	done
+	# Enter the root by pivot_root in a mount namespace of its own, not by
+	# chroot: the kernel refuses a new user namespace to a chrooted
+	# process, and runsc's gofer needs one (seen: "fork/exec /proc/self/exe:
+	# operation not permitted"). Afterwards / is the root, as on a machine.
+	# shellcheck disable=SC2016
+	enter='cd "$1" && mkdir -p .oldroot && pivot_root . .oldroot && cd / && umount -l /.oldroot && rmdir /.oldroot && shift && exec "$@"'
 	inroot() { # name, shell command: run in the chroot with a clean environment
 		local name=$1 t
 		shift
@@ -140,7 +146,8 @@ if [ "${1:-}" = --inside ]; then
 		if ! env -i HOME=/root TERM=dumb LANG=C.UTF-8 CI="${CI:-}" "${netenv[@]}" \
 			PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			GOPROXY="$GOPROXY_CHAIN" GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
-			chroot "$ROOT" /bin/bash -c "cd /src/spore && $*" >>"$LOG" 2>&1; then
+			unshare --mount --propagation private /bin/sh -c "$enter" sh "$ROOT" \
+			/bin/bash -c "cd /src/spore && $*" >>"$LOG" 2>&1; then
 			step "FAILED: $name after $(($(date +%s) - t)) s; last lines of $LOG:"
 			tail -n 60 "$LOG" | sed 's/^/    /'
 			exit 1
