@@ -22,6 +22,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/proxy"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/store"
@@ -148,7 +149,8 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	st := openStore(t)
-	h.ctl = control.New(control.Config{Store: st, Engine: n.Engine, Logger: log, Now: func() time.Time { return h.now }})
+	h.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{"local": local.New(n.Engine, local.Config{ID: "local"})}, Logger: log, Now: func() time.Time { return h.now }})
+	t.Cleanup(h.ctl.Close)
 	h.apiLog = &syncBuffer{}
 	apiLog := slog.New(slog.NewMultiHandler(log.Handler(), slog.NewJSONHandler(h.apiLog, nil)))
 	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, api.KeyCheck(st), apiLog), Logger: apiLog}))

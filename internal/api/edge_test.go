@@ -16,39 +16,46 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/control"
-	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/ids"
-	"github.com/spore-run/spore/internal/netns"
-	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
 
-// scriptedEngine is the part of an engine the API edge tests reach: create,
+// scriptedEngine is the part of a node the API edge tests reach: create,
 // get, kill, resume and fork succeed or fail as scripted. Any other method
 // panics (the embedded nil interface): these tests do not call them.
 type scriptedEngine struct {
-	control.Engine
+	nodeapi.Node
 	createErr error
 	forkErrs  []error // one per child; nil: that child succeeds
 
 	mu      sync.Mutex
-	created map[string]engine.Sandbox
+	created map[string]nodeapi.Sandbox
 }
 
-func (e *scriptedEngine) Create(_ context.Context, opts engine.CreateOptions) (engine.Sandbox, error) {
+func (e *scriptedEngine) Info(context.Context) (nodeapi.NodeInfo, error) {
+	return nodeapi.NodeInfo{ID: "local", Capacity: nodeapi.Resources{MemoryMB: 1 << 30, VCPUs: 1 << 10, Sandboxes: 1 << 20}}, nil
+}
+
+func (e *scriptedEngine) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
+	ch := make(chan nodeapi.Event)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch, nil
+}
+
+func (e *scriptedEngine) Create(_ context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
 	if e.createErr != nil {
-		return engine.Sandbox{}, e.createErr
+		return nodeapi.Sandbox{}, e.createErr
 	}
-	return e.add(opts.Template), nil
+	return e.add(req.SandboxID, req.Template, req.AccessToken), nil
 }
 
-func (e *scriptedEngine) add(template string) engine.Sandbox {
-	sb := engine.Sandbox{ID: ids.New('i'), State: engine.StateRunning, Template: template, Run: snapshot.RunConfig{AccessToken: "token"}}
+func (e *scriptedEngine) add(id, template, token string) nodeapi.Sandbox {
+	sb := nodeapi.Sandbox{ID: id, State: nodeapi.StateRunning, Template: template, AccessToken: token}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.created == nil {
-		e.created = map[string]engine.Sandbox{}
+		e.created = map[string]nodeapi.Sandbox{}
 	}
 	e.created[sb.ID] = sb
 	return sb
@@ -60,30 +67,30 @@ func (e *scriptedEngine) count() int {
 	return len(e.created)
 }
 
-func (e *scriptedEngine) Get(_ context.Context, id string) (engine.Sandbox, error) {
+func (e *scriptedEngine) Get(_ context.Context, id string) (nodeapi.Sandbox, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if sb, ok := e.created[id]; ok {
 		return sb, nil
 	}
-	return engine.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	return nodeapi.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 }
 
 func (e *scriptedEngine) Kill(context.Context, string) error      { return nil }
 func (e *scriptedEngine) Resume(context.Context, string) error    { return nil }
 func (e *scriptedEngine) Hibernate(context.Context, string) error { return nil }
-func (e *scriptedEngine) SetPolicy(context.Context, string, netns.Policy) error {
+func (e *scriptedEngine) SetPolicy(context.Context, string, nodeapi.Policy) error {
 	return nil
 }
 
-func (e *scriptedEngine) Fork(_ context.Context, id string, opts engine.ForkOptions) (engine.ForkResult, error) {
-	var fr engine.ForkResult
-	for i := 0; i < opts.Count; i++ {
+func (e *scriptedEngine) Fork(_ context.Context, id string, req nodeapi.ForkRequest) (nodeapi.ForkResult, error) {
+	var fr nodeapi.ForkResult
+	for i, c := range req.Children {
 		if i < len(e.forkErrs) && e.forkErrs[i] != nil {
-			fr.Children = append(fr.Children, engine.ForkChild{Err: e.forkErrs[i]})
+			fr.Children = append(fr.Children, nodeapi.ForkChild{Err: e.forkErrs[i]})
 			continue
 		}
-		fr.Children = append(fr.Children, engine.ForkChild{Sandbox: e.add("base")})
+		fr.Children = append(fr.Children, nodeapi.ForkChild{Sandbox: e.add(c.SandboxID, "base", c.AccessToken)})
 	}
 	return fr, nil
 }
@@ -118,7 +125,7 @@ func newEdge(t *testing.T, eng *scriptedEngine) *edge {
 	st := openStore(t)
 	buf := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(buf, nil))
-	ctl := control.New(control.Config{Store: st, Engine: eng, Logger: log})
+	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{"local": eng}, Logger: log})
 	srv := httptest.NewServer(api.New(api.Config{Control: ctl, Store: st, Logger: log}))
 	t.Cleanup(srv.Close)
 	return &edge{t: t, url: srv.URL, eng: eng, log: buf}

@@ -37,7 +37,7 @@ func newFnode(t *testing.T) *fnode {
 	t.Helper()
 	st := openStore(t)
 	f := &fnode{t: t, n: controltest.New(t)}
-	f.ctl = control.New(control.Config{Store: st, Engine: f.n.Engine})
+	f.ctl = control.New(control.Config{Store: st, Nodes: f.n.Nodes()})
 	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL

@@ -3,9 +3,9 @@ package api
 import (
 	"net/http"
 
-	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -104,9 +104,14 @@ type TemplateInfo struct {
 
 func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 	out := []TemplateInfo{}
-	for _, m := range s.c.Templates() {
-		out = append(out, TemplateInfo{TemplateID: m.ID, Aliases: m.Names, CPUCount: int(m.Run.Limits.VCPUs),
-			MemoryMB: int(m.Run.Limits.MemoryMB), DiskSizeMB: int(m.Run.Limits.DiskMB), CreatedAt: rfc3339(m.CreatedAt),
+	list, err := s.c.Templates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	for _, m := range list {
+		out = append(out, TemplateInfo{TemplateID: m.ID, Aliases: m.Names, CPUCount: int(m.Limits.VCPUs),
+			MemoryMB: int(m.Limits.MemoryMB), DiskSizeMB: int(m.Limits.DiskMB), CreatedAt: rfc3339(m.CreatedAt),
 			SizeBytes: m.SizeBytes, Status: "ready"})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -134,8 +139,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if body.Count != nil {
 		count = *body.Count
 	}
-	if count < 1 || count > engine.MaxFork {
-		s.fail(w, r, errdefs.Invalidf("count %d out of range 1..%d", count, engine.MaxFork))
+	if count < 1 || count > nodeapi.MaxFork {
+		s.fail(w, r, errdefs.Invalidf("count %d out of range 1..%d", count, nodeapi.MaxFork))
 		return
 	}
 	timeout, err := timeoutOf(body.Timeout)

@@ -14,7 +14,7 @@ import (
 // operator in GET /debug/stats (key required), not only in the log.
 func TestStatsShowNodeHousekeeping(t *testing.T) {
 	st := openStore(t)
-	ctl := control.New(control.Config{Store: st, Engine: &scriptedEngine{}})
+	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{"local": &scriptedEngine{}}})
 	report := api.NodeReport{Quarantined: []string{"i123: record version 99 is newer than this engine"}, PendingCleanups: 2}
 	srv := httptest.NewServer(api.New(api.Config{Control: ctl, Store: st, Node: func() api.NodeReport { return report }}))
 	t.Cleanup(srv.Close)

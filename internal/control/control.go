@@ -11,6 +11,8 @@ package control
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -19,31 +21,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
-	"github.com/spore-run/spore/internal/netns"
-	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
-
-// Engine is what control needs of a node's engine.
-type Engine interface {
-	Create(ctx context.Context, opts engine.CreateOptions) (engine.Sandbox, error)
-	Get(ctx context.Context, id string) (engine.Sandbox, error)
-	List(ctx context.Context) []engine.Sandbox
-	Kill(ctx context.Context, id string) error
-	Pause(ctx context.Context, id string) error
-	Resume(ctx context.Context, id string) error
-	Hibernate(ctx context.Context, id string) error
-	Snapshot(ctx context.Context, id string, opts engine.SnapshotOptions) (engine.SnapshotResult, error)
-	Fork(ctx context.Context, id string, opts engine.ForkOptions) (engine.ForkResult, error)
-	Rollback(ctx context.Context, id, snapshotRef string) (engine.Sandbox, error)
-	DeleteSnapshot(ctx context.Context, ref string) error
-	SetPolicy(ctx context.Context, id string, p netns.Policy) error
-	Reconfigure(ctx context.Context, id string, env []string, p *netns.Policy) (engine.Sandbox, error)
-	Snapshots() *snapshot.Repo
-}
 
 // Limits on what a request may ask.
 const (
@@ -55,28 +37,38 @@ const (
 
 // Config configures the service.
 type Config struct {
-	Store  store.Store
-	Engine Engine
-	NodeID string
+	Store store.Store
+	// Nodes are the nodes this control plane drives, by ID.
+	Nodes  Registry
 	Logger *slog.Logger
+	// Holder names this control plane instance in the store's leases
+	// (default: a random ID per process).
+	Holder string
+	// CreateGrace is how long a row in state creating is left to the
+	// create that wrote it before the reaper undoes it (default 2 min).
+	CreateGrace time.Duration
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
 }
 
 // Service is the sandbox lifecycle.
 type Service struct {
-	st  store.Store
-	eng Engine
-	cfg Config
-	log *slog.Logger
+	st    store.Store
+	nodes Registry
+	cfg   Config
+	log   *slog.Logger
 	// life serializes decisions about one sandbox's lifetime (the reaper
-	// against connect and new timeouts); see expiry.go.
+	// against connect and new timeouts) in this process; see expiry.go.
 	life sandboxLocks
+	stop context.CancelFunc
 
-	// lookups caches where each running sandbox is reached, for the proxy.
+	// targets holds, per sandbox this process routed to, the instance
+	// address and a channel closed when that instance goes away, so the
+	// proxy's streams to it end; where a sandbox is comes from the store.
 	mu      sync.RWMutex
 	targets map[string]Target
 	pool    *pool
+	view    viewCache
 }
 
 // Target is where the proxy sends a sandbox's traffic.
@@ -89,7 +81,8 @@ type Target struct {
 	Gone chan struct{}
 }
 
-// New returns the service.
+// New returns the service; it follows each node's events (deaths) until
+// Close.
 func New(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -97,22 +90,32 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.NodeID == "" {
-		cfg.NodeID = "local"
+	if cfg.Holder == "" {
+		cfg.Holder = ids.New('c')
 	}
-	s := &Service{st: cfg.Store, eng: cfg.Engine, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}}
-	if n, ok := cfg.Engine.(deathNotifier); ok {
-		n.OnDeath(s.sandboxDied)
+	if cfg.CreateGrace <= 0 {
+		cfg.CreateGrace = 2 * time.Minute
+	}
+	if cfg.Nodes == nil {
+		cfg.Nodes = Nodes{}
+	}
+	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	for _, id := range cfg.Nodes.IDs() {
+		n, _ := cfg.Nodes.Node(id)
+		s.follow(ctx, id, n)
 	}
 	return s
 }
 
-// Sandbox is the control plane's full view of a sandbox.
+// Close stops following the nodes' events.
+func (s *Service) Close() { s.stop() }
+
+// Sandbox is the control plane's full view of a sandbox: its store row
+// (token, node and address included).
 type Sandbox struct {
 	store.Sandbox
-	EngineState     string // running, paused, hibernated (exact)
-	EnvdAccessToken string
-	Addr            netip.Addr
 }
 
 // CreateRequest is a validated create.
@@ -147,8 +150,8 @@ func ValidateTimeout(seconds int64) (time.Duration, error) {
 
 // ParsePolicy turns allow/deny lists of CIDRs (or single addresses) into a
 // network policy.
-func ParsePolicy(internet *bool, allow, deny []string) (netns.Policy, error) {
-	p := netns.Policy{Internet: internet == nil || *internet}
+func ParsePolicy(internet *bool, allow, deny []string) (nodeapi.Policy, error) {
+	p := nodeapi.Policy{Internet: internet == nil || *internet}
 	parse := func(list []string) ([]netip.Prefix, error) {
 		var out []netip.Prefix
 		for _, c := range list {
@@ -166,10 +169,10 @@ func ParsePolicy(internet *bool, allow, deny []string) (netns.Policy, error) {
 		return out, nil
 	}
 	// Capped before parsing: each entry is a rule in the sandbox's
-	// gateway (netns refuses more too).
+	// gateway (the node refuses more too).
 	for name, list := range map[string][]string{"allowOut": allow, "denyOut": deny} {
-		if len(list) > netns.MaxPolicyEntries {
-			return p, errdefs.Invalidf("%s has %d entries, at most %d", name, len(list), netns.MaxPolicyEntries)
+		if len(list) > nodeapi.MaxPolicyEntries {
+			return p, errdefs.Invalidf("%s has %d entries, at most %d", name, len(list), nodeapi.MaxPolicyEntries)
 		}
 	}
 	var err error
@@ -215,7 +218,20 @@ func Validate(r CreateRequest) error {
 	return err
 }
 
-// Create makes a sandbox from a template or snapshot.
+// newToken mints a sandbox's envd access token.
+func newToken() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Create makes a sandbox from a template or snapshot. The control plane
+// mints the sandbox's ID and token and writes its row (state creating,
+// with its node) before it asks the node, so a crash at any point leaves
+// a row that names what may exist on the node: a create that fails, or
+// whose answer is lost, is undone by killing that ID on the node (the
+// node's create is idempotent by ID, its kill of an unknown ID a no-op),
+// here or by the reaper once CreateGrace has passed.
 func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
 	if r.TemplateID == "" {
 		r.TemplateID = "base"
@@ -236,57 +252,114 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	for _, k := range keys {
 		env = append(env, k+"="+r.EnvVars[k])
 	}
-	es, pooled := s.fromPool(ctx, r, env, policy)
-	if !pooled {
-		var err error
-		es, err = s.eng.Create(ctx, engine.CreateOptions{
-			Template: r.TemplateID, Env: env, Policy: &policy, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB),
-		})
-		if err != nil {
-			return Sandbox{}, err
-		}
-	}
 	now := s.now()
 	rec := store.Sandbox{
-		ID: es.ID, TemplateID: r.TemplateID, State: store.StateRunning, Metadata: r.Metadata, EnvVars: r.EnvVars,
-		CPUCount: int(es.Run.Limits.VCPUs), MemoryMB: int(es.Run.Limits.MemoryMB), DiskSizeMB: int(es.Run.Limits.DiskMB),
+		TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
-		AllowOut: r.AllowOut, DenyOut: r.DenyOut, NodeID: s.cfg.NodeID,
+		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	if err := s.st.CreateSandbox(ctx, rec); err != nil {
-		if kerr := s.eng.Kill(context.WithoutCancel(ctx), es.ID); kerr != nil {
-			s.log.Error("kill sandbox after failed store write", "sandbox_id", es.ID, "err", kerr)
+	if ps, nodeID, ok := s.fromPool(ctx, r, env, policy); ok {
+		rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ps.ID, nodeID, store.StateRunning, ps.AccessToken
+		setFromNode(&rec, ps)
+		if err := s.st.CreateSandbox(ctx, rec); err != nil {
+			s.killOnNode(ctx, nodeID, ps.ID)
+			return Sandbox{}, err
 		}
+		s.setTarget(rec.ID, rec.Addr, rec.State)
+		return Sandbox{rec}, nil
+	}
+	nodeID, n, err := s.place(ctx, r)
+	if err != nil {
 		return Sandbox{}, err
 	}
-	s.setTarget(es.ID, es.Addr, store.StateRunning)
-	return Sandbox{Sandbox: rec, EngineState: string(es.State), EnvdAccessToken: es.Run.AccessToken, Addr: es.Addr}, nil
+	rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ids.New('i'), nodeID, store.StateCreating, newToken()
+	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB
+	if err := s.st.CreateSandbox(ctx, rec); err != nil {
+		return Sandbox{}, err
+	}
+	ns, err := n.Create(ctx, nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: r.TemplateID,
+		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy})
+	if err != nil {
+		s.abandon(ctx, rec)
+		return Sandbox{}, err
+	}
+	return s.commitCreated(ctx, rec, ns)
 }
 
-// Get returns one sandbox.
+// commitCreated turns a creating row into a running one with what the
+// node reports; when the row changed meanwhile (killed during the
+// create) the node's sandbox goes.
+func (s *Service) commitCreated(ctx context.Context, rec store.Sandbox, ns nodeapi.Sandbox) (Sandbox, error) {
+	rec.State = store.StateRunning
+	setFromNode(&rec, ns)
+	rec.Version = 1
+	got, err := s.st.CompareAndSwapSandbox(ctx, rec)
+	if err != nil {
+		s.killOnNode(ctx, rec.NodeID, rec.ID)
+		return Sandbox{}, fmt.Errorf("sandbox %s changed while it was created: %w", rec.ID, err)
+	}
+	s.setTarget(got.ID, got.Addr, got.State)
+	return Sandbox{got}, nil
+}
+
+// abandon undoes a create that failed (or whose answer was lost): the
+// node's sandbox by that ID, if any, and the row.
+func (s *Service) abandon(ctx context.Context, rec store.Sandbox) {
+	s.killOnNode(ctx, rec.NodeID, rec.ID)
+	if err := s.st.DeleteSandbox(context.WithoutCancel(ctx), rec.ID); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Error("drop row of failed create (the reaper retries)", "sandbox_id", rec.ID, "err", err)
+	}
+}
+
+// killOnNode kills a sandbox by ID on a node, ignoring "not there".
+func (s *Service) killOnNode(ctx context.Context, nodeID, id string) {
+	n, err := s.node(nodeID)
+	if err == nil {
+		err = n.Kill(context.WithoutCancel(ctx), id)
+	}
+	if err != nil && !errdefs.IsNotFound(err) {
+		s.log.Error("kill sandbox on node", "sandbox_id", id, "node_id", nodeID, "err", err)
+	}
+}
+
+// setFromNode copies what the node decides (limits, address) into a row.
+func setFromNode(rec *store.Sandbox, ns nodeapi.Sandbox) {
+	rec.CPUCount, rec.MemoryMB, rec.DiskSizeMB = int(ns.Limits.VCPUs), int(ns.Limits.MemoryMB), int(ns.Limits.DiskMB)
+	rec.Addr = ns.Addr
+}
+
+// Get returns one sandbox, from the store.
 func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	es, err := s.eng.Get(ctx, id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	return Sandbox{Sandbox: rec, EngineState: string(es.State), EnvdAccessToken: es.Run.AccessToken, Addr: es.Addr}, nil
+	return Sandbox{rec}, nil
 }
+
+// visibleStates are the states List shows when none are asked: a row
+// being created is not a sandbox yet.
+var visibleStates = []string{store.StateRunning, store.StatePaused, store.StateHibernated, store.StateError}
 
 // List returns a page of sandboxes.
 func (s *Service) List(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
+	if len(f.States) == 0 {
+		f.States = visibleStates
+	}
 	return s.st.ListSandboxes(ctx, f)
 }
 
 // Kill kills a sandbox and forgets it.
 func (s *Service) Kill(ctx context.Context, id string) error {
-	if _, err := s.st.GetSandbox(ctx, id); err != nil {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil {
 		return err
 	}
-	if err := s.eng.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return err
+	}
+	if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	s.dropTarget(id)
@@ -296,7 +369,8 @@ func (s *Service) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
-// Target returns where a sandbox's traffic goes.
+// Target returns where a sandbox's traffic goes, as last routed by this
+// process.
 func (s *Service) Target(id string) (Target, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -304,11 +378,12 @@ func (s *Service) Target(id string) (Target, bool) {
 	return t, ok
 }
 
-func (s *Service) setTarget(id string, addr netip.Addr, state string) {
+func (s *Service) setTarget(id, addr, state string) {
+	a, _ := netip.ParseAddr(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, ok := s.targets[id]
-	if ok && old.Addr == addr {
+	if ok && old.Addr == a {
 		old.State = state
 		s.targets[id] = old
 		return
@@ -316,7 +391,7 @@ func (s *Service) setTarget(id string, addr netip.Addr, state string) {
 	if ok {
 		close(old.Gone)
 	}
-	s.targets[id] = Target{Addr: addr, State: state, Gone: make(chan struct{})}
+	s.targets[id] = Target{Addr: a, State: state, Gone: make(chan struct{})}
 }
 
 func (s *Service) dropTarget(id string) {
@@ -328,11 +403,20 @@ func (s *Service) dropTarget(id string) {
 	}
 }
 
-// refreshTarget re-reads a sandbox's address and state from the engine.
-func (s *Service) refreshTarget(ctx context.Context, id, state string) {
-	if es, err := s.eng.Get(ctx, id); err == nil {
-		s.setTarget(id, es.Addr, state)
+// refresh re-reads a sandbox from its node and records its address and
+// the given state in its row.
+func (s *Service) refresh(ctx context.Context, n nodeapi.Node, id, state string) (store.Sandbox, error) {
+	addr := ""
+	if ns, err := n.Get(ctx, id); err == nil {
+		addr = ns.Addr
 	}
+	rec, err := s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		x.State, x.Addr = state, addr
+		return nil
+	})
+	if err != nil {
+		return rec, err
+	}
+	s.setTarget(id, addr, state)
+	return rec, nil
 }
-
-func fmtErr(op, id string, err error) error { return fmt.Errorf("%s %s: %w", op, id, err) }

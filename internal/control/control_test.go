@@ -56,7 +56,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { st.Close() })
 	h := &harness{t: t, n: controltest.New(t), st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	h.ctl = control.New(control.Config{Store: st, Engine: h.n.Engine, Now: h.clk.Now})
+	h.ctl = control.New(control.Config{Store: st, Nodes: h.n.Nodes(), Now: h.clk.Now})
 	return h
 }
 
@@ -95,6 +95,12 @@ func (h *harness) states(id string) (string, string) {
 		h.t.Fatal(err)
 	}
 	return st, ng
+}
+
+func (h *harness) nodeState(id string) string {
+	h.t.Helper()
+	_, n := h.states(id)
+	return n
 }
 
 func (h *harness) wantStates(id, store, node string) {
@@ -181,7 +187,7 @@ func TestConnect(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, resumed, err = h.ctl.Connect(ctx, sb.ID, 0)
-		if err != nil || !resumed || got.State != store.StateRunning || got.EngineState != "running" {
+		if err != nil || !resumed || got.State != store.StateRunning || h.nodeState(sb.ID) != "running" || got.Addr == "" {
 			t.Fatalf("connect to paused: resumed %v, %+v, %v", resumed, got, err)
 		}
 		if a, ok := h.ctl.Target(sb.ID); !ok || a.State != store.StateRunning || !a.Addr.IsValid() {
@@ -325,7 +331,7 @@ func TestReconcile(t *testing.T) {
 	}
 
 	// A restarted control plane reconciles.
-	ctl := control.New(control.Config{Store: h.st, Engine: h.n.Engine, Now: h.clk.Now})
+	ctl := control.New(control.Config{Store: h.st, Nodes: h.n.Nodes(), Now: h.clk.Now})
 	if err := ctl.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,11 @@ package control
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -22,11 +23,15 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 	if rec.State != store.StateRunning {
 		return errdefs.Conflictf("sandbox %s is already paused", id)
 	}
-	if err := s.eng.Pause(ctx, id); err != nil {
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return err
+	}
+	if err := n.Pause(ctx, id); err != nil {
 		return err
 	}
 	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State = store.StatePaused; return nil })
-	s.refreshTarget(ctx, id, store.StatePaused)
+	s.setTarget(id, rec.Addr, store.StatePaused)
 	return err
 }
 
@@ -39,11 +44,15 @@ func (s *Service) Hibernate(ctx context.Context, id string) error {
 	if rec.State == store.StateHibernated {
 		return errdefs.Conflictf("sandbox %s is already hibernated", id)
 	}
-	if err := s.eng.Hibernate(ctx, id); err != nil {
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return err
+	}
+	if err := n.Hibernate(ctx, id); err != nil {
 		return err
 	}
 	s.dropTarget(id)
-	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State = store.StateHibernated; return nil })
+	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State, x.Addr = store.StateHibernated, ""; return nil })
 	return err
 }
 
@@ -63,18 +72,31 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	if rec.State == store.StateError {
 		return Sandbox{}, false, deadErr(rec)
 	}
+	if rec.State == store.StateCreating {
+		return Sandbox{}, false, errdefs.Conflictf("sandbox %s is being created", id)
+	}
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return Sandbox{}, false, err
+	}
 	resumed := false
+	addr := rec.Addr
 	if rec.State != store.StateRunning {
-		if err := s.eng.Resume(ctx, id); err != nil && !errdefs.IsConflict(err) {
+		if err := n.Resume(ctx, id); err != nil && !errdefs.IsConflict(err) {
 			return Sandbox{}, false, err
 		}
 		resumed = true
+		ns, err := n.Get(ctx, id)
+		if err != nil {
+			return Sandbox{}, false, err
+		}
+		addr = ns.Addr
 	}
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		x.State = store.StateRunning
+		x.State, x.Addr = store.StateRunning, addr
 		if end := s.now().Add(timeout); end.After(x.EndAt) {
 			x.EndAt = end
 		}
@@ -83,9 +105,8 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	if err != nil {
 		return Sandbox{}, false, err
 	}
-	s.refreshTarget(ctx, id, store.StateRunning)
-	sb, err := s.Get(ctx, id)
-	return sb, resumed, err
+	s.setTarget(id, rec.Addr, rec.State)
+	return Sandbox{rec}, resumed, nil
 }
 
 // SetTimeout sets a sandbox's timeout from now.
@@ -115,7 +136,11 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 	if err != nil {
 		return err
 	}
-	if err := s.eng.SetPolicy(ctx, id, p); err != nil {
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return err
+	}
+	if err := n.SetPolicy(ctx, id, p); err != nil {
 		return err
 	}
 	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
@@ -127,9 +152,15 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 
 // ReapExpired acts on every sandbox whose timeout passed: running ones are
 // killed, or hibernated when autoPause was asked; paused ones are
-// hibernated (they keep their state but give back their memory).
+// hibernated (they keep their state but give back their memory); rows of
+// creates abandoned longer than CreateGrace ago are undone. With several
+// control plane instances on one store, only the holder of the "reaper"
+// lease reaps, so each piece of work is done once.
 func (s *Service) ReapExpired(ctx context.Context) {
-	expired, err := s.st.Expired(ctx, s.now(), store.StateRunning, store.StatePaused, store.StateError)
+	if !s.lease(ctx, leaseReaper) {
+		return
+	}
+	expired, err := s.st.Expired(ctx, s.now(), store.StateRunning, store.StatePaused, store.StateError, store.StateCreating)
 	if err != nil {
 		s.log.Error("list expired sandboxes", "err", err)
 		return
@@ -147,6 +178,12 @@ func (s *Service) ReapExpired(ctx context.Context) {
 			continue
 		}
 		switch {
+		case sb.State == store.StateCreating:
+			if s.now().Sub(sb.StartedAt) < s.cfg.CreateGrace {
+				break // its create may still be running
+			}
+			s.log.Info("timeout: undoing an abandoned create", "sandbox_id", sb.ID)
+			s.abandon(ctx, sb)
 		case sb.State == store.StateError:
 			s.log.Info("timeout: removing dead sandbox", "sandbox_id", sb.ID)
 			err = s.Kill(ctx, sb.ID)
@@ -168,6 +205,7 @@ func (s *Service) ReapExpired(ctx context.Context) {
 func (s *Service) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	defer s.st.ReleaseLease(context.WithoutCancel(ctx), leaseReaper, s.cfg.Holder)
 	for {
 		select {
 		case <-ctx.Done():
@@ -178,63 +216,118 @@ func (s *Service) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Reconcile brings the store in line with the node after a restart: store
-// records of sandboxes the node no longer has are dropped, sandboxes the
-// node has but the store does not (a create interrupted between the two)
-// are killed, states are taken from the node, and snapshots are listed
-// as the node's repository holds them.
+// Reconcile brings the store in line with every node of the registry
+// after a restart (see ReconcileNode), then the snapshot catalog.
 func (s *Service) Reconcile(ctx context.Context) error {
-	onNode := map[string]engine.Sandbox{}
-	for _, es := range s.eng.List(ctx) {
-		onNode[es.ID] = es
+	for _, id := range s.nodes.IDs() {
+		if err := s.ReconcileNode(ctx, id); err != nil {
+			return fmt.Errorf("reconcile node %s: %w", id, err)
+		}
 	}
-	recs, _, err := s.st.ListSandboxes(ctx, store.SandboxFilter{})
+	return nil
+}
+
+// ReconcileNode compares the store's rows of one node with that node's
+// List, and touches nothing of other nodes: rows of sandboxes the node no
+// longer has are dropped, sandboxes it has but no row names (a create
+// interrupted before its row, a warm-pool sandbox left by a crash) are
+// killed, states and addresses are taken from the node. Rows in state
+// creating are left to their create (or to the reaper after
+// CreateGrace), and their sandboxes are not killed.
+func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
+	n, err := s.node(nodeID)
+	if err != nil {
+		return err
+	}
+	list, err := n.List(ctx)
+	if err != nil {
+		return err
+	}
+	onNode := map[string]nodeapi.Sandbox{}
+	for _, ns := range list {
+		onNode[ns.ID] = ns
+	}
+	recs, err := s.rowsOf(ctx, nodeID)
 	if err != nil {
 		return err
 	}
 	inStore := map[string]bool{}
 	for _, rec := range recs {
 		inStore[rec.ID] = true
-		es, ok := onNode[rec.ID]
+		if rec.State == store.StateCreating {
+			continue
+		}
+		ns, ok := onNode[rec.ID]
 		if !ok {
-			s.log.Warn("reconcile: sandbox gone from the node", "sandbox_id", rec.ID)
+			s.log.Warn("reconcile: sandbox gone from its node", "sandbox_id", rec.ID, "node_id", nodeID)
 			if err := s.st.DeleteSandbox(ctx, rec.ID); err != nil && !errdefs.IsNotFound(err) {
 				return err
 			}
 			continue
 		}
-		state := storeState(es.State)
-		if state != rec.State {
+		state := storeState(ns.State)
+		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID {
 			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
-				x.State = state
-				setReason(x, es)
+				x.State, x.Addr, x.NodeID = state, ns.Addr, nodeID
+				setReason(x, ns)
 				return nil
 			}); err != nil {
 				return err
 			}
 		}
 		if state != store.StateHibernated && state != store.StateError {
-			s.setTarget(rec.ID, es.Addr, state)
+			s.setTarget(rec.ID, ns.Addr, state)
 		}
 	}
 	for id := range onNode {
 		if !inStore[id] {
-			s.log.Warn("reconcile: killing a sandbox the store does not know", "sandbox_id", id)
-			if err := s.eng.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("reconcile: killing a sandbox the store does not know", "sandbox_id", id, "node_id", nodeID)
+			if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 				return err
 			}
 		}
 	}
-	return s.reconcileSnapshots(ctx)
+	return s.reconcileSnapshots(ctx, nodeID, n)
 }
 
-func storeState(st engine.State) string {
+// rowsOf lists the store's rows of a node (with the legacy rows that
+// name no node, when this is the only node).
+func (s *Service) rowsOf(ctx context.Context, nodeID string) ([]store.Sandbox, error) {
+	filters := []string{nodeID}
+	if len(s.nodes.IDs()) == 1 && nodeID != "" {
+		filters = append(filters, "")
+	}
+	var out []store.Sandbox
+	for _, f := range filters {
+		cursor := ""
+		for {
+			// An empty NodeID filter means every node: legacy rows are
+			// picked out below.
+			page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{NodeID: f, Limit: 1000, Cursor: cursor})
+			if err != nil {
+				return nil, err
+			}
+			for _, sb := range page {
+				if sb.NodeID == f {
+					out = append(out, sb)
+				}
+			}
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+	}
+	return out, nil
+}
+
+func storeState(st string) string {
 	switch st {
-	case engine.StatePaused:
+	case nodeapi.StatePaused:
 		return store.StatePaused
-	case engine.StateHibernated:
+	case nodeapi.StateHibernated:
 		return store.StateHibernated
-	case engine.StateDead:
+	case nodeapi.StateDead:
 		return store.StateError
 	default:
 		return store.StateRunning

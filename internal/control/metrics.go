@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -19,12 +18,6 @@ type Metric struct {
 	MemTotal   int64     `json:"memTotal"`
 	DiskUsed   int64     `json:"diskUsed"`
 	DiskTotal  int64     `json:"diskTotal"`
-}
-
-// StatsReader reads a sandbox's resource use from the host side (the
-// engine does, through runtime.StatsReader).
-type StatsReader interface {
-	Stats(ctx context.Context, id string) (runtime.Stats, error)
 }
 
 // Metric sampling bounds: CPU use is the CPU time used between two reads
@@ -47,9 +40,9 @@ func (s *Service) Metrics(ctx context.Context, id string) ([]Metric, error) {
 	if rec.State != store.StateRunning {
 		return []Metric{}, nil
 	}
-	sr, ok := s.eng.(StatsReader)
-	if !ok {
-		return []Metric{}, nil
+	sr, err := s.nodeOf(rec)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
 	defer cancel()

@@ -16,18 +16,42 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-// Lookup tells the proxy where a sandbox's traffic goes; gone is closed
-// when that instance goes away.
+// Lookup tells the proxy where a sandbox's traffic goes, from the
+// sandbox's store row; gone is closed when that instance goes away (as
+// seen by this process: its own operations and its nodes' events).
 func (s *Service) Lookup(id string) (addr netip.Addr, running, found bool, gone <-chan struct{}) {
-	t, ok := s.Target(id)
-	if !ok {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil || (rec.State != store.StateRunning && rec.State != store.StatePaused) {
+		// Being created, hibernated (no instance) or dead: nothing to reach.
 		return netip.Addr{}, false, false, nil
 	}
-	return t.Addr, t.State == store.StateRunning && t.Addr.IsValid(), true, t.Gone
+	if rec.State != store.StateRunning || rec.Addr == "" {
+		return netip.Addr{}, false, true, nil
+	}
+	t := s.target(id, rec.Addr, rec.State)
+	return t.Addr, t.Addr.IsValid(), true, t.Gone
+}
+
+// target returns the sandbox's target for addr, replacing (and closing)
+// one for another address.
+func (s *Service) target(id, addr, state string) Target {
+	a, _ := netip.ParseAddr(addr)
+	s.mu.RLock()
+	t, ok := s.targets[id]
+	s.mu.RUnlock()
+	if ok && t.Addr == a {
+		return t
+	}
+	s.setTarget(id, addr, state)
+	t, _ = s.Target(id)
+	return t
 }
 
 // SignedBy finds the running sandbox whose access token signed a
-// presigned /files URL (v1_ signatures, as envd verifies them).
+// presigned /files URL (v1_ signatures, as envd verifies them), among the
+// store's rows of running sandboxes: no node is asked.
 func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
 	sig := q.Get("signature")
 	if !strings.HasPrefix(sig, "v1_") {
@@ -40,30 +64,34 @@ func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
 			return "", false
 		}
 	}
-	s.mu.RLock()
-	var running []string
-	for id, t := range s.targets {
-		if t.State == store.StateRunning {
-			running = append(running, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cursor := ""
+	for {
+		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning}, Limit: 1000, Cursor: cursor})
+		if err != nil {
+			s.log.Warn("presigned URL: list running sandboxes", "err", err)
+			return "", false
 		}
+		for _, rec := range page {
+			if rec.EnvdAccessToken == "" {
+				continue
+			}
+			raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + rec.EnvdAccessToken
+			if exp != "" {
+				raw += ":" + exp
+			}
+			sum := sha256.Sum256([]byte(raw))
+			want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+			if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1 {
+				return rec.ID, true
+			}
+		}
+		if next == "" {
+			return "", false
+		}
+		cursor = next
 	}
-	s.mu.RUnlock()
-	for _, id := range running {
-		es, err := s.eng.Get(context.Background(), id)
-		if err != nil || es.Run.AccessToken == "" {
-			continue
-		}
-		raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + es.Run.AccessToken
-		if exp != "" {
-			raw += ":" + exp
-		}
-		sum := sha256.Sum256([]byte(raw))
-		want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
-		if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1 {
-			return id, true
-		}
-	}
-	return "", false
 }
 
 // TrafficToken is a sandbox's traffic access token, derived from its envd
@@ -87,13 +115,13 @@ func (s *Service) TrafficAllowed(ctx context.Context, id, trafficToken string) (
 	if trafficToken == "" {
 		return "", false
 	}
-	es, err := s.eng.Get(ctx, id)
-	if err != nil || es.Run.AccessToken == "" {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil || rec.EnvdAccessToken == "" || rec.State == store.StateCreating {
 		return "", false
 	}
-	want := TrafficToken(es.Run.AccessToken)
+	want := TrafficToken(rec.EnvdAccessToken)
 	if subtle.ConstantTimeCompare([]byte(trafficToken), []byte(want)) != 1 {
 		return "", false
 	}
-	return es.Run.AccessToken, true
+	return rec.EnvdAccessToken, true
 }

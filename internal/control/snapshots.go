@@ -2,19 +2,22 @@ package control
 
 import (
 	"context"
+	"sort"
 	"time"
 
-	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
-	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
 
 // Snapshot takes a live snapshot of a sandbox; it outlives the sandbox
-// and is usable as a template ID.
+// and is usable as a template ID. The snapshot's ID is minted here; the
+// catalog row is written once the node committed it (a crash in between
+// leaves a snapshot the node lists and reconcile catalogs).
 func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) (store.Snapshot, error) {
-	if _, err := s.st.GetSandbox(ctx, id); err != nil {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil {
 		return store.Snapshot{}, err
 	}
 	var names []string
@@ -27,13 +30,20 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if template && name == "" {
 		return store.Snapshot{}, errdefs.Invalidf("a template needs a name")
 	}
-	res, err := s.eng.Snapshot(ctx, id, engine.SnapshotOptions{Names: names, Template: template})
+	n, err := s.nodeOf(rec)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	sn := snapshotRecord(res.Manifest)
+	info, err := n.Snapshot(ctx, id, nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Names: names, Template: template})
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	sn := snapshotRecord(info, rec.NodeID)
 	if template {
-		return sn, nil // templates are listed from the node, not the store
+		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID}}); err != nil {
+			return store.Snapshot{}, err
+		}
+		return sn, nil // templates are listed from the nodes, not the snapshot catalog
 	}
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
@@ -41,8 +51,9 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	return sn, nil
 }
 
-func snapshotRecord(m snapshot.Manifest) store.Snapshot {
-	return store.Snapshot{ID: m.ID, Names: m.Names, SandboxID: m.Origin, Kind: string(m.Kind), CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes}
+func snapshotRecord(m nodeapi.SnapshotInfo, nodeID string) store.Snapshot {
+	return store.Snapshot{ID: m.ID, Names: m.Names, SandboxID: m.Origin, Kind: m.Kind, CreatedAt: m.CreatedAt,
+		SizeBytes: m.SizeBytes, NodeID: nodeID, Storage: store.StorageLocal, Template: m.Template}
 }
 
 // ListSnapshots lists user snapshots.
@@ -50,33 +61,61 @@ func (s *Service) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]
 	return s.st.ListSnapshots(ctx, f)
 }
 
-// DeleteSnapshot deletes a snapshot or a template by ID (or name).
+// DeleteSnapshot deletes a snapshot or a template by ID (or name) on the
+// node that holds it.
 func (s *Service) DeleteSnapshot(ctx context.Context, ref string) error {
-	m, err := s.eng.Snapshots().Get(ref)
-	if err != nil {
-		return err
+	var lastErr error = errdefs.NotFoundf("snapshot %s", ref)
+	for _, nodeID := range s.nodes.IDs() {
+		n, _ := s.nodes.Node(nodeID)
+		m, err := n.GetSnapshot(ctx, ref)
+		if err != nil {
+			if !errdefs.IsNotFound(err) {
+				lastErr = err
+			}
+			continue
+		}
+		if m.Kind == nodeapi.KindHibernation {
+			return errdefs.Conflictf("snapshot %s holds a paused sandbox: kill the sandbox instead", m.ID)
+		}
+		if err := n.DeleteSnapshot(ctx, m.ID); err != nil {
+			return err
+		}
+		if err := s.st.DeleteSnapshot(ctx, m.ID); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if m.Kind == nodeapi.KindTemplate {
+			for _, name := range m.Names {
+				if err := s.st.DeleteTemplate(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+					return err
+				}
+			}
+		}
+		return nil
 	}
-	if m.Kind == snapshot.KindHibernation {
-		return errdefs.Conflictf("snapshot %s holds a paused sandbox: kill the sandbox instead", m.ID)
-	}
-	if err := s.eng.DeleteSnapshot(ctx, m.ID); err != nil {
-		return err
-	}
-	if err := s.st.DeleteSnapshot(ctx, m.ID); err != nil && !errdefs.IsNotFound(err) {
-		return err
-	}
-	return nil
+	return lastErr
 }
 
-// Templates lists the templates the node holds.
-func (s *Service) Templates() []snapshot.Manifest {
-	var out []snapshot.Manifest
-	for _, m := range s.eng.Snapshots().List() {
-		if m.Kind == snapshot.KindTemplate {
+// Templates lists the templates the nodes hold (one per name, the first
+// node's in ID order).
+func (s *Service) Templates(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
+	seen := map[string]bool{}
+	var out []nodeapi.SnapshotInfo
+	for _, nodeID := range s.nodes.IDs() {
+		n, _ := s.nodes.Node(nodeID)
+		list, err := n.Snapshots(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range list {
+			if m.Kind != nodeapi.KindTemplate || seen[m.ID] {
+				continue
+			}
+			seen[m.ID] = true
 			out = append(out, m)
 		}
 	}
-	return out
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
 }
 
 // ForkResult is one child's outcome.
@@ -85,8 +124,9 @@ type ForkResult struct {
 	Err     error
 }
 
-// Fork makes count copies of a running sandbox; each child has the
-// parent's metadata and template, its own identity and token, and its own
+// Fork makes count copies of a running sandbox on its node; each child
+// has the parent's metadata and template, its own identity and token
+// (minted here, rows written first as for a create), and its own
 // timeout.
 func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
 	parent, err := s.st.GetSandbox(ctx, id)
@@ -96,26 +136,47 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	if parent.State == store.StateHibernated {
 		return nil, errdefs.Conflictf("sandbox %s is paused: connect to it first", id)
 	}
-	fr, err := s.eng.Fork(ctx, id, engine.ForkOptions{Count: count})
+	if parent.State == store.StateError {
+		return nil, deadErr(parent)
+	}
+	if count < 1 || count > nodeapi.MaxFork {
+		return nil, errdefs.Invalidf("fork count %d out of range 1..%d", count, nodeapi.MaxFork)
+	}
+	n, err := s.nodeOf(parent)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]ForkResult, len(fr.Children))
 	now := s.now()
+	rows := make([]store.Sandbox, count)
+	req := nodeapi.ForkRequest{Children: make([]nodeapi.ForkChildSpec, count)}
+	for i := range rows {
+		rec := parent
+		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
+		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", parent.NodeID, "", ""
+		if err := s.st.CreateSandbox(ctx, rec); err != nil {
+			for _, done := range rows[:i] {
+				s.abandon(ctx, done)
+			}
+			return nil, err
+		}
+		rows[i] = rec
+		req.Children[i] = nodeapi.ForkChildSpec{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken}
+	}
+	fr, err := n.Fork(ctx, id, req)
+	if err != nil {
+		for _, rec := range rows {
+			s.abandon(ctx, rec)
+		}
+		return nil, err
+	}
+	out := make([]ForkResult, count)
 	for i, ch := range fr.Children {
 		if ch.Err != nil {
+			s.abandon(ctx, rows[i])
 			out[i].Err = ch.Err
 			continue
 		}
-		rec := parent
-		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ch.Sandbox.ID, store.StateRunning, now, now.Add(timeout)
-		if err := s.st.CreateSandbox(ctx, rec); err != nil {
-			s.eng.Kill(context.WithoutCancel(ctx), ch.Sandbox.ID)
-			out[i].Err = err
-			continue
-		}
-		s.setTarget(rec.ID, ch.Sandbox.Addr, store.StateRunning)
-		out[i].Sandbox = Sandbox{Sandbox: rec, EngineState: string(ch.Sandbox.State), EnvdAccessToken: ch.Sandbox.Run.AccessToken, Addr: ch.Sandbox.Addr}
+		out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], ch.Sandbox)
 	}
 	return out, nil
 }
@@ -133,33 +194,46 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 			return Sandbox{}, err
 		}
 	}
-	es, err := s.eng.Rollback(ctx, id, snapshotID)
+	n, err := s.nodeOf(rec)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State = store.StateRunning; return nil })
+	ns, err := n.Rollback(ctx, id, snapshotID)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	s.setTarget(id, es.Addr, store.StateRunning)
-	return Sandbox{Sandbox: rec, EngineState: string(es.State), EnvdAccessToken: es.Run.AccessToken, Addr: es.Addr}, nil
+	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		x.State, x.Addr = store.StateRunning, ns.Addr
+		return nil
+	})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.setTarget(id, ns.Addr, store.StateRunning)
+	return Sandbox{rec}, nil
 }
 
-// reconcileSnapshots makes the store list exactly the user snapshots the
-// node's repository holds.
-func (s *Service) reconcileSnapshots(ctx context.Context) error {
-	inRepo := map[string]bool{}
-	for _, m := range s.eng.Snapshots().List() {
-		if m.Kind != snapshot.KindSnapshot {
+// reconcileSnapshots makes the catalog list exactly the user snapshots a
+// node holds, among the rows of that node (and legacy rows naming no
+// node, when it is the only one).
+func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodeapi.Node) error {
+	list, err := n.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	held := map[string]bool{}
+	for _, m := range list {
+		if m.Kind != nodeapi.KindSnapshot {
 			continue
 		}
-		inRepo[m.ID] = true
-		if _, err := s.st.GetSnapshot(ctx, m.ID); errdefs.IsNotFound(err) {
-			if err := s.st.PutSnapshot(ctx, snapshotRecord(m)); err != nil {
+		held[m.ID] = true
+		if cur, err := s.st.GetSnapshot(ctx, m.ID); errdefs.IsNotFound(err) || (err == nil && cur.NodeID == "") {
+			if err := s.st.PutSnapshot(ctx, snapshotRecord(m, nodeID)); err != nil {
 				return err
 			}
 		}
 	}
+	only := len(s.nodes.IDs()) == 1
 	cursor := ""
 	for {
 		page, next, err := s.st.ListSnapshots(ctx, store.SnapshotFilter{Limit: 500, Cursor: cursor})
@@ -167,7 +241,8 @@ func (s *Service) reconcileSnapshots(ctx context.Context) error {
 			return err
 		}
 		for _, sn := range page {
-			if !inRepo[sn.ID] {
+			mine := sn.NodeID == nodeID || (sn.NodeID == "" && only)
+			if mine && !held[sn.ID] && sn.Storage != store.StorageDurable {
 				if err := s.st.DeleteSnapshot(ctx, sn.ID); err != nil && !errdefs.IsNotFound(err) {
 					return err
 				}

@@ -47,3 +47,25 @@ func TestEngineUsesRuntimeContractOnly(t *testing.T) {
 		}
 	}
 }
+
+// The control plane reaches nodes only through the node contract
+// (internal/nodeapi): the packages that run on an API replica import no
+// engine, runtime, network, snapshot or node package, so the same code
+// drives an in-process node and remote node agents.
+func TestControlPlaneUsesNodeContractOnly(t *testing.T) {
+	forbidden := []string{"engine", "runtime", "netns", "snapshot", "node", "nodeapi/local"}
+	for _, pkg := range []string{"control", "api", "proxy", "scheduler"} {
+		out, err := exec.Command("go", "list", "-deps", "github.com/spore-run/spore/internal/"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list: %v: %s", err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, f := range forbidden {
+				p := "github.com/spore-run/spore/internal/" + f
+				if dep == p || strings.HasPrefix(dep, p+"/") {
+					t.Errorf("internal/%s depends on %s", pkg, dep)
+				}
+			}
+		}
+	}
+}

@@ -20,9 +20,12 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/proxy"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/sqlite"
@@ -93,7 +96,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: st, Engine: n.Engine, Logger: log})
+	// The one node of `spore up`, in process, behind the same contract a
+	// remote node agent serves; it registers itself in the store.
+	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve)})
+	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
+	defer ctl.Close()
+	if err := ctl.RegisterNodes(ctx); err != nil {
+		return fmt.Errorf("register node: %w", err)
+	}
 	if err := ctl.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -130,6 +140,22 @@ func Run(ctx context.Context, cfg Config) error {
 	hs.Shutdown(sctx)
 	log.Info("stopped; sandboxes keep running and are re-attached at the next start")
 	return nil
+}
+
+// LocalNodeID is the in-process node's ID (sandbox rows of `spore up`
+// name it).
+const LocalNodeID = "local"
+
+// reserveOf is the node's admission reserve as capacity (bytes given;
+// 0: the engine's default; negative: none).
+func reserveOf(bytes int64) nodeapi.Resources {
+	switch {
+	case bytes < 0:
+		return nodeapi.Resources{}
+	case bytes == 0:
+		bytes = engine.DefaultMemoryReserve
+	}
+	return nodeapi.Resources{MemoryMB: bytes >> 20}
 }
 
 // ensureKey makes sure an API key is accepted and returns it when known.

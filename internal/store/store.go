@@ -17,6 +17,11 @@ const (
 	StatePaused     = "paused"     // frozen in memory
 	StateHibernated = "hibernated" // checkpointed to disk; the API shows it as "paused"
 	StateError      = "error"      // died on its own (Reason says why); only kill applies
+	// StateCreating: the control plane wrote the row (ID and token
+	// minted) before asking the node; it becomes running when the node
+	// answers, or goes (the node's sandbox killed by its ID) when the
+	// create failed or was abandoned.
+	StateCreating = "creating"
 )
 
 // Sandbox is the control plane's record of a sandbox.

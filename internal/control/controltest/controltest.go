@@ -24,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/runtime/fake"
 	"github.com/spore-run/spore/internal/snapshot"
 )
@@ -31,15 +32,21 @@ import (
 // Templates are built by New (the names `spore up` builds).
 var Templates = []string{"base", "code-interpreter-v1"}
 
-var _ control.Engine = (*engine.Engine)(nil)
-
 // Node is a fake node.
 type Node struct {
 	Dir     string
 	Runtime *fake.Runtime
 	Net     *Network
 	Engine  *engine.Engine
+	// Local is the node contract over Engine, as `spore up` has it.
+	Local *local.Node
 }
+
+// NodeID is the fake node's ID (the one `spore up` uses).
+const NodeID = "local"
+
+// Nodes is a registry of the one fake node, for control.Config.
+func (n *Node) Nodes() control.Nodes { return control.Nodes{NodeID: n.Local} }
 
 // New opens a fake node in a temporary directory with Templates built;
 // the engine is closed when t ends.
@@ -67,6 +74,7 @@ func New(t testing.TB) *Node {
 		t.Fatalf("open engine: %v", err)
 	}
 	t.Cleanup(func() { n.Engine.Close() })
+	n.Local = local.New(n.Engine, local.Config{ID: NodeID})
 	for _, name := range Templates {
 		if _, err := n.Engine.BuildTemplate(ctx, engine.TemplateSpec{
 			Name: name, Run: snapshot.RunConfig{Args: []string{"init"}, Env: []string{"PATH=/usr/bin:/bin"}}, Ready: []string{"true"},

@@ -1,0 +1,242 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/scheduler"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// Registry finds the nodes this control plane drives.
+type Registry interface {
+	// Node returns the node with this ID.
+	Node(id string) (nodeapi.Node, bool)
+	// IDs lists the nodes, sorted.
+	IDs() []string
+}
+
+// Nodes is a fixed registry (`spore up`: one in-process node).
+type Nodes map[string]nodeapi.Node
+
+// Node implements Registry.
+func (n Nodes) Node(id string) (nodeapi.Node, bool) { x, ok := n[id]; return x, ok }
+
+// IDs implements Registry.
+func (n Nodes) IDs() []string {
+	out := make([]string, 0, len(n))
+	for id := range n {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// node returns a node by ID. Rows written before nodes had IDs (""),
+// belong to the only node when there is one.
+func (s *Service) node(id string) (nodeapi.Node, error) {
+	if n, ok := s.nodes.Node(id); ok {
+		return n, nil
+	}
+	if ids := s.nodes.IDs(); id == "" && len(ids) == 1 {
+		n, _ := s.nodes.Node(ids[0])
+		return n, nil
+	}
+	return nil, fmt.Errorf("node %q is not reachable from this control plane: %w", id, errdefs.ErrUnavailable)
+}
+
+func (s *Service) nodeOf(rec store.Sandbox) (nodeapi.Node, error) { return s.node(rec.NodeID) }
+
+// follow subscribes to a node's events: a sandbox that died on its own
+// gets state error with the reason. Subscribed before New returns, so no
+// death after it is missed.
+func (s *Service) follow(ctx context.Context, id string, n nodeapi.Node) {
+	ch, err := n.Events(ctx)
+	if err != nil {
+		s.log.Error("follow node events (deaths are found by reconcile)", "node_id", id, "err", err)
+		return
+	}
+	go func() {
+		for ev := range ch {
+			if ev.Kind == nodeapi.EventDied {
+				s.sandboxDied(ev)
+			}
+		}
+	}()
+}
+
+// RegisterNodes records every node of the registry in the store (what
+// it offers, a heartbeat), so placement sees it.
+func (s *Service) RegisterNodes(ctx context.Context) error {
+	for _, id := range s.nodes.IDs() {
+		n, _ := s.nodes.Node(id)
+		if err := s.register(ctx, id, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) register(ctx context.Context, id string, n nodeapi.Node) error {
+	info, err := n.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", id, err)
+	}
+	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: info.Addr, Labels: info.Labels,
+		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), RunscBuild: info.RunscBuild,
+		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
+	return err
+}
+
+func storeRes(r nodeapi.Resources) store.Resources {
+	return store.Resources{MemoryMB: r.MemoryMB, VCPUs: r.VCPUs, Sandboxes: r.Sandboxes}
+}
+
+func schedRes(r store.Resources) scheduler.Resources {
+	return scheduler.Resources{MemoryMB: r.MemoryMB, VCPUs: r.VCPUs, Sandboxes: r.Sandboxes}
+}
+
+// Default size of a sandbox whose request names none (the default
+// templates' limits), for placement.
+const (
+	defaultMemoryMB = 1024
+	defaultVCPUs    = 2
+)
+
+// viewTTL bounds how stale the placement view may be: reading every
+// node and summing every sandbox per create would cost more than the
+// create itself. Placements made from the cached view are added to it;
+// the node's admission check stays the last word.
+const viewTTL = time.Second
+
+type viewCache struct {
+	mu   sync.Mutex
+	at   time.Time
+	view scheduler.View
+}
+
+// place picks the node for a create.
+func (s *Service) place(ctx context.Context, r CreateRequest) (string, nodeapi.Node, error) {
+	req := scheduler.Request{Count: 1, Source: r.TemplateID,
+		Each: scheduler.Resources{MemoryMB: int64(r.MemoryMB), VCPUs: float64(r.CPUCount)}}
+	if req.Each.MemoryMB == 0 {
+		req.Each.MemoryMB = defaultMemoryMB
+	}
+	if req.Each.VCPUs == 0 {
+		req.Each.VCPUs = defaultVCPUs
+	}
+	// A snapshot's bytes are on the node that took it.
+	if sn, err := s.st.GetSnapshot(ctx, r.TemplateID); err == nil && sn.NodeID != "" && sn.Storage != store.StorageDurable {
+		req.Hint = sn.NodeID
+	}
+	s.view.mu.Lock()
+	defer s.view.mu.Unlock()
+	if s.view.view.Nodes == nil || s.now().Sub(s.view.at) > viewTTL || s.now().Before(s.view.at) {
+		v, err := s.buildView(ctx)
+		if err != nil {
+			return "", nil, err
+		}
+		s.view.view, s.view.at = v, s.now()
+	}
+	p, err := scheduler.Place(s.view.view, req)
+	if err != nil {
+		return "", nil, err
+	}
+	id := p.Nodes[0]
+	for i := range s.view.view.Nodes {
+		if nv := &s.view.view.Nodes[i]; nv.ID == id {
+			nv.Used.MemoryMB += req.Each.MemoryMB
+			nv.Used.VCPUs += req.Each.VCPUs
+			nv.Used.Sandboxes++
+		}
+	}
+	n, err := s.node(id)
+	return id, n, err
+}
+
+// buildView reads the fleet from the store: nodes, and what their
+// sandboxes (running, paused, being created) hold. A node of the
+// registry the store does not know yet is registered first; a node the
+// registry cannot reach counts as lost.
+func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
+	nodes, err := s.st.ListNodes(ctx)
+	if err != nil {
+		return scheduler.View{}, err
+	}
+	known := map[string]bool{}
+	for _, n := range nodes {
+		known[n.ID] = true
+	}
+	added := false
+	for _, id := range s.nodes.IDs() {
+		if !known[id] {
+			n, _ := s.nodes.Node(id)
+			if err := s.register(ctx, id, n); err != nil {
+				return scheduler.View{}, err
+			}
+			added = true
+		}
+	}
+	if added {
+		if nodes, err = s.st.ListNodes(ctx); err != nil {
+			return scheduler.View{}, err
+		}
+	}
+	used := map[string]scheduler.Resources{}
+	cursor := ""
+	for {
+		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{
+			States: []string{store.StateRunning, store.StatePaused, store.StateCreating}, Limit: 1000, Cursor: cursor})
+		if err != nil {
+			return scheduler.View{}, err
+		}
+		for _, sb := range page {
+			u := used[sb.NodeID]
+			mem, cpu := int64(sb.MemoryMB), float64(sb.CPUCount)
+			if mem == 0 {
+				mem = defaultMemoryMB
+			}
+			if cpu == 0 {
+				cpu = defaultVCPUs
+			}
+			u.MemoryMB, u.VCPUs, u.Sandboxes = u.MemoryMB+mem, u.VCPUs+cpu, u.Sandboxes+1
+			used[sb.NodeID] = u
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	v := scheduler.View{Nodes: make([]scheduler.NodeView, 0, len(nodes))}
+	for _, n := range nodes {
+		_, reachable := s.nodes.Node(n.ID)
+		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
+			Reserved: schedRes(n.Reserved), Used: used[n.ID], Draining: n.Draining,
+			Lost:       n.State == store.NodeLost || n.State == store.NodeLeft || !reachable,
+			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
+	}
+	return v, nil
+}
+
+// Lease names and how long a holder keeps one without renewing.
+const (
+	leaseReaper = "reaper"
+	leasePool   = "pool"
+	leaseTTL    = 15 * time.Second
+)
+
+// lease takes (or renews) a store lease for this process; false when
+// another control plane instance holds it.
+func (s *Service) lease(ctx context.Context, name string) bool {
+	ok, err := s.st.AcquireLease(ctx, name, s.cfg.Holder, leaseTTL)
+	if err != nil {
+		s.log.Warn("acquire lease", "lease", name, "err", err)
+		return false
+	}
+	return ok
+}
