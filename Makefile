@@ -24,7 +24,7 @@ build:
 setup: build
 	bin/spore setup
 
-## proto: regenerate the envd protocol code (committed)
+## proto: regenerate the envd and node protocol code (committed)
 proto:
 	PATH="$(CACHE_DIR)/tools:$$PATH" proto/gen.sh
 

@@ -9,4 +9,4 @@ mkdir -p "$out"
 protoc -I . \
   --go_out="$out" --go_opt=paths=source_relative \
   --connect-go_out="$out" --connect-go_opt=paths=source_relative \
-  process/process.proto filesystem/filesystem.proto
+  process/process.proto filesystem/filesystem.proto node/v1/node.proto
