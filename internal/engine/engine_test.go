@@ -89,7 +89,7 @@ func TestMemoryContinues(t *testing.T) {
 	if err := e.eng.Resume(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	c = e.wantContinues(ctx, sb.ID, c)
+	e.wantContinues(ctx, sb.ID, c)
 	if hib := hibernationSnapshots(e); len(hib) != 0 {
 		t.Fatalf("hibernation snapshot kept after resume: %v", hib)
 	}

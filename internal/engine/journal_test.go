@@ -25,8 +25,8 @@ func TestFakeQuarantine(t *testing.T) {
 	good := f.create()
 	f.set(good.ID, "x", "kept")
 	bad := map[string]func([]byte) []byte{
-		"garbage":   func([]byte) []byte { return []byte("{{{ not json") },
-		"truncated": func(b []byte) []byte { return b[:len(b)/2] },
+		"garbage":      func([]byte) []byte { return []byte("{{{ not json") },
+		"truncated":    func(b []byte) []byte { return b[:len(b)/2] },
 		"version":      func(b []byte) []byte { return setField(t, b, "version", 99) },
 		"bad-instance": func(b []byte) []byte { return setField(t, b, "instance", "../etc") },
 	}

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -239,13 +238,4 @@ func (c *client) runCode(ctx context.Context, code string) string {
 		}
 	}
 	return ""
-}
-
-func hasLine(s, line string) bool {
-	for _, l := range strings.Split(s, "\n") {
-		if l == line {
-			return true
-		}
-	}
-	return false
 }

@@ -72,12 +72,18 @@ func TestLoad(t *testing.T) {
 
 	// Clean up whatever the clients left (iterations cut by the deadline).
 	code, body := s.rest("GET", "/v2/sandboxes", "")
+	if code != 200 {
+		t.Errorf("list sandboxes after the load: %d %s", code, body)
+	}
 	var left []sandboxResp
 	json.Unmarshal(body, &left)
 	for _, sb := range left {
 		s.rest("DELETE", "/sandboxes/"+sb.SandboxID, "")
 	}
 	code, body = s.rest("GET", "/snapshots?limit=1000", "")
+	if code != 200 {
+		t.Errorf("list snapshots after the load: %d %s", code, body)
+	}
 	var snaps []struct {
 		SnapshotID string `json:"snapshotID"`
 	}

@@ -36,7 +36,9 @@ var AlertShares = []float64{0.5, 0.6, 0.7, 0.8, 0.9}
 // alertSignals are the signals Spec.MemoryAlertSignal may name.
 var alertSignals = map[string]bool{"USR1": true, "USR2": true}
 
-func (d *Driver) alertFile(id string) string { return filepath.Join(d.instDir(id), "memory-alert-signal") }
+func (d *Driver) alertFile(id string) string {
+	return filepath.Join(d.instDir(id), "memory-alert-signal")
+}
 
 // memAlerts holds each instance's armed eventfd.
 type memAlerts struct {
