@@ -145,19 +145,21 @@ func (w *pidWatcher) loop() {
 // kill if the host kernel logged one for that process or the instance's
 // memory cgroup counted a new one, a crash otherwise.
 func (d *Driver) exitOf(id string, pid int, memcg *string, oomBefore int64) runtime.Exit {
+	// Detail reaches API clients: plain words, no host PIDs or paths (those
+	// go to the log).
 	ex := runtime.Exit{ID: id, Reason: runtime.ExitCrashed, At: time.Now(),
-		Detail: fmt.Sprintf("the sandbox kernel (pid %d) exited on its own or was killed from outside", pid)}
+		Detail: "the sandbox kernel exited on its own or was killed from outside"}
+	oomBy := ""
 	if pid > 0 && kmsgOOMKilled(pid) {
-		ex.Reason = runtime.ExitOOM
-		ex.Detail = fmt.Sprintf("the host's OOM killer killed the sandbox kernel (pid %d): the sandbox reached its memory limit", pid)
-		return ex
-	}
-	if memcg != nil && *memcg != "" {
+		ex.Reason, oomBy = runtime.ExitOOM, "kernel log"
+		ex.Detail = "the host's OOM killer killed the sandbox kernel: the sandbox reached its memory limit"
+	} else if memcg != nil && *memcg != "" {
 		if n := oomKills(*memcg); n > oomBefore && underOOMRecently(*memcg) {
-			ex.Reason = runtime.ExitOOM
-			ex.Detail = fmt.Sprintf("the sandbox reached its memory limit (memory cgroup OOM kills %d -> %d)", oomBefore, n)
+			ex.Reason, oomBy = runtime.ExitOOM, fmt.Sprintf("memory cgroup OOM kills %d -> %d", oomBefore, n)
+			ex.Detail = "the sandbox reached its memory limit"
 		}
 	}
+	d.log.Warn("instance died", "instance", id, "pid", pid, "reason", ex.Reason, "oom_evidence", oomBy)
 	return ex
 }
 
