@@ -1,0 +1,164 @@
+package rpc
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	nodev1 "github.com/spore-run/spore/proto/gen/node/v1"
+)
+
+// Conversions between the contract's types and their messages. A zero
+// time travels as an unset timestamp, so it comes back zero.
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func fromTS(t *timestamppb.Timestamp) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.AsTime()
+}
+
+func resourcesPB(r nodeapi.Resources) *nodev1.Resources {
+	return &nodev1.Resources{MemoryMb: r.MemoryMB, Vcpus: r.VCPUs, Sandboxes: int64(r.Sandboxes)}
+}
+
+func resources(r *nodev1.Resources) nodeapi.Resources {
+	return nodeapi.Resources{MemoryMB: r.GetMemoryMb(), VCPUs: r.GetVcpus(), Sandboxes: int(r.GetSandboxes())}
+}
+
+func limitsPB(l nodeapi.Limits) *nodev1.Limits {
+	return &nodev1.Limits{Vcpus: l.VCPUs, MemoryMb: l.MemoryMB, DiskMb: l.DiskMB, MaxProcs: l.MaxProcs}
+}
+
+func limits(l *nodev1.Limits) nodeapi.Limits {
+	return nodeapi.Limits{VCPUs: l.GetVcpus(), MemoryMB: l.GetMemoryMb(), DiskMB: l.GetDiskMb(), MaxProcs: l.GetMaxProcs()}
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+func parsePrefixes(what string, ss []string) ([]netip.Prefix, error) {
+	if len(ss) == 0 {
+		return nil, nil
+	}
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, errdefs.Invalidf("policy %s entry %q: not a CIDR prefix", what, s)
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+func policyPB(p nodeapi.Policy) *nodev1.Policy {
+	return &nodev1.Policy{Internet: p.Internet, Allow: prefixStrings(p.Allow), Deny: prefixStrings(p.Deny)}
+}
+
+// policy parses a policy; nil stays nil (unset).
+func policy(p *nodev1.Policy) (*nodeapi.Policy, error) {
+	if p == nil {
+		return nil, nil
+	}
+	allow, err := parsePrefixes("allow", p.GetAllow())
+	if err != nil {
+		return nil, err
+	}
+	deny, err := parsePrefixes("deny", p.GetDeny())
+	if err != nil {
+		return nil, err
+	}
+	return &nodeapi.Policy{Internet: p.GetInternet(), Allow: allow, Deny: deny}, nil
+}
+
+func policyOrNil(p *nodeapi.Policy) *nodev1.Policy {
+	if p == nil {
+		return nil
+	}
+	return policyPB(*p)
+}
+
+func sandboxPB(s nodeapi.Sandbox) *nodev1.Sandbox {
+	out := &nodev1.Sandbox{Id: s.ID, State: s.State, Template: s.Template, Parent: s.Parent, Addr: s.Addr,
+		AccessToken: s.AccessToken, Limits: limitsPB(s.Limits), Policy: policyPB(s.Policy), Env: s.Env, CreatedAt: ts(s.CreatedAt)}
+	if s.Death != nil {
+		out.Death = &nodev1.Death{Reason: s.Death.Reason, Detail: s.Death.Detail, At: ts(s.Death.At)}
+	}
+	return out
+}
+
+func sandbox(s *nodev1.Sandbox) (nodeapi.Sandbox, error) {
+	p, err := policy(s.GetPolicy())
+	if err != nil {
+		return nodeapi.Sandbox{}, fmt.Errorf("sandbox %s from the node: %w", s.GetId(), err)
+	}
+	out := nodeapi.Sandbox{ID: s.GetId(), State: s.GetState(), Template: s.GetTemplate(), Parent: s.GetParent(), Addr: s.GetAddr(),
+		AccessToken: s.GetAccessToken(), Limits: limits(s.GetLimits()), Env: s.GetEnv(), CreatedAt: fromTS(s.GetCreatedAt())}
+	if p != nil {
+		out.Policy = *p
+	}
+	if d := s.GetDeath(); d != nil {
+		out.Death = &nodeapi.Death{Reason: d.GetReason(), Detail: d.GetDetail(), At: fromTS(d.GetAt())}
+	}
+	return out, nil
+}
+
+func snapshotPB(m nodeapi.SnapshotInfo) *nodev1.SnapshotInfo {
+	return &nodev1.SnapshotInfo{Id: m.ID, Names: m.Names, Kind: m.Kind, Template: m.Template, Origin: m.Origin, Parent: m.Parent,
+		CreatedAt: ts(m.CreatedAt), SizeBytes: m.SizeBytes, Limits: limitsPB(m.Limits)}
+}
+
+func snapshotInfo(m *nodev1.SnapshotInfo) nodeapi.SnapshotInfo {
+	return nodeapi.SnapshotInfo{ID: m.GetId(), Names: m.GetNames(), Kind: m.GetKind(), Template: m.GetTemplate(), Origin: m.GetOrigin(),
+		Parent: m.GetParent(), CreatedAt: fromTS(m.GetCreatedAt()), SizeBytes: m.GetSizeBytes(), Limits: limits(m.GetLimits())}
+}
+
+func infoPB(i nodeapi.NodeInfo) *nodev1.InfoResponse {
+	return &nodev1.InfoResponse{Id: i.ID, Addr: i.Addr, Capacity: resourcesPB(i.Capacity), Reserved: resourcesPB(i.Reserved),
+		RunscBuild: i.RunscBuild, CpuFeatures: i.CPUFeatures, Labels: i.Labels, Templates: i.Templates}
+}
+
+func info(i *nodev1.InfoResponse) nodeapi.NodeInfo {
+	return nodeapi.NodeInfo{ID: i.GetId(), Addr: i.GetAddr(), Capacity: resources(i.GetCapacity()), Reserved: resources(i.GetReserved()),
+		RunscBuild: i.GetRunscBuild(), CPUFeatures: i.GetCpuFeatures(), Labels: i.GetLabels(), Templates: i.GetTemplates()}
+}
+
+func statsPB(s nodeapi.Stats) *nodev1.StatsResponse {
+	return &nodev1.StatsResponse{At: ts(s.At), CpuUsage: durationpb.New(s.CPUUsage), MemoryBytes: s.MemoryBytes,
+		MemoryLimit: s.MemoryLimit, DiskBytes: s.DiskBytes, DiskLimit: s.DiskLimit}
+}
+
+func stats(s *nodev1.StatsResponse) nodeapi.Stats {
+	return nodeapi.Stats{At: fromTS(s.GetAt()), CPUUsage: s.GetCpuUsage().AsDuration(), MemoryBytes: s.GetMemoryBytes(),
+		MemoryLimit: s.GetMemoryLimit(), DiskBytes: s.GetDiskBytes(), DiskLimit: s.GetDiskLimit()}
+}
+
+func eventPB(e nodeapi.Event) *nodev1.Event {
+	return &nodev1.Event{Kind: e.Kind, SandboxId: e.SandboxID, Op: e.Op, Reason: e.Reason, Detail: e.Detail, Err: e.Err, At: ts(e.At)}
+}
+
+func event(e *nodev1.Event) nodeapi.Event {
+	return nodeapi.Event{Kind: e.GetKind(), SandboxID: e.GetSandboxId(), Op: e.GetOp(), Reason: e.GetReason(), Detail: e.GetDetail(),
+		Err: e.GetErr(), At: fromTS(e.GetAt())}
+}

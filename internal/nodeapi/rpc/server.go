@@ -1,0 +1,371 @@
+// Package rpc carries the node contract (nodeapi.Node) over Connect-RPC
+// (proto/node/v1): NewHandler serves a node to control planes, NewClient
+// is a nodeapi.Node that calls one. Both ends keep the contract: the same
+// errdefs kinds (errors.go), the same idempotency (the IDs in the
+// requests), deadlines carried by Connect's timeout header.
+//
+// # Authentication
+//
+// Every procedure, unary and streaming, needs the header
+// `Authorization: Bearer <cluster token>`. The handler checks it twice:
+// before Connect reads the request at all (so an unauthenticated caller
+// gets nothing decoded, and no path of the listener answers it), and in an
+// interceptor on every procedure (so a handler mounted without the outer
+// wrapper is still closed). The comparison is constant-time over SHA-256
+// digests (no length leak). A wrong or missing token is
+// CodeUnauthenticated; an empty or short configured token is refused when
+// the handler is built, so no node ever answers an unauthenticated caller.
+//
+// # Transport
+//
+// Plain HTTP/2 without TLS (h2c, prior knowledge) on a private network by
+// default: Server and HTTPClient set it up. HTTPS works with a
+// *tls.Config on both sides (TLSConfigFromCA builds a client's from a CA
+// file); mutual TLS (a client certificate per control plane, verified by
+// the node) is the next step and would sit beside the token, not replace
+// it.
+package rpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	nodev1 "github.com/spore-run/spore/proto/gen/node/v1"
+	"github.com/spore-run/spore/proto/gen/node/v1/nodev1connect"
+)
+
+// MinTokenLen is the shortest cluster token a handler accepts (ids'
+// tokens are 48 hex characters).
+const MinTokenLen = 16
+
+// MaxRequestBytes bounds a request message (the largest, a fork of
+// MaxFork children or a reconfigure's environment, is a few KiB).
+const MaxRequestBytes = 4 << 20
+
+var errUnauthenticated = errors.New("missing or wrong cluster token")
+
+// auth checks the cluster token.
+type auth struct{ sum [sha256.Size]byte }
+
+func newAuth(token string) (auth, error) {
+	if token == "" {
+		return auth{}, errdefs.Invalidf("node protocol: an empty cluster token would let anyone in")
+	}
+	if len(token) < MinTokenLen {
+		return auth{}, errdefs.Invalidf("node protocol: the cluster token is %d characters, want at least %d", len(token), MinTokenLen)
+	}
+	if strings.ContainsAny(token, " \t\r\n") {
+		return auth{}, errdefs.Invalidf("node protocol: the cluster token holds white space")
+	}
+	return auth{sum: sha256.Sum256([]byte(token))}, nil
+}
+
+func (a auth) ok(h http.Header) bool {
+	tok, bearer := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(tok))
+	return subtle.ConstantTimeCompare(sum[:], a.sum[:]) == 1 && bearer
+}
+
+func (a auth) err() error { return connect.NewError(connect.CodeUnauthenticated, errUnauthenticated) }
+
+// WrapUnary checks the token of a unary call.
+func (a auth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if !a.ok(req.Header()) {
+			return nil, a.err()
+		}
+		return next(ctx, req)
+	}
+}
+
+// WrapStreamingClient is the client side: nothing to check.
+func (a auth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc { return next }
+
+// WrapStreamingHandler checks the token of a streaming call before it runs.
+func (a auth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if !a.ok(conn.RequestHeader()) {
+			return a.err()
+		}
+		return next(ctx, conn)
+	}
+}
+
+// NewHandler serves node under the path it returns (mount the handler
+// there, e.g. mux.Handle(path, h)). token is the cluster token callers
+// must present; opts are added after the authentication interceptor.
+func NewHandler(node nodeapi.Node, token string, opts ...connect.HandlerOption) (string, http.Handler, error) {
+	h, err := newHandler(node, token, opts...)
+	if err != nil {
+		return "", nil, err
+	}
+	a, _ := newAuth(token)
+	ew := connect.NewErrorWriter()
+	return "/" + nodev1connect.NodeName + "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.ok(r.Header) {
+			if ew.IsSupported(r) {
+				_ = ew.Write(w, r, a.err())
+			} else {
+				http.Error(w, errUnauthenticated.Error(), http.StatusUnauthorized)
+			}
+			return
+		}
+		h.ServeHTTP(w, r)
+	}), nil
+}
+
+// newHandler is the Connect handler with only the interceptor's check.
+func newHandler(node nodeapi.Node, token string, opts ...connect.HandlerOption) (http.Handler, error) {
+	if node == nil {
+		return nil, errdefs.Invalidf("node protocol: no node to serve")
+	}
+	a, err := newAuth(token)
+	if err != nil {
+		return nil, err
+	}
+	all := append([]connect.HandlerOption{
+		connect.WithInterceptors(a),
+		connect.WithReadMaxBytes(MaxRequestBytes),
+		// Small messages on a private network: compressing costs more
+		// than it saves. Big lists still get gzip when asked for.
+		connect.WithCompressMinBytes(64 << 10),
+	}, opts...)
+	_, h := nodev1connect.NewNodeHandler(&server{node: node}, all...)
+	return h, nil
+}
+
+// Server is an http.Server for a node handler: HTTP/1.1 and HTTP/2, the
+// latter over cleartext (h2c) when tlsCfg is nil, over TLS otherwise. It
+// sets no write timeout: Events is a stream that lasts as long as its
+// caller.
+func Server(h http.Handler, tlsCfg *tls.Config) *http.Server {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	if tlsCfg == nil {
+		p.SetUnencryptedHTTP2(true)
+	} else {
+		p.SetHTTP2(true)
+	}
+	return &http.Server{Handler: h, Protocols: p, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second,
+		HTTP2: &http.HTTP2Config{SendPingTimeout: pingEvery, PingTimeout: pingTimeout}}
+}
+
+// HTTP/2 pings on idle connections: a peer that vanished without closing
+// (host down, partition) ends the Events stream within ~15 s, and the
+// caller reconciles with List.
+const (
+	pingEvery   = 10 * time.Second
+	pingTimeout = 5 * time.Second
+)
+
+// server adapts a nodeapi.Node to the generated handler interface.
+type server struct{ node nodeapi.Node }
+
+var _ nodev1connect.NodeHandler = (*server)(nil)
+
+func ok[T any](m *T) (*connect.Response[T], error) { return connect.NewResponse(m), nil }
+
+func (s *server) Info(ctx context.Context, _ *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
+	i, err := s.node.Info(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(infoPB(i))
+}
+
+func (s *server) Create(ctx context.Context, req *connect.Request[nodev1.CreateRequest]) (*connect.Response[nodev1.CreateResponse], error) {
+	m := req.Msg
+	p, err := policy(m.GetPolicy())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{SandboxID: m.GetSandboxId(), AccessToken: m.GetAccessToken(),
+		Template: m.GetTemplate(), Env: m.GetEnv(), VCPUs: m.GetVcpus(), MemoryMB: m.GetMemoryMb(), Policy: p})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.CreateResponse{Sandbox: sandboxPB(sb)})
+}
+
+func (s *server) Get(ctx context.Context, req *connect.Request[nodev1.GetRequest]) (*connect.Response[nodev1.GetResponse], error) {
+	sb, err := s.node.Get(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.GetResponse{Sandbox: sandboxPB(sb)})
+}
+
+func (s *server) List(ctx context.Context, _ *connect.Request[nodev1.ListRequest]) (*connect.Response[nodev1.ListResponse], error) {
+	list, err := s.node.List(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &nodev1.ListResponse{Sandboxes: make([]*nodev1.Sandbox, len(list))}
+	for i, sb := range list {
+		out.Sandboxes[i] = sandboxPB(sb)
+	}
+	return ok(out)
+}
+
+func (s *server) Kill(ctx context.Context, req *connect.Request[nodev1.KillRequest]) (*connect.Response[nodev1.KillResponse], error) {
+	if err := s.node.Kill(ctx, req.Msg.GetId()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.KillResponse{})
+}
+
+func (s *server) Pause(ctx context.Context, req *connect.Request[nodev1.PauseRequest]) (*connect.Response[nodev1.PauseResponse], error) {
+	if err := s.node.Pause(ctx, req.Msg.GetId()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.PauseResponse{})
+}
+
+func (s *server) Resume(ctx context.Context, req *connect.Request[nodev1.ResumeRequest]) (*connect.Response[nodev1.ResumeResponse], error) {
+	if err := s.node.Resume(ctx, req.Msg.GetId()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.ResumeResponse{})
+}
+
+func (s *server) Hibernate(ctx context.Context, req *connect.Request[nodev1.HibernateRequest]) (*connect.Response[nodev1.HibernateResponse], error) {
+	if err := s.node.Hibernate(ctx, req.Msg.GetId()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.HibernateResponse{})
+}
+
+func (s *server) Snapshot(ctx context.Context, req *connect.Request[nodev1.SnapshotRequest]) (*connect.Response[nodev1.SnapshotResponse], error) {
+	m := req.Msg
+	info, err := s.node.Snapshot(ctx, m.GetId(), nodeapi.SnapshotRequest{SnapshotID: m.GetSnapshotId(), Names: m.GetNames(), Template: m.GetTemplate()})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.SnapshotResponse{Snapshot: snapshotPB(info)})
+}
+
+func (s *server) Fork(ctx context.Context, req *connect.Request[nodev1.ForkRequest]) (*connect.Response[nodev1.ForkResponse], error) {
+	m := req.Msg
+	fr := nodeapi.ForkRequest{Concurrency: int(m.GetConcurrency()), Children: make([]nodeapi.ForkChildSpec, len(m.GetChildren()))}
+	for i, c := range m.GetChildren() {
+		fr.Children[i] = nodeapi.ForkChildSpec{SandboxID: c.GetSandboxId(), AccessToken: c.GetAccessToken()}
+	}
+	res, err := s.node.Fork(ctx, m.GetId(), fr)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &nodev1.ForkResponse{Children: make([]*nodev1.ForkChild, len(res.Children))}
+	for i, c := range res.Children {
+		if c.Err != nil {
+			out.Children[i] = &nodev1.ForkChild{Error: &nodev1.Error{Code: uint32(codeOf(c.Err)), Message: c.Err.Error()}}
+		} else {
+			out.Children[i] = &nodev1.ForkChild{Sandbox: sandboxPB(c.Sandbox)}
+		}
+	}
+	return ok(out)
+}
+
+func (s *server) Rollback(ctx context.Context, req *connect.Request[nodev1.RollbackRequest]) (*connect.Response[nodev1.RollbackResponse], error) {
+	sb, err := s.node.Rollback(ctx, req.Msg.GetId(), req.Msg.GetSnapshotRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.RollbackResponse{Sandbox: sandboxPB(sb)})
+}
+
+func (s *server) GetSnapshot(ctx context.Context, req *connect.Request[nodev1.GetSnapshotRequest]) (*connect.Response[nodev1.GetSnapshotResponse], error) {
+	info, err := s.node.GetSnapshot(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.GetSnapshotResponse{Snapshot: snapshotPB(info)})
+}
+
+func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[nodev1.DeleteSnapshotRequest]) (*connect.Response[nodev1.DeleteSnapshotResponse], error) {
+	if err := s.node.DeleteSnapshot(ctx, req.Msg.GetRef()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.DeleteSnapshotResponse{})
+}
+
+func (s *server) Snapshots(ctx context.Context, _ *connect.Request[nodev1.SnapshotsRequest]) (*connect.Response[nodev1.SnapshotsResponse], error) {
+	list, err := s.node.Snapshots(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &nodev1.SnapshotsResponse{Snapshots: make([]*nodev1.SnapshotInfo, len(list))}
+	for i, m := range list {
+		out.Snapshots[i] = snapshotPB(m)
+	}
+	return ok(out)
+}
+
+func (s *server) SetPolicy(ctx context.Context, req *connect.Request[nodev1.SetPolicyRequest]) (*connect.Response[nodev1.SetPolicyResponse], error) {
+	p, err := policy(req.Msg.GetPolicy())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if p == nil {
+		return nil, toConnect(errdefs.Invalidf("set policy of %s: no policy given", req.Msg.GetId()))
+	}
+	if err := s.node.SetPolicy(ctx, req.Msg.GetId(), *p); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.SetPolicyResponse{})
+}
+
+func (s *server) Reconfigure(ctx context.Context, req *connect.Request[nodev1.ReconfigureRequest]) (*connect.Response[nodev1.ReconfigureResponse], error) {
+	p, err := policy(req.Msg.GetPolicy())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	sb, err := s.node.Reconfigure(ctx, req.Msg.GetId(), req.Msg.GetEnv(), p)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.ReconfigureResponse{Sandbox: sandboxPB(sb)})
+}
+
+func (s *server) Stats(ctx context.Context, req *connect.Request[nodev1.StatsRequest]) (*connect.Response[nodev1.StatsResponse], error) {
+	st, err := s.node.Stats(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(statsPB(st))
+}
+
+// Events subscribes first, then says so (an empty message), then streams
+// until the caller hangs up or the node's stream ends.
+func (s *server) Events(ctx context.Context, _ *connect.Request[nodev1.EventsRequest], stream *connect.ServerStream[nodev1.EventsResponse]) error {
+	ch, err := s.node.Events(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	if err := stream.Send(&nodev1.EventsResponse{}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case ev, open := <-ch:
+			if !open {
+				return nil
+			}
+			if err := stream.Send(&nodev1.EventsResponse{Event: eventPB(ev)}); err != nil {
+				return fmt.Errorf("events: %w", err)
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
