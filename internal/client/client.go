@@ -397,3 +397,23 @@ func (s *Sandbox) RunCode(ctx context.Context, code string) (string, error) {
 
 // Base is the API's base URL.
 func (c *Client) Base() string { return c.base }
+
+// Nodes lists the fleet's nodes.
+func (c *Client) Nodes(ctx context.Context) ([]api.NodeInfo, error) {
+	var out []api.NodeInfo
+	_, err := c.do(ctx, "GET", "/nodes", nil, &out)
+	return out, err
+}
+
+// DrainNode stops placements on a node and hibernates its sandboxes.
+func (c *Client) DrainNode(ctx context.Context, id string) (api.DrainResult, error) {
+	var out api.DrainResult
+	_, err := c.do(ctx, "POST", "/nodes/"+url.PathEscape(id)+"/drain", struct{}{}, &out)
+	return out, err
+}
+
+// UndrainNode lets placements use a node again.
+func (c *Client) UndrainNode(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "POST", "/nodes/"+url.PathEscape(id)+"/undrain", struct{}{}, nil)
+	return err
+}

@@ -49,6 +49,11 @@ type Config struct {
 	CreateGrace time.Duration
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
+	// Hop, when set, returns the address of the node-side proxy of a
+	// node whose sandboxes this process cannot reach directly (a remote
+	// node agent); "" or nil: the sandbox's address is dialed directly
+	// (the in-process node of `spore up`).
+	Hop func(nodeID string) string
 }
 
 // Service is the sandbox lifecycle.
@@ -60,7 +65,11 @@ type Service struct {
 	// life serializes decisions about one sandbox's lifetime (the reaper
 	// against connect and new timeouts) in this process; see expiry.go.
 	life sandboxLocks
+	ctx  context.Context // ends at Close
 	stop context.CancelFunc
+	// following: the nodes whose event streams this instance reads.
+	followMu  sync.Mutex
+	following map[string]bool
 
 	// targets holds, per sandbox this process routed to, the instance
 	// address and a channel closed when that instance goes away, so the
@@ -99,9 +108,9 @@ func New(cfg Config) *Service {
 	if cfg.Nodes == nil {
 		cfg.Nodes = Nodes{}
 	}
-	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}}
+	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, following: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
+	s.ctx, s.stop = ctx, cancel
 	for _, id := range cfg.Nodes.IDs() {
 		n, _ := cfg.Nodes.Node(id)
 		s.follow(ctx, id, n)

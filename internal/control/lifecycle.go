@@ -269,6 +269,10 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID {
 			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
 				x.State, x.Addr, x.NodeID = state, ns.Addr, nodeID
+				if state != store.StateError {
+					// Alive after all (its node was lost and came back).
+					x.Reason, x.ReasonDetail = "", ""
+				}
 				setReason(x, ns)
 				return nil
 			}); err != nil {

@@ -56,12 +56,26 @@ func (s *Service) nodeOf(rec store.Sandbox) (nodeapi.Node, error) { return s.nod
 // gets state error with the reason. Subscribed before New returns, so no
 // death after it is missed.
 func (s *Service) follow(ctx context.Context, id string, n nodeapi.Node) {
+	s.followMu.Lock()
+	if s.following[id] {
+		s.followMu.Unlock()
+		return
+	}
+	s.following[id] = true
+	s.followMu.Unlock()
+	unfollow := func() {
+		s.followMu.Lock()
+		delete(s.following, id)
+		s.followMu.Unlock()
+	}
 	ch, err := n.Events(ctx)
 	if err != nil {
+		unfollow()
 		s.log.Error("follow node events (deaths are found by reconcile)", "node_id", id, "err", err)
 		return
 	}
 	go func() {
+		defer unfollow()
 		for ev := range ch {
 			if ev.Kind == nodeapi.EventDied {
 				s.sandboxDied(ev)
@@ -187,13 +201,31 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 			return scheduler.View{}, err
 		}
 	}
+	used, err := s.usedByNode(ctx)
+	if err != nil {
+		return scheduler.View{}, err
+	}
+	v := scheduler.View{Nodes: make([]scheduler.NodeView, 0, len(nodes))}
+	for _, n := range nodes {
+		_, reachable := s.nodes.Node(n.ID)
+		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
+			Reserved: schedRes(n.Reserved), Used: used[n.ID], Draining: n.Draining,
+			Lost:       n.State == store.NodeLost || n.State == store.NodeLeft || !reachable,
+			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
+	}
+	return v, nil
+}
+
+// usedByNode sums, per node, the limits of its running, paused and
+// creating sandboxes.
+func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resources, error) {
 	used := map[string]scheduler.Resources{}
 	cursor := ""
 	for {
 		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{
 			States: []string{store.StateRunning, store.StatePaused, store.StateCreating}, Limit: 1000, Cursor: cursor})
 		if err != nil {
-			return scheduler.View{}, err
+			return nil, err
 		}
 		for _, sb := range page {
 			u := used[sb.NodeID]
@@ -208,19 +240,10 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 			used[sb.NodeID] = u
 		}
 		if next == "" {
-			break
+			return used, nil
 		}
 		cursor = next
 	}
-	v := scheduler.View{Nodes: make([]scheduler.NodeView, 0, len(nodes))}
-	for _, n := range nodes {
-		_, reachable := s.nodes.Node(n.ID)
-		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
-			Reserved: schedRes(n.Reserved), Used: used[n.ID], Draining: n.Draining,
-			Lost:       n.State == store.NodeLost || n.State == store.NodeLeft || !reachable,
-			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
-	}
-	return v, nil
 }
 
 // Lease names and how long a holder keeps one without renewing.

@@ -20,18 +20,32 @@ import (
 // sandbox's store row; gone is closed when that instance goes away (as
 // seen by this process: its own operations and its nodes' events).
 func (s *Service) Lookup(id string) (addr netip.Addr, running, found bool, gone <-chan struct{}) {
+	_, addr, running, found, gone = s.LookupVia(id)
+	return addr, running, found, gone
+}
+
+// LookupVia is Lookup plus, for a sandbox on a node this process does not
+// reach directly, the address of that node's proxy (Config.Hop), which
+// forwards to addr on the node.
+func (s *Service) LookupVia(id string) (via string, addr netip.Addr, running, found bool, gone <-chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil || (rec.State != store.StateRunning && rec.State != store.StatePaused) {
 		// Being created, hibernated (no instance) or dead: nothing to reach.
-		return netip.Addr{}, false, false, nil
+		return "", netip.Addr{}, false, false, nil
 	}
 	if rec.State != store.StateRunning || rec.Addr == "" {
-		return netip.Addr{}, false, true, nil
+		return "", netip.Addr{}, false, true, nil
+	}
+	if s.cfg.Hop != nil {
+		if via = s.cfg.Hop(rec.NodeID); via == "" {
+			// A node the fleet does not know (yet): nothing reaches it.
+			return "", netip.Addr{}, false, true, nil
+		}
 	}
 	t := s.target(id, rec.Addr, rec.State)
-	return t.Addr, t.Addr.IsValid(), true, t.Gone
+	return via, t.Addr, t.Addr.IsValid(), true, t.Gone
 }
 
 // target returns the sandbox's target for addr, replacing (and closing)

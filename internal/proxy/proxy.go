@@ -41,6 +41,19 @@ type Resolver interface {
 	TrafficAllowed(ctx context.Context, id, trafficToken string) (accessToken string, ok bool)
 }
 
+// Hopper is a Resolver whose sandboxes may run on other hosts (an API
+// replica of a fleet): via is the address (host:port) of the node-side
+// proxy in front of the sandbox, "" when addr is dialed directly.
+type Hopper interface {
+	LookupVia(id string) (via string, addr netip.Addr, running, found bool, gone <-chan struct{})
+}
+
+// ClusterTokenHeader carries the cluster token on the hop from an API
+// replica to a node's proxy (Authorization belongs to the sandbox's own
+// protocols). The node's proxy checks it and removes it; it never enters
+// a sandbox.
+const ClusterTokenHeader = "Spore-Cluster-Token"
+
 // DefaultPort is envd's.
 const DefaultPort = 49983
 
@@ -68,6 +81,10 @@ type Proxy struct {
 	// timeout).
 	mu         sync.Mutex
 	transports map[netip.Addr]*http.Transport
+
+	// hop carries traffic to node-side proxies (see Hopper).
+	hopToken string
+	hop      *http.Transport
 }
 
 type ctxKey struct{}
@@ -77,6 +94,7 @@ type target struct {
 	addr netip.Addr
 	port int
 	gone <-chan struct{}
+	via  string // node-side proxy, or "" (direct)
 }
 
 // New returns the proxy. isKey recognizes Spore's API keys, so that one
@@ -100,6 +118,15 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 			pr.Out.Host = pr.Out.URL.Host
 			p.stripCredentials(pr.In.Context(), pr.Out.Header)
 			p.exchangeTrafficToken(pr.In.Context(), t, pr.In.Header, pr.Out.Header)
+			pr.Out.Header.Del(ClusterTokenHeader)
+			if t.via != "" {
+				// The node's proxy routes by the same headers, to the
+				// sandbox's address on that node.
+				pr.Out.URL.Host = t.via
+				pr.Out.Header.Set("E2b-Sandbox-Id", t.id)
+				pr.Out.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
+				pr.Out.Header.Set(ClusterTokenHeader, p.hopToken)
+			}
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
@@ -229,7 +256,26 @@ type roundTripper struct{ p *Proxy }
 
 func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	t := r.Context().Value(ctxKey{}).(target)
+	if t.via != "" {
+		return rt.p.hop.RoundTrip(r)
+	}
 	return rt.p.transport(t.addr, t.gone).RoundTrip(r)
+}
+
+// WithHop lets the proxy reach sandboxes on other hosts through their
+// node's proxy (when its Resolver is a Hopper), presenting the cluster
+// token there.
+func (p *Proxy) WithHop(clusterToken string) *Proxy {
+	p.hopToken = clusterToken
+	p.hop = &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     30 * time.Second,
+		ReadBufferSize:      64 << 10,
+		WriteBufferSize:     64 << 10,
+		DisableCompression:  true,
+	}
+	return p
 }
 
 // transport returns the instance's transport, creating it (and the
@@ -283,7 +329,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	addr, running, found, gone := p.res.Lookup(id)
+	var via string
+	var addr netip.Addr
+	var running, found bool
+	var gone <-chan struct{}
+	if h, ok := p.res.(Hopper); ok && p.hop != nil {
+		via, addr, running, found, gone = h.LookupVia(id)
+	} else {
+		addr, running, found, gone = p.res.Lookup(id)
+	}
 	switch {
 	case !found:
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" not found")
@@ -298,7 +352,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Connection", "close")
 	// End the exchange when the instance goes away (killed, hibernated,
 	// rolled back): its network is gone and would never answer.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{id: id, addr: addr, port: port, gone: gone}))
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{id: id, addr: addr, port: port, gone: gone, via: via}))
 	defer cancel()
 	go func() {
 		select {

@@ -75,18 +75,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	n, err := node.Open(ctx, node.Config{
-		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
-		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: log,
-		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
-	})
+	n, err := openNode(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer n.Close()
-	if err := n.EnsureTemplates(ctx); err != nil {
-		return err
-	}
 	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "spore.db"))
 	if err != nil {
 		return err
@@ -140,6 +133,24 @@ func Run(ctx context.Context, cfg Config) error {
 	hs.Shutdown(sctx)
 	log.Info("stopped; sandboxes keep running and are re-attached at the next start")
 	return nil
+}
+
+// openNode opens the host's node (engine, networks, envd) and builds
+// the default templates when missing or stale.
+func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
+	n, err := node.Open(ctx, node.Config{
+		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
+		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
+		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := n.EnsureTemplates(ctx); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
 }
 
 // LocalNodeID is the in-process node's ID (sandbox rows of `spore up`

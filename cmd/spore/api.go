@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spore-run/spore/internal/server"
+)
+
+func newAPICmd() *cobra.Command {
+	var cfg server.APIConfig
+	var tokenFile, keyFile string
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "Run a stateless API replica of a fleet: REST API, proxy, lifecycle, placement",
+		Long: `Run an API replica: the E2B-compatible API and the in-sandbox traffic proxy on
+--listen, over a shared metadata store (--database-url: postgres://..., or
+sqlite:///path / a path for one replica) and the node agents that registered
+with it (spore node). Any number of replicas may share one PostgreSQL; node
+agents register on PUT /internal/nodes/{id} with the cluster token.
+
+The API key: --api-key-file (or SPORE_API_KEY) adds one (stored hashed);
+without either, keys already in the store are used, or with --data-dir one
+is generated as spore up does.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if cfg.ClusterToken, err = server.ReadToken(tokenFile); err != nil {
+				return err
+			}
+			cfg.APIKey = os.Getenv("SPORE_API_KEY")
+			if keyFile != "" {
+				b, err := os.ReadFile(keyFile)
+				if err != nil {
+					return fmt.Errorf("--api-key-file: %w", err)
+				}
+				if cfg.APIKey = strings.TrimSpace(string(b)); cfg.APIKey == "" {
+					return fmt.Errorf("--api-key-file %s is empty", keyFile)
+				}
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			cfg.Ready = func(addr, key string) {
+				fmt.Fprintf(cmd.OutOrStdout(), "Spore API on http://%s\n", addr)
+				if key != "" && cfg.APIKey == "" {
+					fmt.Fprintf(cmd.OutOrStdout(), "API key: %s (kept in %s)\n", key, server.KeyFile(cfg.DataDir))
+				}
+			}
+			return server.RunAPI(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API, the proxy and node registration on")
+	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL)")
+	f.StringVar(&tokenFile, "cluster-token-file", "", "file holding the cluster token node agents and replicas share (at least 16 characters)")
+	f.StringVar(&keyFile, "api-key-file", "", "file holding an API key to accept")
+	f.StringVar(&cfg.DataDir, "data-dir", "", "where a generated API key is kept (none: keys must exist or be given)")
+	f.IntVar(&cfg.PoolSize, "pool", 0, "warm-pool sandboxes per default template (0: none; only the replica holding the pool lease serves from its pool)")
+	cmd.MarkFlagRequired("database-url")
+	cmd.MarkFlagRequired("cluster-token-file")
+	return cmd
+}

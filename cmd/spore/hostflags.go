@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/spf13/pflag"
+
+	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/server"
+)
+
+// addHostFlags adds the flags of a host that runs sandboxes (`spore up`,
+// `spore node`) and returns the function that checks them into cfg.
+func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
+	var reserveMiB int64
+	var egressFloor, egressDeny, dnsUpstreams []string
+	var dnsPort int
+	floorDefault := []string{}
+	for _, p := range netns.DefaultFloor() {
+		floorDefault = append(floorDefault, p.String())
+	}
+	f.StringVar(&cfg.RootFSDir, "rootfs-dir", "", "root filesystems (default <data-dir>/rootfs)")
+	f.StringVar(&cfg.Runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
+	f.StringVar(&cfg.EnvdBinary, "envd", "", "spore-envd binary (default: beside this binary)")
+	f.StringVar(&cfg.NetPrefix, "net-prefix", "sp", "prefix of this server's network namespaces and interfaces")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/spore", "cgroup under which sandboxes run")
+	f.Int64Var(&reserveMiB, "memory-reserve", 0, "MiB of host memory kept free: creates that would eat into it are refused with 429 (0: 1024, -1: no limit)")
+	f.StringVar(&cfg.Cgroups, "cgroups", "runsc", "who manages sandboxes' cgroups: runsc, or driver (cgroup v1: ~15 ms faster starts and restores, but sandboxes see the host's memory and CPU count)")
+	f.StringArrayVar(&cfg.RunscFlags, "runsc-flag", nil, "extra global runsc flag, repeatable (--runsc-flag=--debug --runsc-flag=--debug-log=/tmp/runsc/ shows runsc's own timeline)")
+	f.StringSliceVar(&egressFloor, "egress-floor", floorDefault, "destinations (CIDRs) no sandbox reaches whatever its allowOut: replaces the default list; the host's own addresses are always added")
+	f.StringSliceVar(&egressDeny, "egress-deny", nil, "more destinations (CIDRs) added to the egress floor")
+	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
+	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
+	return func() error {
+		if reserveMiB < -1 {
+			return fmt.Errorf("--memory-reserve must be -1 (no limit) or a size in MiB, got %d", reserveMiB)
+		}
+		cfg.MemoryReserve = reserveMiB << 20
+		floor, err := netns.ParsePrefixes(egressFloor)
+		if err != nil {
+			return fmt.Errorf("--egress-floor: %w", err)
+		}
+		extra, err := netns.ParsePrefixes(egressDeny)
+		if err != nil {
+			return fmt.Errorf("--egress-deny: %w", err)
+		}
+		// Never nil: an empty --egress-floor means no floor but the host's addresses.
+		cfg.EgressFloor = append(append([]netip.Prefix{}, floor...), extra...)
+		if cfg.DNSUpstreams, err = node.ParseUpstreams(dnsUpstreams); err != nil {
+			return err
+		}
+		if dnsPort < 0 || dnsPort > 65535 {
+			return fmt.Errorf("--dns-port must be 0-65535, got %d", dnsPort)
+		}
+		cfg.DNSPort = uint16(dnsPort)
+		return nil
+	}
+}

@@ -1,0 +1,79 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/spore-run/spore/internal/ids"
+)
+
+// NodeInfo is one node of the fleet as GET /nodes shows it.
+type NodeInfo struct {
+	NodeID           string            `json:"nodeID"`
+	Addr             string            `json:"addr"`
+	State            string            `json:"state"` // ready, lost, left
+	Draining         bool              `json:"draining"`
+	Labels           map[string]string `json:"labels,omitempty"`
+	Sandboxes        int               `json:"sandboxes"`    // running, paused and being created
+	MemoryUsedMB     int64             `json:"memoryUsedMB"` // the sum of their memory limits
+	MemoryCapacityMB int64             `json:"memoryCapacityMB"`
+	HeartbeatAgeMs   int64             `json:"heartbeatAgeMs"`
+	RunscBuild       string            `json:"runscBuild,omitempty"`
+}
+
+// DrainResult says what a drain did.
+type DrainResult struct {
+	NodeID     string `json:"nodeID"`
+	Hibernated int    `json:"hibernated"`
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	list, err := s.c.Nodes(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]NodeInfo, 0, len(list))
+	for _, n := range list {
+		out = append(out, NodeInfo{NodeID: n.ID, Addr: n.Addr, State: n.State, Draining: n.Draining, Labels: n.Labels,
+			Sandboxes: n.Sandboxes, MemoryUsedMB: n.MemoryUsedMB, MemoryCapacityMB: n.Capacity.MemoryMB,
+			HeartbeatAgeMs: n.HeartbeatAge.Milliseconds(), RunscBuild: n.RunscBuild})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func nodeID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("nodeID")
+	if err := ids.Validate("node ID", id); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", false
+	}
+	return id, true
+}
+
+// drainNode stops placements on a node and hibernates its sandboxes
+// (they resume there once it is undrained; moving them to another node
+// needs shared snapshot storage).
+func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
+	id, ok := nodeID(w, r)
+	if !ok {
+		return
+	}
+	n, err := s.c.Drain(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, DrainResult{NodeID: id, Hibernated: n})
+}
+
+func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request) {
+	id, ok := nodeID(w, r)
+	if !ok {
+		return
+	}
+	if err := s.c.Undrain(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

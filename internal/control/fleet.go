@@ -1,0 +1,225 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// Node lifecycle in a fleet: node agents register and heartbeat (through
+// the API role's internal route), a monitor under the store lease "nodes"
+// marks a node lost when its heartbeat is older than LostAfter and gives
+// its live sandboxes state error (reason ReasonNodeLost), and an operator
+// drains and undrains nodes.
+
+// ReasonNodeLost is the reason of a sandbox whose node stopped answering.
+const ReasonNodeLost = "node-lost"
+
+// LostAfter is how old a node's last heartbeat may get before the node
+// counts as lost (nodes heartbeat every 2 s).
+const LostAfter = 10 * time.Second
+
+const leaseNodes = "nodes"
+
+// Heartbeat records a node agent's registration or heartbeat: what it
+// offers, where it answers, now. It returns the node's row as it was
+// before (ok false when the node is new), so the caller can tell a node
+// that (re)joins, which must be reconciled, from one that keeps beating.
+func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.NodeInfo) (prev store.Node, ok bool, err error) {
+	prev, err = s.st.GetNode(ctx, id)
+	switch {
+	case err == nil:
+		ok = true
+	case !errdefs.IsNotFound(err):
+		return prev, false, err
+	}
+	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: addr, Labels: info.Labels,
+		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), RunscBuild: info.RunscBuild,
+		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
+	if err != nil {
+		return prev, ok, err
+	}
+	if ok && prev.State != store.NodeReady {
+		s.log.Info("node is back", "node_id", id, "was", prev.State)
+	}
+	return prev, ok, nil
+}
+
+// MonitorNodes marks lost nodes every interval while this instance holds
+// the "nodes" lease (one instance per store does it), until ctx ends.
+func (s *Service) MonitorNodes(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	defer s.st.ReleaseLease(context.WithoutCancel(ctx), leaseNodes, s.cfg.Holder)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.lease(ctx, leaseNodes) {
+				if err := s.CheckNodes(ctx); err != nil && ctx.Err() == nil {
+					s.log.Warn("check nodes", "err", err)
+				}
+			}
+		}
+	}
+}
+
+// CheckNodes marks every ready node whose heartbeat is older than
+// LostAfter lost, and its running and paused sandboxes state error with
+// reason node-lost: their instances are out of reach (and gone, if the
+// host died). Hibernated sandboxes stay hibernated: their images are on
+// that node's disk and come back with it (until snapshots live in shared
+// storage, nowhere else). Rows being created are left to their create or
+// the reaper. The check and the change are one transaction per node, so
+// a heartbeat that lands meanwhile wins.
+func (s *Service) CheckNodes(ctx context.Context) error {
+	nodes, err := s.st.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	for _, n := range nodes {
+		if n.State != store.NodeReady || now.Sub(n.Heartbeat) <= LostAfter {
+			continue
+		}
+		marked := false
+		_, err := s.st.UpdateNode(ctx, n.ID, func(x *store.Node) error {
+			if x.State != store.NodeReady || now.Sub(x.Heartbeat) <= LostAfter {
+				return nil
+			}
+			x.State, marked = store.NodeLost, true
+			return nil
+		})
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if !marked {
+			continue
+		}
+		s.log.Warn("node lost: no heartbeat", "node_id", n.ID, "last_heartbeat", n.Heartbeat, "after", LostAfter)
+		if err := s.nodeLost(ctx, n.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nodeLost gives the node's running and paused sandboxes state error.
+func (s *Service) nodeLost(ctx context.Context, nodeID string) error {
+	recs, err := s.rowsOf(ctx, nodeID)
+	if err != nil {
+		return err
+	}
+	detail := fmt.Sprintf("node %s stopped answering", nodeID)
+	for _, rec := range recs {
+		if rec.State != store.StateRunning && rec.State != store.StatePaused {
+			continue
+		}
+		s.dropTarget(rec.ID)
+		_, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
+			if x.NodeID != nodeID || (x.State != store.StateRunning && x.State != store.StatePaused) {
+				return nil
+			}
+			x.State, x.Addr, x.Reason, x.ReasonDetail = store.StateError, "", ReasonNodeLost, detail
+			return nil
+		})
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Drain stops placements on a node and hibernates its running and paused
+// sandboxes there (they resume on that node: moving them elsewhere needs
+// their images in shared storage). It returns how many were hibernated;
+// the first failure is returned after every sandbox was tried (a retry
+// of the drain continues).
+func (s *Service) Drain(ctx context.Context, nodeID string) (int, error) {
+	if _, err := s.st.UpdateNode(ctx, nodeID, func(x *store.Node) error { x.Draining = true; return nil }); err != nil {
+		return 0, err
+	}
+	s.invalidateView()
+	recs, err := s.rowsOf(ctx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	var first error
+	done := 0
+	for _, rec := range recs {
+		if rec.State != store.StateRunning && rec.State != store.StatePaused {
+			continue
+		}
+		err := s.Hibernate(ctx, rec.ID)
+		switch {
+		case err == nil:
+			done++
+		case errdefs.IsNotFound(err):
+		default:
+			s.log.Warn("drain: hibernate", "node_id", nodeID, "sandbox_id", rec.ID, "err", err)
+			if first == nil {
+				first = fmt.Errorf("drain %s: hibernate %s: %w", nodeID, rec.ID, err)
+			}
+		}
+	}
+	return done, first
+}
+
+// Undrain lets placements use a node again.
+func (s *Service) Undrain(ctx context.Context, nodeID string) error {
+	_, err := s.st.UpdateNode(ctx, nodeID, func(x *store.Node) error { x.Draining = false; return nil })
+	s.invalidateView()
+	return err
+}
+
+func (s *Service) invalidateView() {
+	s.view.mu.Lock()
+	s.view.view.Nodes = nil
+	s.view.mu.Unlock()
+}
+
+// NodeStatus is one node as `spore nodes` shows it.
+type NodeStatus struct {
+	store.Node
+	Sandboxes    int   // running, paused and creating rows on it
+	MemoryUsedMB int64 // the sum of their memory limits
+	HeartbeatAge time.Duration
+}
+
+// Nodes lists the fleet with what each node holds.
+func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
+	nodes, err := s.st.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.usedByNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	out := make([]NodeStatus, 0, len(nodes))
+	for _, n := range nodes {
+		u := v[n.ID]
+		out = append(out, NodeStatus{Node: n, Sandboxes: u.Sandboxes, MemoryUsedMB: u.MemoryMB, HeartbeatAge: now.Sub(n.Heartbeat)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Follow subscribes to a node's events (deaths) if this instance does not
+// follow it yet; a node that joined after New is followed from then on.
+// When the stream ends (the node went away) the node may be followed
+// again.
+func (s *Service) Follow(id string) {
+	n, ok := s.nodes.Node(id)
+	if !ok {
+		return
+	}
+	s.follow(s.ctx, id, n)
+}

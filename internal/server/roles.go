@@ -1,0 +1,350 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/nodeapi/rpc"
+	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/store/postgres"
+	"github.com/spore-run/spore/internal/store/sqlite"
+)
+
+// APIConfig configures `spore api`: a stateless API replica (REST API,
+// proxy, lifecycle, placement) over a shared store and remote nodes.
+type APIConfig struct {
+	Listen string
+	// DatabaseURL: postgres://... (or postgresql://), sqlite:///path, or
+	// a file path (SQLite).
+	DatabaseURL  string
+	ClusterToken string
+	// APIKey, when set, is accepted (stored hashed). Otherwise keys must
+	// exist in the store, or DataDir is set and one is generated there
+	// as `spore up` does.
+	APIKey   string
+	DataDir  string
+	PoolSize int
+	Logger   *slog.Logger
+	Ready    func(addr, apiKey string)
+}
+
+// OpenStore opens the metadata store a database URL names.
+func OpenStore(ctx context.Context, dbURL string) (store.Store, error) {
+	switch {
+	case strings.HasPrefix(dbURL, "postgres://"), strings.HasPrefix(dbURL, "postgresql://"):
+		return postgres.Open(ctx, dbURL)
+	case strings.HasPrefix(dbURL, "sqlite://"):
+		return sqlite.Open(ctx, strings.TrimPrefix(dbURL, "sqlite://"))
+	case dbURL == "":
+		return nil, fmt.Errorf("no database URL")
+	case strings.Contains(dbURL, "://"):
+		return nil, fmt.Errorf("database URL %q: want postgres://, sqlite:// or a path", dbURL)
+	default:
+		return sqlite.Open(ctx, dbURL)
+	}
+}
+
+// RunAPI serves an API replica until ctx ends. The node registry is the
+// store's node rows (an RPC client per node address), refreshed every
+// HeartbeatEvery and whenever a node registers.
+func RunAPI(ctx context.Context, cfg APIConfig) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	log := cfg.Logger
+	if len(cfg.ClusterToken) < rpc.MinTokenLen {
+		return fmt.Errorf("cluster token: want at least %d characters", rpc.MinTokenLen)
+	}
+	st, err := OpenStore(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	var key string
+	if cfg.APIKey != "" || cfg.DataDir != "" {
+		if cfg.DataDir != "" {
+			if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+				return err
+			}
+		}
+		if key, err = ensureKey(ctx, st, Config{APIKey: cfg.APIKey, DataDir: cfg.DataDir}); err != nil {
+			return err
+		}
+	} else if n, err := st.CountAPIKeys(ctx); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("no API key: pass --api-key-file (or --data-dir to generate one)")
+	}
+	reg := newRegistry(cfg.ClusterToken, log)
+	ready, err := reg.refresh(ctx, st)
+	if err != nil {
+		return err
+	}
+	ctl := control.New(control.Config{Store: st, Nodes: reg, Logger: log, Hop: reg.hop})
+	defer ctl.Close()
+	for _, id := range ready {
+		ctl.Follow(id)
+	}
+	go func() {
+		t := time.NewTicker(HeartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			ready, err := reg.refresh(ctx, st)
+			if err != nil {
+				log.Warn("node registry refresh", "err", err)
+				continue
+			}
+			for _, id := range ready {
+				ctl.Follow(id) // a no-op for a node already followed
+			}
+		}
+	}()
+	go ctl.Run(ctx, time.Second)
+	go ctl.MonitorNodes(ctx, time.Second)
+	poolDone := make(chan struct{})
+	go func() {
+		defer close(poolDone)
+		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
+	}()
+	defer func() { <-poolDone }()
+	px := proxy.New(ctl, api.KeyCheck(st), log).WithHop(cfg.ClusterToken)
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log})
+	mux := http.NewServeMux()
+	mux.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, cfg.ClusterToken, log))
+	mux.Handle("/", apiH)
+	return serve(ctx, cfg.Listen, mux, log, func(addr string) {
+		log.Info("spore api", "listen", addr, "nodes", len(ready))
+		if cfg.Ready != nil {
+			cfg.Ready(addr, key)
+		}
+	})
+}
+
+// serve runs an HTTP server on listen until ctx ends.
+func serve(ctx context.Context, listen string, h http.Handler, log *slog.Logger, ready func(addr string)) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	hs := rpc.Server(h, nil) // HTTP/1.1 and h2c (the node RPC), no write timeout (streams)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	ready(ln.Addr().String())
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	return nil
+}
+
+// NodeConfig configures `spore node`: a node agent. Host holds the
+// node's own settings (data dir, runsc, rootfs, networks, reserve, as
+// for `spore up`); its Listen is where the node RPC and the node's proxy
+// answer.
+type NodeConfig struct {
+	Host          Config
+	APIURL        string
+	ClusterToken  string
+	AdvertiseAddr string // host:port control planes reach Listen at
+	Labels        map[string]string
+	NodeID        string // "": the one kept in <data>/node-id, minted on first start
+}
+
+// NodeIDFile keeps a node agent's ID across restarts.
+func NodeIDFile(dataDir string) string { return filepath.Join(dataDir, "node-id") }
+
+func nodeID(cfg NodeConfig) (string, error) {
+	if cfg.NodeID != "" {
+		return cfg.NodeID, ids.Validate("node ID", cfg.NodeID)
+	}
+	if b, err := os.ReadFile(NodeIDFile(cfg.Host.DataDir)); err == nil {
+		id := strings.TrimSpace(string(b))
+		return id, ids.Validate("node ID in "+NodeIDFile(cfg.Host.DataDir), id)
+	}
+	id := ids.New('n')
+	return id, os.WriteFile(NodeIDFile(cfg.Host.DataDir), []byte(id+"\n"), 0o600)
+}
+
+// RunNode runs a node agent until ctx ends: the node (engine, networks,
+// templates), its contract over Connect-RPC and its proxy on Listen (both
+// need the cluster token; nothing there answers without it), and a
+// registration with the API every HeartbeatEvery.
+func RunNode(ctx context.Context, cfg NodeConfig) error {
+	hc := cfg.Host
+	if hc.Logger == nil {
+		hc.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	log := hc.Logger
+	if len(cfg.ClusterToken) < rpc.MinTokenLen {
+		return fmt.Errorf("cluster token: want at least %d characters", rpc.MinTokenLen)
+	}
+	if _, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err != nil {
+		return fmt.Errorf("--advertise-addr %q: want host:port: %w", cfg.AdvertiseAddr, err)
+	}
+	apiURL, err := url.Parse(cfg.APIURL)
+	if err != nil || (apiURL.Scheme != "http" && apiURL.Scheme != "https") || apiURL.Host == "" {
+		return fmt.Errorf("--api-url %q: want http(s)://host:port", cfg.APIURL)
+	}
+	if err := os.MkdirAll(hc.DataDir, 0o700); err != nil {
+		return err
+	}
+	id, err := nodeID(cfg)
+	if err != nil {
+		return err
+	}
+	n, err := openNode(ctx, hc)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve)})
+	rpcPath, rpcH, err := rpc.NewHandler(ln0, cfg.ClusterToken)
+	if err != nil {
+		return err
+	}
+	h := NodeHandler(ln0, rpcPath, rpcH, cfg.ClusterToken, log)
+	return serve(ctx, hc.Listen, h, log, func(addr string) {
+		log.Info("spore node", "node_id", id, "listen", addr, "advertise", cfg.AdvertiseAddr, "api", cfg.APIURL,
+			"sandboxes", len(n.Engine.List(ctx)))
+		go heartbeat(ctx, cfg, id, ln0, log)
+		if hc.Ready != nil {
+			hc.Ready(addr, "")
+		}
+	})
+}
+
+// NodeHandler is what a node agent serves: the node RPC (Authorization:
+// Bearer <cluster token>) and, for requests naming a sandbox
+// (E2b-Sandbox-Id), the node's proxy to that sandbox's local address
+// (proxy.ClusterTokenHeader; Authorization belongs to the sandbox).
+// Anything else, or a wrong token, is 401.
+func NodeHandler(n nodeapi.Node, rpcPath string, rpcH http.Handler, token string, log *slog.Logger) http.Handler {
+	px := proxy.New(nodeResolver{n}, func(context.Context, string) bool { return false }, log)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			if !tokenOK(r.Header.Get(proxy.ClusterTokenHeader), token) {
+				http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
+				return
+			}
+			r.Header.Del(proxy.ClusterTokenHeader)
+			px.ServeHTTP(w, r)
+			return
+		}
+		if !bearerOK(r.Header, token) {
+			http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, rpcPath) {
+			rpcH.ServeHTTP(w, r)
+			return
+		}
+		http.NotFound(w, r)
+	})
+}
+
+// nodeResolver finds sandboxes on this node for the node's proxy. The
+// API replica in front resolved presigned URLs and traffic tokens
+// already; the instance going away ends the replica's side, and with it
+// this hop.
+type nodeResolver struct{ n nodeapi.Node }
+
+func (r nodeResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sb, err := r.n.Get(ctx, id)
+	if err != nil {
+		return netip.Addr{}, false, false, nil
+	}
+	a, err := netip.ParseAddr(sb.Addr)
+	running := err == nil && sb.State == nodeapi.StateRunning
+	return a, running, true, nil
+}
+
+func (nodeResolver) SignedBy(url.Values, string) (string, bool) { return "", false }
+
+func (nodeResolver) TrafficAllowed(context.Context, string, string) (string, bool) { return "", false }
+
+// heartbeat registers the node with the API every HeartbeatEvery until
+// ctx ends; the first successful registration of this process says
+// Joined (the API reconciles the node then).
+func heartbeat(ctx context.Context, cfg NodeConfig, id string, n nodeapi.Node, log *slog.Logger) {
+	c := &http.Client{Timeout: 90 * time.Second}
+	target := strings.TrimRight(cfg.APIURL, "/") + RegisterPath + id
+	joined := true
+	failing := false
+	for {
+		err := register(ctx, c, target, cfg, n, joined)
+		switch {
+		case err == nil:
+			if joined || failing {
+				log.Info("registered with the API", "node_id", id, "api", cfg.APIURL)
+			}
+			joined, failing = false, false
+		case ctx.Err() != nil:
+			return
+		case !failing:
+			log.Warn("register with the API (retrying every 2 s)", "node_id", id, "api", cfg.APIURL, "err", err)
+			failing = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(HeartbeatEvery):
+		}
+	}
+}
+
+func register(ctx context.Context, c *http.Client, target string, cfg NodeConfig, n nodeapi.Node, joined bool) error {
+	info, err := n.Info(ctx)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(Registration{Info: info, Addr: cfg.AdvertiseAddr, Joined: joined})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, target, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+cfg.ClusterToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		var b [512]byte
+		k, _ := resp.Body.Read(b[:])
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b[:k])))
+	}
+	return nil
+}
