@@ -1,0 +1,476 @@
+package k8s
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+const testDatabaseURL = "postgres://spore:secret@db.example.com:5432/spore?sslmode=require"
+
+// valueSets are the chart's values the tests render with: its defaults (plus the one value it
+// requires, the database URL) and testdata/values-full.yaml, which switches every optional branch.
+var valueSets = []struct {
+	name string
+	args []string
+}{
+	{"default", []string{"--set", "database.url=" + testDatabaseURL}},
+	{"full", []string{"-f", "testdata/values-full.yaml"}},
+}
+
+// helm runs the cached helm with its own state directories (nothing read from or left in $HOME).
+func helm(t testing.TB, tl tools, args ...string) ([]byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tl["HELM"], args...)
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+	)
+	return cmd.CombinedOutput()
+}
+
+// render returns `helm template` of the chart with args, decoded.
+func render(t testing.TB, tl tools, args ...string) []map[string]any {
+	t.Helper()
+	// Rendered for the Kubernetes version whose schemas and API server the tests check it against.
+	out, err := helm(t, tl, append([]string{"template", "spore", chartDir(t), "--namespace", "sandboxes",
+		"--kube-version", tl["K8S_VERSION"]}, args...)...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v\n%s", args, err, out)
+	}
+	return decodeManifests(t, out)
+}
+
+func TestHelmLint(t *testing.T) {
+	tl := needTools(t, "HELM")
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			out, err := helm(t, tl, append([]string{"lint", "--strict", chartDir(t)}, vs.args...)...)
+			if err != nil {
+				t.Fatalf("helm lint --strict (%s values): %v\n%s", vs.name, err, out)
+			}
+			t.Logf("%s", out)
+		})
+	}
+}
+
+// TestHelmTemplateRequiresDatabase: without a database the chart refuses to render (an API that
+// cannot reach its store would only crash-loop), and says what to set.
+func TestHelmTemplateRequiresDatabase(t *testing.T) {
+	tl := needTools(t, "HELM")
+	out, err := helm(t, tl, "template", "spore", chartDir(t))
+	if err == nil {
+		t.Fatalf("helm template without database.url succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "database.url") {
+		t.Fatalf("helm template without database.url failed without naming it:\n%s", out)
+	}
+	out, err = helm(t, tl, "template", "spore", chartDir(t), "--set", "database.url="+testDatabaseURL,
+		"--set", "s3.endpoint=https://s3.example.com")
+	if err == nil || !strings.Contains(string(out), "s3.bucket") {
+		t.Fatalf("helm template with an S3 endpoint and no bucket: err=%v\n%s", err, out)
+	}
+}
+
+// TestHelmTemplateDefaults checks what the default values render: the commands and flags each
+// workload runs with, where its secrets come from, and the host access the node agent gets.
+func TestHelmTemplateDefaults(t *testing.T) {
+	tl := needTools(t, "HELM")
+	objs := render(t, tl, valueSets[0].args...)
+	kinds := map[string][]string{}
+	for _, o := range objs {
+		kinds[str(o, "kind")] = append(kinds[str(o, "kind")], str(o, "metadata", "name"))
+	}
+	want := map[string][]string{
+		"Secret":              {"spore"},
+		"ConfigMap":           {"spore"},
+		"ServiceAccount":      {"spore-api", "spore-node"},
+		"Role":                {"spore-api"},
+		"RoleBinding":         {"spore-api"},
+		"Service":             {"spore-api", "spore-node"},
+		"Deployment":          {"spore-api"},
+		"DaemonSet":           {"spore-node"},
+		"PodDisruptionBudget": {"spore-api"},
+	}
+	for k, names := range want {
+		got := slices.Clone(kinds[k])
+		slices.Sort(got)
+		if !slices.Equal(got, names) {
+			t.Errorf("%s: got %v, want %v", k, got, names)
+		}
+	}
+	if len(kinds) != len(want) {
+		t.Errorf("kinds rendered: %v", kinds)
+	}
+
+	secret := find(t, objs, "Secret", "spore")
+	if got := b64(t, str(secret, "data", "database-url")); got != testDatabaseURL {
+		t.Errorf("secret database-url = %q", got)
+	}
+	if tok := b64(t, str(secret, "data", "cluster-token")); len(tok) != 48 {
+		t.Errorf("generated cluster token has %d characters, want 48", len(tok))
+	}
+
+	dep := find(t, objs, "Deployment", "spore-api")
+	if r := get(dep, "spec", "replicas"); r != 2 {
+		t.Errorf("api replicas = %v", r)
+	}
+	pod := get(dep, "spec", "template", "spec").(map[string]any)
+	api := list(pod, "containers")[0].(map[string]any)
+	wantArgs := []string{"api", "--listen", ":3000", "--database-url", "$(DATABASE_URL)", "--cluster-token-file", "/etc/spore/token"}
+	if got := strs(api["args"]); !slices.Equal(got, wantArgs) {
+		t.Errorf("api args = %q, want %q", got, wantArgs)
+	}
+	dbEnv := envVar(t, api, "DATABASE_URL")
+	if str(dbEnv, "valueFrom", "secretKeyRef", "name") != "spore" || str(dbEnv, "valueFrom", "secretKeyRef", "key") != "database-url" {
+		t.Errorf("DATABASE_URL comes from %v", dbEnv["valueFrom"])
+	}
+	if str(api, "readinessProbe", "httpGet", "path") != "/health" || str(api, "livenessProbe", "httpGet", "path") != "/health" {
+		t.Errorf("api probes: %v %v", api["readinessProbe"], api["livenessProbe"])
+	}
+	if get(api, "securityContext", "privileged") == true || get(pod, "hostNetwork") == true {
+		t.Errorf("the api pod must not be privileged or on the host network")
+	}
+	checkTokenMount(t, pod, api, "spore", "cluster-token")
+
+	ds := find(t, objs, "DaemonSet", "spore-node")
+	npod := get(ds, "spec", "template", "spec").(map[string]any)
+	node := list(npod, "containers")[0].(map[string]any)
+	wantNode := []string{"node", "--listen", ":3001", "--data-dir", "/var/lib/spore",
+		"--api-url", "http://spore-api.sandboxes:3000", "--cluster-token-file", "/etc/spore/token",
+		"--advertise-addr", "$(POD_IP):3001"}
+	if got := strs(node["args"]); !slices.Equal(got, wantNode) {
+		t.Errorf("node args = %q, want %q", got, wantNode)
+	}
+	if str(envVar(t, node, "POD_IP"), "valueFrom", "fieldRef", "fieldPath") != "status.podIP" {
+		t.Errorf("POD_IP is not the pod's IP")
+	}
+	if get(node, "securityContext", "privileged") != true {
+		t.Errorf("node agent not privileged: %v", node["securityContext"])
+	}
+	for _, k := range []string{"hostNetwork", "hostPID"} {
+		if get(npod, k) != true {
+			t.Errorf("node pod %s = %v", k, get(npod, k))
+		}
+	}
+	if get(npod, "automountServiceAccountToken") != false {
+		t.Errorf("node pod mounts a service account token")
+	}
+	if str(npod, "dnsPolicy") != "ClusterFirstWithHostNet" {
+		t.Errorf("node pod dnsPolicy = %v", npod["dnsPolicy"])
+	}
+	hostPaths := map[string]string{} // mount path -> host path
+	vols := map[string]map[string]any{}
+	for _, v := range list(npod, "volumes") {
+		vols[str(v, "name")] = v.(map[string]any)
+	}
+	for _, m := range list(node, "volumeMounts") {
+		if hp := str(vols[str(m, "name")], "hostPath", "path"); hp != "" {
+			hostPaths[str(m, "mountPath")] = hp
+		}
+	}
+	for mount, host := range map[string]string{"/var/lib/spore": "/var/lib/spore", "/sys/fs/cgroup": "/sys/fs/cgroup",
+		"/dev": "/dev", "/run/netns": "/run/netns", "/var/cache/spore": "/var/cache/spore"} {
+		if hostPaths[mount] != host {
+			t.Errorf("node mount %s: host path %q, want %q", mount, hostPaths[mount], host)
+		}
+	}
+	checkTokenMount(t, npod, node, "spore", "cluster-token")
+	if inits := list(npod, "initContainers"); len(inits) != 1 || strs(get(inits[0], "args"))[0] != "setup" {
+		t.Errorf("node init containers: %v", inits)
+	}
+	if sel := get(npod, "nodeSelector", "kubernetes.io/os"); sel != "linux" {
+		t.Errorf("node nodeSelector: %v", npod["nodeSelector"])
+	}
+
+	if ip := str(find(t, objs, "Service", "spore-node"), "spec", "clusterIP"); ip != "None" {
+		t.Errorf("node Service clusterIP = %q, want None (headless)", ip)
+	}
+	if typ := str(find(t, objs, "Service", "spore-api"), "spec", "type"); typ != "ClusterIP" {
+		t.Errorf("api Service type = %q", typ)
+	}
+	role := find(t, objs, "Role", "spore-api")
+	for _, r := range list(role, "rules") {
+		for _, verb := range strs(get(r, "verbs")) {
+			if !slices.Contains([]string{"get", "list", "watch"}, verb) {
+				t.Errorf("api Role grants %q: discovery needs reads only", verb)
+			}
+		}
+	}
+}
+
+// TestHelmTemplateFullValues checks that the non-default values reach the manifests.
+func TestHelmTemplateFullValues(t *testing.T) {
+	tl := needTools(t, "HELM")
+	objs := render(t, tl, valueSets[1].args...)
+	for _, o := range objs {
+		switch str(o, "kind") {
+		case "Role", "RoleBinding":
+			t.Errorf("rbac.create=false rendered a %s", str(o, "kind"))
+		case "ServiceAccount":
+			if str(o, "metadata", "name") != "sandboxes-node" {
+				t.Errorf("serviceAccount.create=false rendered ServiceAccount %s", str(o, "metadata", "name"))
+			}
+		}
+	}
+	secret := find(t, objs, "Secret", "sandboxes")
+	if d := get(secret, "data").(map[string]any); len(d) != 2 || d["access-key-id"] == nil || d["secret-access-key"] == nil {
+		t.Errorf("with existing database and token secrets the chart's Secret holds only S3 keys: %v", d)
+	}
+	dep := find(t, objs, "Deployment", "sandboxes-api")
+	pod := get(dep, "spec", "template", "spec").(map[string]any)
+	api := list(pod, "containers")[0].(map[string]any)
+	if get(dep, "spec", "replicas") != 3 || str(api, "image") != "registry.example.com/spore/spore:1.2.3" {
+		t.Errorf("api replicas/image: %v %v", get(dep, "spec", "replicas"), api["image"])
+	}
+	if got := strs(api["args"]); !slices.Equal(got[len(got)-2:], []string{"--pool", "4"}) || got[2] != ":8080" {
+		t.Errorf("api args = %q", got)
+	}
+	db := envVar(t, api, "DATABASE_URL")
+	if str(db, "valueFrom", "secretKeyRef", "name") != "spore-db" || str(db, "valueFrom", "secretKeyRef", "key") != "dsn" {
+		t.Errorf("DATABASE_URL from %v", db["valueFrom"])
+	}
+	if str(envVar(t, api, "AWS_ACCESS_KEY_ID"), "valueFrom", "secretKeyRef", "name") != "sandboxes" {
+		t.Errorf("S3 credentials not wired to the api")
+	}
+	checkTokenMount(t, pod, api, "spore-cluster-token", "tok")
+	if str(pod, "serviceAccountName") != "spore-api-sa" || get(pod, "automountServiceAccountToken") != false {
+		t.Errorf("api service account: %v automount %v", pod["serviceAccountName"], pod["automountServiceAccountToken"])
+	}
+	svc := find(t, objs, "Service", "sandboxes-api")
+	if str(svc, "spec", "type") != "LoadBalancer" || get(svc, "spec", "ports").([]any)[0].(map[string]any)["nodePort"] != 30080 {
+		t.Errorf("api Service: %v", svc["spec"])
+	}
+	ing := find(t, objs, "Ingress", "sandboxes")
+	var hosts []string
+	for _, r := range list(ing, "spec", "rules") {
+		hosts = append(hosts, str(r, "host"))
+	}
+	if !slices.Equal(hosts, []string{"sandboxes.example.com", "*.sandboxes.example.com"}) {
+		t.Errorf("ingress hosts = %v (sandbox traffic needs the wildcard)", hosts)
+	}
+	if pdb := find(t, objs, "PodDisruptionBudget", "sandboxes-api"); get(pdb, "spec", "maxUnavailable") != 2 {
+		t.Errorf("pdb: %v", pdb["spec"])
+	}
+	cm := find(t, objs, "ConfigMap", "sandboxes")
+	for k, v := range map[string]string{"SPORE_LOG_LEVEL": "debug", "SPORE_S3_ENDPOINT": "https://s3.example.com",
+		"SPORE_S3_BUCKET": "spore-snapshots", "SPORE_S3_FORCE_PATH_STYLE": "false", "SPORE_EXTRA": "yes", "SPORE_POOL": "4"} {
+		if got := str(cm, "data", k); got != v {
+			t.Errorf("ConfigMap %s = %q, want %q", k, got, v)
+		}
+	}
+
+	ds := find(t, objs, "DaemonSet", "sandboxes-node")
+	npod := get(ds, "spec", "template", "spec").(map[string]any)
+	node := list(npod, "containers")[0].(map[string]any)
+	args := strs(node["args"])
+	for _, want := range [][2]string{{"--listen", ":4001"}, {"--data-dir", "/srv/spore"},
+		{"--api-url", "https://sandboxes.example.com"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"}} {
+		i := slices.Index(args, want[0])
+		if i < 0 || i+1 >= len(args) || args[i+1] != want[1] {
+			t.Errorf("node args %q lack %s %s", args, want[0], want[1])
+		}
+	}
+	if get(npod, "hostNetwork") != false || get(npod, "hostPID") != false || str(npod, "dnsPolicy") != "ClusterFirst" {
+		t.Errorf("node host namespaces: net %v pid %v dns %v", npod["hostNetwork"], npod["hostPID"], npod["dnsPolicy"])
+	}
+	if npod["initContainers"] != nil {
+		t.Errorf("node.setup.enabled=false rendered init containers")
+	}
+	if str(npod, "nodeSelector", "spore.example.com/sandbox-host") != "true" || len(list(npod, "tolerations")) != 1 {
+		t.Errorf("node placement: %v %v", npod["nodeSelector"], npod["tolerations"])
+	}
+	if us := get(ds, "spec", "updateStrategy").(map[string]any); us["type"] != "OnDelete" || us["rollingUpdate"] != nil {
+		t.Errorf("node updateStrategy = %v", us)
+	}
+	if p := list(node, "ports")[0].(map[string]any); p["hostPort"] != nil {
+		t.Errorf("a hostPort without the host network: %v", p)
+	}
+}
+
+// TestRenderedManifestsMatchAPISchemas validates every object the chart renders, with both value
+// sets, against the OpenAPI schema of the Kubernetes API the cluster test runs (strict: unknown
+// fields are errors).
+func TestRenderedManifestsMatchAPISchemas(t *testing.T) {
+	tl := needTools(t, "HELM", "KUBE_SWAGGER")
+	schema := loadAPISchema(t, tl["KUBE_SWAGGER"])
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := render(t, tl, vs.args...)
+			bad := 0
+			for _, o := range objs {
+				for _, e := range schema.check(o) {
+					bad++
+					t.Errorf("%s/%s: %s", str(o, "kind"), str(o, "metadata", "name"), e)
+				}
+			}
+			if bad > 0 {
+				return
+			}
+			t.Logf("%d objects valid against the Kubernetes %s API schema", len(objs), tl["K8S_VERSION"])
+		})
+	}
+}
+
+// TestSchemaCheckCatchesMistakes is the schema check's positive control: manifests with the
+// mistakes a chart makes (a misspelt field, a wrong type, a missing required field, a kind the
+// API lacks) each fail it.
+func TestSchemaCheckCatchesMistakes(t *testing.T) {
+	tl := needTools(t, "HELM", "KUBE_SWAGGER")
+	schema := loadAPISchema(t, tl["KUBE_SWAGGER"])
+	objs := render(t, tl, valueSets[0].args...)
+	cases := []struct {
+		name, kind string
+		mutate     func(o map[string]any)
+		want       string
+	}{
+		{"misspelt pod field", "DaemonSet", func(o map[string]any) {
+			get(o, "spec", "template", "spec").(map[string]any)["hostPid"] = true
+		}, `unknown field "hostPid"`},
+		{"misspelt container field", "Deployment", func(o map[string]any) {
+			list(get(o, "spec", "template", "spec"), "containers")[0].(map[string]any)["arg"] = []any{"api"}
+		}, `unknown field "arg"`},
+		{"wrong type", "Deployment", func(o map[string]any) { get(o, "spec").(map[string]any)["replicas"] = "two" }, "want an integer"},
+		{"missing required", "Service", func(o map[string]any) {
+			delete(list(get(o, "spec"), "ports")[0].(map[string]any), "port")
+		}, `missing required field "port"`},
+		{"unknown kind", "ConfigMap", func(o map[string]any) { o["apiVersion"] = "v2" }, "no such kind"},
+		{"misspelt quantity holder", "Deployment", func(o map[string]any) {
+			c := list(get(o, "spec", "template", "spec"), "containers")[0].(map[string]any)
+			get(c, "resources").(map[string]any)["request"] = map[string]any{"cpu": "1"}
+		}, `unknown field "request"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var o map[string]any
+			for _, x := range objs {
+				if str(x, "kind") == c.kind {
+					o = deepCopy(x)
+					break
+				}
+			}
+			if o == nil {
+				t.Fatalf("no %s rendered", c.kind)
+			}
+			if errs := schema.check(o); len(errs) != 0 {
+				t.Fatalf("unmutated %s invalid: %v", c.kind, errs)
+			}
+			c.mutate(o)
+			errs := schema.check(o)
+			if !slices.ContainsFunc(errs, func(e string) bool { return strings.Contains(e, c.want) }) {
+				t.Fatalf("mutated %s: errors %q, want one containing %q", c.kind, errs, c.want)
+			}
+		})
+	}
+}
+
+// ---- helpers over decoded manifests ----
+
+func get(v any, path ...string) any {
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[p]
+	}
+	return v
+}
+
+func str(v any, path ...string) string { s, _ := get(v, path...).(string); return s }
+
+func list(v any, path ...string) []any { l, _ := get(v, path...).([]any); return l }
+
+func strs(v any) []string {
+	var out []string
+	for _, e := range v.([]any) {
+		out = append(out, fmt.Sprint(e))
+	}
+	return out
+}
+
+func b64(t testing.TB, s string) string {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatalf("base64 %q: %v", s, err)
+	}
+	return string(b)
+}
+
+func find(t testing.TB, objs []map[string]any, kind, name string) map[string]any {
+	t.Helper()
+	for _, o := range objs {
+		if str(o, "kind") == kind && str(o, "metadata", "name") == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+func envVar(t testing.TB, container map[string]any, name string) map[string]any {
+	t.Helper()
+	for _, e := range list(container, "env") {
+		if str(e, "name") == name {
+			return e.(map[string]any)
+		}
+	}
+	t.Fatalf("container %s has no env %s", str(container, "name"), name)
+	return nil
+}
+
+// checkTokenMount: the container sees the cluster token as /etc/spore/token, from secret/key.
+func checkTokenMount(t testing.TB, pod, container map[string]any, secret, key string) {
+	t.Helper()
+	var vol string
+	for _, m := range list(container, "volumeMounts") {
+		if str(m, "mountPath") == "/etc/spore" {
+			vol = str(m, "name")
+		}
+	}
+	for _, v := range list(pod, "volumes") {
+		if str(v, "name") != vol {
+			continue
+		}
+		items := list(v, "secret", "items")
+		if str(v, "secret", "secretName") == secret && len(items) == 1 && str(items[0], "key") == key && str(items[0], "path") == "token" {
+			return
+		}
+		t.Fatalf("%s: token volume %v, want secret %s key %s as token", str(container, "name"), v, secret, key)
+	}
+	t.Fatalf("%s: no cluster token mounted at /etc/spore", str(container, "name"))
+}
+
+func deepCopy(o map[string]any) map[string]any {
+	var c func(v any) any
+	c = func(v any) any {
+		switch x := v.(type) {
+		case map[string]any:
+			m := make(map[string]any, len(x))
+			for k, e := range x {
+				m[k] = c(e)
+			}
+			return m
+		case []any:
+			l := make([]any, len(x))
+			for i, e := range x {
+				l[i] = c(e)
+			}
+			return l
+		}
+		return v
+	}
+	return c(o).(map[string]any)
+}
