@@ -260,12 +260,12 @@ func NodeHandler(n nodeapi.Node, rpcPath string, rpcH http.Handler, token string
 			px.ServeHTTP(w, r)
 			return
 		}
-		if !bearerOK(r.Header, token) {
-			http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
+		if strings.HasPrefix(r.URL.Path, rpcPath) {
+			rpcH.ServeHTTP(w, r) // checks the token itself (Connect's Unauthenticated)
 			return
 		}
-		if strings.HasPrefix(r.URL.Path, rpcPath) {
-			rpcH.ServeHTTP(w, r)
+		if !bearerOK(r.Header, token) {
+			http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
 			return
 		}
 		http.NotFound(w, r)

@@ -1,0 +1,223 @@
+package control_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/store/sqlite"
+)
+
+// fleet is a control plane over two fake nodes, "na" and "nb".
+type fleet struct {
+	*harness
+	a, b *controltest.Node
+}
+
+func newFleet(t *testing.T) *fleet {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	a, b := controltest.New(t), controltest.New(t)
+	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
+	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	h.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{"na": la, "nb": lb}, Now: h.clk.Now})
+	t.Cleanup(h.ctl.Close)
+	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{harness: h, a: a, b: b}
+}
+
+func (f *fleet) beat(id string) {
+	f.t.Helper()
+	n := map[string]*controltest.Node{"na": f.a, "nb": f.b}[id]
+	info, err := local.New(n.Engine, local.Config{ID: id}).Info(ctxFor(f.t))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, _, err := f.ctl.Heartbeat(ctxFor(f.t), id, id+":1", info); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fleet) row(id string) store.Sandbox {
+	f.t.Helper()
+	rec, err := f.st.GetSandbox(ctxFor(f.t), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rec
+}
+
+func (f *fleet) nodeRow(id string) store.Node {
+	f.t.Helper()
+	n, err := f.st.GetNode(ctxFor(f.t), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// onNode creates sandboxes until one lands on the node.
+func (f *fleet) onNode(node string) control.Sandbox {
+	f.t.Helper()
+	for range 8 {
+		sb := f.create(control.CreateRequest{})
+		if sb.NodeID == node {
+			return sb
+		}
+	}
+	f.t.Fatalf("no create landed on %s", node)
+	return control.Sandbox{}
+}
+
+// A node whose heartbeat is older than LostAfter is marked lost by
+// CheckNodes; its running and paused sandboxes get state error with
+// reason node-lost, its hibernated ones stay hibernated, and the other
+// node's sandboxes are untouched. When it heartbeats again and is
+// reconciled, the sandboxes it still runs are running again.
+func TestNodeLost(t *testing.T) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	run, paused, hib := f.onNode("na"), f.onNode("na"), f.onNode("na")
+	other := f.onNode("nb")
+	if err := f.ctl.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ctl.Hibernate(ctx, hib.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(control.LostAfter) // exactly LostAfter: not yet lost
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeReady {
+		t.Fatalf("na is %s after exactly LostAfter", s)
+	}
+	f.clk.Add(time.Second)
+	f.beat("nb") // nb keeps beating
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeLost {
+		t.Fatalf("na is %s, want lost", s)
+	}
+	if s := f.nodeRow("nb").State; s != store.NodeReady {
+		t.Fatalf("nb is %s, want ready", s)
+	}
+	for _, id := range []string{run.ID, paused.ID} {
+		if r := f.row(id); r.State != store.StateError || r.Reason != control.ReasonNodeLost {
+			t.Fatalf("%s: %s/%s, want error/node-lost", id, r.State, r.Reason)
+		}
+	}
+	if r := f.row(hib.ID); r.State != store.StateHibernated {
+		t.Fatalf("hibernated sandbox of a lost node is %s", r.State)
+	}
+	if r := f.row(other.ID); r.State != store.StateRunning {
+		t.Fatalf("the other node's sandbox is %s", r.State)
+	}
+	if _, running, found, _ := f.ctl.Lookup(run.ID); running || found {
+		t.Fatal("the proxy still routes to a sandbox of a lost node")
+	}
+	// No placement on a lost node.
+	for range 4 {
+		if sb := f.create(control.CreateRequest{}); sb.NodeID != "nb" {
+			t.Fatalf("a create landed on %s, which is lost", sb.NodeID)
+		}
+	}
+	// na comes back: it is ready, and reconciled its sandboxes are what
+	// it reports (running, paused), reasons cleared.
+	f.beat("na")
+	if s := f.nodeRow("na").State; s != store.NodeReady {
+		t.Fatalf("na is %s after a heartbeat", s)
+	}
+	if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.row(run.ID); r.State != store.StateRunning || r.Reason != "" {
+		t.Fatalf("after rejoin: %s/%s, want running", r.State, r.Reason)
+	}
+	if r := f.row(paused.ID); r.State != store.StatePaused {
+		t.Fatalf("after rejoin: %s, want paused", r.State)
+	}
+}
+
+// Nodes that heartbeat within LostAfter stay ready.
+func TestNodeWithRecentHeartbeatStaysReady(t *testing.T) {
+	f := newFleet(t)
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(5 * time.Second)
+	if err := f.ctl.CheckNodes(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"na", "nb"} {
+		if s := f.nodeRow(id).State; s != store.NodeReady {
+			t.Fatalf("%s is %s 5 s after a heartbeat", id, s)
+		}
+	}
+}
+
+// Drain stops placements on a node and hibernates its running and paused
+// sandboxes; undrain lets placements back.
+func TestDrainUndrain(t *testing.T) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	run, paused := f.onNode("nb"), f.onNode("nb")
+	other := f.onNode("na")
+	if err := f.ctl.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	n, err := f.ctl.Drain(ctx, "nb")
+	if err != nil || n != 2 {
+		t.Fatalf("drain: %d hibernated, %v; want 2", n, err)
+	}
+	if !f.nodeRow("nb").Draining {
+		t.Fatal("nb is not draining")
+	}
+	for _, id := range []string{run.ID, paused.ID} {
+		if r := f.row(id); r.State != store.StateHibernated {
+			t.Fatalf("%s is %s after drain, want hibernated", id, r.State)
+		}
+	}
+	if r := f.row(other.ID); r.State != store.StateRunning {
+		t.Fatalf("the other node's sandbox is %s", r.State)
+	}
+	for range 4 {
+		if sb := f.create(control.CreateRequest{}); sb.NodeID != "na" {
+			t.Fatalf("a create landed on draining %s", sb.NodeID)
+		}
+	}
+	// A heartbeat keeps the operator's drain.
+	f.beat("nb")
+	if !f.nodeRow("nb").Draining {
+		t.Fatal("a heartbeat undrained nb")
+	}
+	if err := f.ctl.Undrain(ctx, "nb"); err != nil {
+		t.Fatal(err)
+	}
+	f.onNode("nb")
+	list, err := f.ctl.Nodes(ctx)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("nodes: %v %v", list, err)
+	}
+	for _, n := range list {
+		if n.Draining || n.State != store.NodeReady || n.Sandboxes == 0 || n.MemoryUsedMB == 0 {
+			t.Fatalf("node status %+v", n)
+		}
+	}
+	if _, err := f.ctl.Drain(ctx, "nx"); err == nil {
+		t.Fatal("drained a node that does not exist")
+	}
+}
