@@ -10,8 +10,6 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
-# Node.js for the E2B SDK tests: `spore setup` installs a pinned one here when the machine's is too old.
-export PATH := $(CACHE_DIR)/node/bin:$(PATH)
 
 .PHONY: build setup test test-fast up bench bench-go clean proto sdk-deps fuzz fresh-check
 
