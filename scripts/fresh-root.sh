@@ -168,7 +168,7 @@ if [ "${1:-}" = --inside ]; then
 		# The real tier's E2B SDK tests need npm and a Node.js the SDK
 		# accepts: cheap to prove even when the real tier does not run.
 		inroot "sdk deps" make sdk-deps
-		inroot "E2B SDK loads" "cd test/sdk && PATH=/var/cache/spore/node/bin:\$PATH node -e \"import('@e2b/code-interpreter').then(() => console.log('ok, node', process.version))\""
+		inroot "E2B SDK loads" "cd test/sdk && node -e \"import('@e2b/code-interpreter').then(() => console.log('ok, node', process.version))\""
 		;;
 	esac
 	case "$FRESH_TIER" in
