@@ -1,0 +1,142 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spore-run/spore/internal/fleet"
+	"github.com/spore-run/spore/internal/node"
+)
+
+func newFleetCmd(g *globalFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "fleet",
+		Short: "Start or remove a whole fleet on this machine (PostgreSQL, node agents in namespaces, API replicas)",
+	}
+	cmd.AddCommand(newFleetUpCmd(g), newFleetDownCmd(g), newFleetPurgeNodeCmd(g))
+	return cmd
+}
+
+func fleetDir(g *globalFlags, dir string) string {
+	if dir != "" {
+		return dir
+	}
+	return filepath.Join(g.dataDir, "fleet")
+}
+
+func newFleetUpCmd(g *globalFlags) *cobra.Command {
+	var cfg fleet.Config
+	var dir string
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start a fleet on this machine",
+		Long: `Start a whole Spore fleet on this machine, to try it: a throwaway PostgreSQL
+cluster, --nodes node agents (each in a network namespace of its own,
+<prefix>f<K>, linked to the host on 10.201.K.0/30, with its own data
+directory) and --replicas API replicas on 127.0.0.1:<base-port>... .
+Everything is recorded in <dir>/fleet.json; ` + "`spore fleet down`" + ` removes it all.
+Nothing beyond the machine reaches the fleet (the replicas' listeners are
+firewalled to loopback and the nodes' links).
+
+The nodes use the runtime ` + "`make setup`" + ` installed under --data-dir (rootfs,
+runsc); --node-arg adds flags to every ` + "`spore node`" + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Dir = fleetDir(g, dir)
+			cfg.NodeArgs = append([]string{"--rootfs-dir", filepath.Join(g.dataDir, "rootfs"), "--runsc", filepath.Join(g.dataDir, "bin", "runsc")}, cfg.NodeArgs...)
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelInfo
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			t0 := time.Now()
+			fmt.Fprintf(cmd.ErrOrStderr(), "spore fleet: starting PostgreSQL, %d nodes, %d API replicas in %s (nodes build their templates on first start)...\n", cfg.Nodes, cfg.Replicas, cfg.Dir)
+			st, err := fleet.Up(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			key, err := os.ReadFile(st.KeyFile)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "Fleet up in %.1f s: %d nodes, %d API replicas, PostgreSQL on 127.0.0.1:%d\n", time.Since(t0).Seconds(), len(st.Nodes), len(st.APIURLs), st.Postgres.Port)
+			for i, u := range st.APIURLs {
+				fmt.Fprintf(out, "API replica %d: %s\n", i+1, u)
+			}
+			for _, n := range st.Nodes {
+				fmt.Fprintf(out, "node %d: %s at %s (netns %s, data %s)\n", n.Index, n.ID, n.Listen, n.Netns, n.DataDir)
+			}
+			fmt.Fprintf(out, "API key: %s (kept in %s)\n", strings.TrimSpace(string(key)), st.KeyFile)
+			fmt.Fprintf(out, "E2B SDKs: E2B_API_URL=%s E2B_SANDBOX_URL=%s E2B_API_KEY=<key>\n", st.APIURLs[0], st.APIURLs[0])
+			fmt.Fprintf(out, "Logs in %s; remove it all with: spore fleet down --dir %s\n", filepath.Join(st.Dir, "logs"), st.Dir)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Nodes, "nodes", 3, "node agents")
+	f.IntVar(&cfg.Replicas, "replicas", 2, "API replicas")
+	f.StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
+	f.IntVar(&cfg.BasePort, "base-port", fleet.DefaultBasePort, "API replica i listens on base-port+i")
+	f.StringVar(&cfg.Prefix, "prefix", fleet.DefaultPrefix, "1-2 letters naming the fleet's namespaces (<prefix>f<K>) and firewall table")
+	f.StringArrayVar(&cfg.NodeArgs, "node-arg", nil, "extra flag for every `spore node` (repeatable; host flags such as --memory-reserve=512)")
+	f.StringArrayVar(&cfg.APIArgs, "api-arg", nil, "extra flag for every `spore api` (repeatable)")
+	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every process to answer")
+	f.BoolVarP(&verbose, "verbose", "v", false, "log each step")
+	return cmd
+}
+
+func newFleetDownCmd(g *globalFlags) *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop and remove the fleet: its processes, sandboxes, namespaces, links, firewall table and directory",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d := fleetDir(g, dir)
+			t0 := time.Now()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			if err := fleet.Down(cmd.Context(), d, log); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Fleet in %s removed in %.1f s\n", d, time.Since(t0).Seconds())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
+	return cmd
+}
+
+// newFleetPurgeNodeCmd is what `spore fleet down` runs inside each node's
+// namespace: the node's own cleanup of what its agent left.
+func newFleetPurgeNodeCmd(g *globalFlags) *cobra.Command {
+	var cfg node.Config
+	cmd := &cobra.Command{
+		Use:    "purge-node",
+		Short:  "Remove a stopped node agent's sandboxes, networks, mounts and cgroups (run by `spore fleet down`)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		// It gets the node agent's host flags; those it does not need are ignored.
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.DataDir = g.dataDir
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+			return fleet.PurgeNode(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.RootFSDir, "rootfs-dir", "", "root filesystems")
+	f.StringVar(&cfg.Runsc, "runsc", "", "runsc binary")
+	f.StringVar(&cfg.EnvdBinary, "envd", "", "spore-envd binary")
+	f.StringVar(&cfg.NetPrefix, "net-prefix", "", "the node's network prefix")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "the node's cgroup parent")
+	f.StringVar(&cfg.Cgroups, "cgroups", "runsc", "who managed the node's cgroups")
+	return cmd
+}
