@@ -44,11 +44,11 @@ type State struct {
 	// ("" when up left it as it was: already on).
 	IPForwardWas string `json:"ip_forward_was,omitempty"`
 
-	Postgres *Postgres `json:"postgres,omitempty"`
-	APIURLs  []string  `json:"api_urls,omitempty"`
-	Nodes    []Node    `json:"nodes,omitempty"`
-	KeyFile  string    `json:"api_key_file"`
-	TokenFile string   `json:"cluster_token_file"`
+	Postgres  *Postgres `json:"postgres,omitempty"`
+	APIURLs   []string  `json:"api_urls,omitempty"`
+	Nodes     []Node    `json:"nodes,omitempty"`
+	KeyFile   string    `json:"api_key_file"`
+	TokenFile string    `json:"cluster_token_file"`
 }
 
 // Proc is a process the fleet started, identified by PID and start time
