@@ -215,6 +215,10 @@ fi
 WORK=$(mktemp -d /var/tmp/spore-fresh.XXXXXX)
 cleanup() {
 	local rc=$?
+	# --kill-child: ending unshare ends the namespace's first process,
+	# and with it every process in the namespace. (unshare blocks SIGTERM
+	# and SIGINT while it waits: only SIGKILL ends it.)
+	if [ -n "${child:-}" ]; then { kill -KILL "$child"; wait "$child"; } 2>/dev/null || true; fi
 	# The mounts lived in the private mount namespace, gone with it; refuse
 	# to delete anything still mounted here (a bind of /dev, say).
 	if findmnt -rn -o TARGET | grep -q "^$WORK"; then
@@ -229,5 +233,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 export T0 LOG REPO FRESH_TIER FRESH_CMD FRESH_REV CACHE
-unshare --mount --propagation private --pid --fork --mount-proc \
-	bash "$0" --inside "$WORK" "$MIRROR" "$SECURITY" "$TARBALL"
+child=
+unshare --mount --propagation private --pid --fork --kill-child --mount-proc \
+	bash "$0" --inside "$WORK" "$MIRROR" "$SECURITY" "$TARBALL" &
+child=$!
+rc=0
+wait "$child" || rc=$?
+child=
+exit "$rc"
