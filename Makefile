@@ -11,7 +11,7 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test test-fast up bench bench-go clean proto sdk-deps fuzz fresh-check
+.PHONY: build setup test test-fast up bench bench-go clean proto sdk-deps fuzz fresh-check k8s-tools
 
 ## build: compile the binaries into bin/
 build:
@@ -25,6 +25,10 @@ setup: build
 ## proto: regenerate the envd and node protocol code (committed)
 proto:
 	PATH="$(CACHE_DIR)/tools:$$PATH" proto/gen.sh
+
+## k8s-tools: build the Kubernetes test tools (kube-apiserver, controller-manager, scheduler, etcd, kwok, helm) into CACHE_DIR/k8s, keyed by version; seconds when cached (docs/deploy.md)
+k8s-tools:
+	CACHE_DIR=$(CACHE_DIR) GO=$(GO) scripts/k8s-tools.sh
 
 ## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout)
 sdk-deps:

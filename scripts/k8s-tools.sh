@@ -19,6 +19,9 @@
 # run with everything cached takes seconds. Each build writes into a temporary
 # directory renamed into place at the end, so an interrupted run leaves nothing
 # half-built behind.
+#
+#   scripts/k8s-tools.sh               # everything (make k8s-tools)
+#   scripts/k8s-tools.sh etcd kwok     # only these
 set -euo pipefail
 
 CACHE_DIR=${CACHE_DIR:-/var/cache/spore}
@@ -49,8 +52,13 @@ moddir() {
   $GO mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
 
-# ---- kube-apiserver, kube-controller-manager, kube-scheduler ----------------
 kube_dir="$root/kubernetes/$K8S_VERSION"
+etcd_dir="$root/etcd/$ETCD_VERSION"
+kwok_dir="$root/kwok/$KWOK_VERSION"
+helm_dir="$root/helm/$HELM_VERSION"
+
+# ---- kube-apiserver, kube-controller-manager, kube-scheduler ----------------
+build_kubernetes() {
 kube_bins=(kube-apiserver kube-controller-manager kube-scheduler)
 if built "$kube_dir" "${kube_bins[@]}" swagger.json; then
   log "kubernetes $K8S_VERSION: cached in $kube_dir"
@@ -98,8 +106,10 @@ EOF
   log "kubernetes $K8S_VERSION: built in $((SECONDS - t0)) s"
 fi
 
+}
+
 # ---- etcd (3.6: kwok's watches prefer it to Debian's 3.4) ------------------
-etcd_dir="$root/etcd/$ETCD_VERSION"
+build_etcd() {
 if built "$etcd_dir" etcd; then
   log "etcd $ETCD_VERSION: cached in $etcd_dir"
 else
@@ -131,8 +141,10 @@ EOF
   log "etcd $ETCD_VERSION: built in $((SECONDS - t0)) s"
 fi
 
+}
+
 # ---- kwok (fake nodes) and its stages --------------------------------------
-kwok_dir="$root/kwok/$KWOK_VERSION"
+build_kwok() {
 if built "$kwok_dir" kwok stages/node-fast.yaml stages/node-heartbeat.yaml stages/pod-fast.yaml; then
   log "kwok $KWOK_VERSION: cached in $kwok_dir"
 else
@@ -158,8 +170,10 @@ else
   log "kwok $KWOK_VERSION: built in $((SECONDS - t0)) s"
 fi
 
+}
+
 # ---- helm -----------------------------------------------------------------
-helm_dir="$root/helm/$HELM_VERSION"
+build_helm() {
 if built "$helm_dir" helm; then
   log "helm $HELM_VERSION: cached in $helm_dir"
 else
@@ -181,6 +195,18 @@ else
   rm -rf "$work"
   log "helm $HELM_VERSION: built in $((SECONDS - t0)) s"
 fi
+
+}
+
+# Arguments name the tools to build (kubernetes etcd kwok helm); none: all of them.
+for tool in "${@:-kubernetes etcd kwok helm}"; do
+  for one in $tool; do
+    case $one in
+      kubernetes | etcd | kwok | helm) "build_$one" ;;
+      *) log "unknown tool $one (kubernetes, etcd, kwok, helm)"; exit 2 ;;
+    esac
+  done
+done
 
 # The tests find everything through this file (rewritten on every run, so it
 # always names the versions this script pins).

@@ -118,8 +118,10 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	if got := b64(t, str(secret, "data", "database-url")); got != testDatabaseURL {
 		t.Errorf("secret database-url = %q", got)
 	}
-	if tok := b64(t, str(secret, "data", "cluster-token")); len(tok) != 48 {
-		t.Errorf("generated cluster token has %d characters, want 48", len(tok))
+	for _, k := range []string{"cluster-token", "api-key"} {
+		if v := b64(t, str(secret, "data", k)); len(v) != 48 {
+			t.Errorf("generated %s has %d characters, want 48", k, len(v))
+		}
 	}
 
 	dep := find(t, objs, "Deployment", "spore-api")
@@ -128,7 +130,8 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	}
 	pod := get(dep, "spec", "template", "spec").(map[string]any)
 	api := list(pod, "containers")[0].(map[string]any)
-	wantArgs := []string{"api", "--listen", ":3000", "--database-url", "$(DATABASE_URL)", "--cluster-token-file", "/etc/spore/token"}
+	wantArgs := []string{"api", "--listen", ":3000", "--database-url", "$(DATABASE_URL)", "--cluster-token-file", "/etc/spore/token",
+		"--api-key-file", "/etc/spore/api-key"}
 	if got := strs(api["args"]); !slices.Equal(got, wantArgs) {
 		t.Errorf("api args = %q, want %q", got, wantArgs)
 	}
@@ -142,7 +145,8 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	if get(api, "securityContext", "privileged") == true || get(pod, "hostNetwork") == true {
 		t.Errorf("the api pod must not be privileged or on the host network")
 	}
-	checkTokenMount(t, pod, api, "spore", "cluster-token")
+	checkSecretFile(t, pod, api, "token", "spore", "cluster-token")
+	checkSecretFile(t, pod, api, "api-key", "spore", "api-key")
 
 	ds := find(t, objs, "DaemonSet", "spore-node")
 	npod := get(ds, "spec", "template", "spec").(map[string]any)
@@ -186,7 +190,10 @@ func TestHelmTemplateDefaults(t *testing.T) {
 			t.Errorf("node mount %s: host path %q, want %q", mount, hostPaths[mount], host)
 		}
 	}
-	checkTokenMount(t, npod, node, "spore", "cluster-token")
+	checkSecretFile(t, npod, node, "token", "spore", "cluster-token")
+	if strings.Contains(fmt.Sprint(npod["volumes"]), "api-key") {
+		t.Errorf("the node agents get the clients' API key: %v", npod["volumes"])
+	}
 	if inits := list(npod, "initContainers"); len(inits) != 1 || strs(get(inits[0], "args"))[0] != "setup" {
 		t.Errorf("node init containers: %v", inits)
 	}
@@ -234,7 +241,7 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	if get(dep, "spec", "replicas") != 3 || str(api, "image") != "registry.example.com/spore/spore:1.2.3" {
 		t.Errorf("api replicas/image: %v %v", get(dep, "spec", "replicas"), api["image"])
 	}
-	if got := strs(api["args"]); !slices.Equal(got[len(got)-2:], []string{"--pool", "4"}) || got[2] != ":8080" {
+	if got := strs(api["args"]); !slices.Equal(got[len(got)-4:], []string{"--pool", "2", "--pool", "4"}) || got[2] != ":8080" {
 		t.Errorf("api args = %q", got)
 	}
 	db := envVar(t, api, "DATABASE_URL")
@@ -244,7 +251,8 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	if str(envVar(t, api, "AWS_ACCESS_KEY_ID"), "valueFrom", "secretKeyRef", "name") != "sandboxes" {
 		t.Errorf("S3 credentials not wired to the api")
 	}
-	checkTokenMount(t, pod, api, "spore-cluster-token", "tok")
+	checkSecretFile(t, pod, api, "token", "spore-cluster-token", "tok")
+	checkSecretFile(t, pod, api, "api-key", "spore-api-key", "key")
 	if str(pod, "serviceAccountName") != "spore-api-sa" || get(pod, "automountServiceAccountToken") != false {
 		t.Errorf("api service account: %v automount %v", pod["serviceAccountName"], pod["automountServiceAccountToken"])
 	}
@@ -264,7 +272,7 @@ func TestHelmTemplateFullValues(t *testing.T) {
 		t.Errorf("pdb: %v", pdb["spec"])
 	}
 	cm := find(t, objs, "ConfigMap", "sandboxes")
-	for k, v := range map[string]string{"SPORE_LOG_LEVEL": "debug", "SPORE_S3_ENDPOINT": "https://s3.example.com",
+	for k, v := range map[string]string{"SPORE_S3_ENDPOINT": "https://s3.example.com",
 		"SPORE_S3_BUCKET": "spore-snapshots", "SPORE_S3_FORCE_PATH_STYLE": "false", "SPORE_EXTRA": "yes", "SPORE_POOL": "4"} {
 		if got := str(cm, "data", k); got != v {
 			t.Errorf("ConfigMap %s = %q, want %q", k, got, v)
@@ -276,7 +284,8 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	node := list(npod, "containers")[0].(map[string]any)
 	args := strs(node["args"])
 	for _, want := range [][2]string{{"--listen", ":4001"}, {"--data-dir", "/srv/spore"},
-		{"--api-url", "https://sandboxes.example.com"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"}} {
+		{"--api-url", "https://sandboxes.example.com"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"},
+		{"--labels", "gpu=false,zone=eu-west-1a"}, {"--dns-upstream", "1.1.1.1"}} {
 		i := slices.Index(args, want[0])
 		if i < 0 || i+1 >= len(args) || args[i+1] != want[1] {
 			t.Errorf("node args %q lack %s %s", args, want[0], want[1])
@@ -431,8 +440,8 @@ func envVar(t testing.TB, container map[string]any, name string) map[string]any 
 	return nil
 }
 
-// checkTokenMount: the container sees the cluster token as /etc/spore/token, from secret/key.
-func checkTokenMount(t testing.TB, pod, container map[string]any, secret, key string) {
+// checkSecretFile: the container sees /etc/spore/<file>, projected from secret/key.
+func checkSecretFile(t testing.TB, pod, container map[string]any, file, secret, key string) {
 	t.Helper()
 	var vol string
 	for _, m := range list(container, "volumeMounts") {
@@ -444,13 +453,20 @@ func checkTokenMount(t testing.TB, pod, container map[string]any, secret, key st
 		if str(v, "name") != vol {
 			continue
 		}
-		items := list(v, "secret", "items")
-		if str(v, "secret", "secretName") == secret && len(items) == 1 && str(items[0], "key") == key && str(items[0], "path") == "token" {
-			return
+		for _, src := range list(v, "projected", "sources") {
+			for _, it := range list(src, "secret", "items") {
+				if str(it, "path") != file {
+					continue
+				}
+				if str(src, "secret", "name") != secret || str(it, "key") != key {
+					t.Fatalf("%s: /etc/spore/%s from %s/%s, want %s/%s", str(container, "name"), file,
+						str(src, "secret", "name"), str(it, "key"), secret, key)
+				}
+				return
+			}
 		}
-		t.Fatalf("%s: token volume %v, want secret %s key %s as token", str(container, "name"), v, secret, key)
 	}
-	t.Fatalf("%s: no cluster token mounted at /etc/spore", str(container, "name"))
+	t.Fatalf("%s: no /etc/spore/%s mounted", str(container, "name"), file)
 }
 
 func deepCopy(o map[string]any) map[string]any {

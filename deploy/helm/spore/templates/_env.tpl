@@ -14,15 +14,25 @@
 {{- end }}
 {{- end -}}
 
-{{/* The cluster token as the file /etc/spore/token. */}}
-{{- define "spore.tokenVolume" -}}
-- name: cluster-token
-  secret:
-    secretName: {{ include "spore.tokenSecretName" . }}
+{{/* The secrets a pod reads as files under /etc/spore: the cluster token, and for the API its key. */}}
+{{- define "spore.secretsVolume" -}}
+{{- $ := index . 0 -}}
+- name: secrets
+  projected:
     defaultMode: 0440
-    items:
-      - key: {{ include "spore.tokenSecretKey" . }}
-        path: token
+    sources:
+      - secret:
+          name: {{ include "spore.tokenSecretName" $ }}
+          items:
+            - key: {{ include "spore.tokenSecretKey" $ }}
+              path: token
+      {{- if eq (index . 1) "api" }}
+      - secret:
+          name: {{ include "spore.apiKeySecretName" $ }}
+          items:
+            - key: {{ include "spore.apiKeySecretKey" $ }}
+              path: api-key
+      {{- end }}
 {{- end -}}
 
 {{/* Pod annotations that roll the pods when their configuration changes. */}}

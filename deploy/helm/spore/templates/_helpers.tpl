@@ -66,6 +66,14 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if .Values.clusterToken.existingSecret -}}{{ .Values.clusterToken.existingSecretKey }}{{- else -}}cluster-token{{- end -}}
 {{- end -}}
 
+{{- define "spore.apiKeySecretName" -}}
+{{- default (include "spore.secretName" .) .Values.apiKey.existingSecret -}}
+{{- end -}}
+
+{{- define "spore.apiKeySecretKey" -}}
+{{- if .Values.apiKey.existingSecret -}}{{ .Values.apiKey.existingSecretKey }}{{- else -}}api-key{{- end -}}
+{{- end -}}
+
 {{- define "spore.databaseSecretName" -}}
 {{- default (include "spore.secretName" .) .Values.database.existingSecret -}}
 {{- end -}}
@@ -84,16 +92,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/*
-The cluster token the chart stores: the value given, else the one already in the release's Secret
-(so an upgrade keeps it and running nodes stay trusted), else a new random one.
+A generated secret value: the one given, else the one already in the release's Secret (so an upgrade
+keeps it: running nodes stay trusted, clients keep their key), else a new random one.
+Include with (list $ "key-in-secret" .Values.x.value).
 */}}
-{{- define "spore.clusterToken" -}}
-{{- if .Values.clusterToken.value -}}
-{{- .Values.clusterToken.value -}}
+{{- define "spore.keptRandom" -}}
+{{- $ := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- $given := index . 2 -}}
+{{- if $given -}}
+{{- $given -}}
 {{- else -}}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "spore.secretName" .) -}}
-{{- if and $existing $existing.data (hasKey $existing.data "cluster-token") -}}
-{{- index $existing.data "cluster-token" | b64dec -}}
+{{- $existing := lookup "v1" "Secret" $.Release.Namespace (include "spore.secretName" $) -}}
+{{- if and $existing $existing.data (hasKey $existing.data $key) -}}
+{{- index $existing.data $key | b64dec -}}
 {{- else -}}
 {{- randAlphaNum 48 -}}
 {{- end -}}
@@ -119,7 +131,19 @@ The cluster token the chart stores: the value given, else the one already in the
 {{- if and (or .Values.s3.accessKeyId .Values.s3.secretAccessKey) (not (and .Values.s3.accessKeyId .Values.s3.secretAccessKey)) -}}
 {{- fail "s3.accessKeyId and s3.secretAccessKey go together" -}}
 {{- end -}}
+{{- if and .Values.clusterToken.value (lt (len .Values.clusterToken.value) 16) -}}
+{{- fail "clusterToken.value must be at least 16 characters" -}}
+{{- end -}}
 {{- if lt (int .Values.api.replicas) 1 -}}
 {{- fail "api.replicas must be at least 1" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A map as k=v,k=v (sorted keys). */}}
+{{- define "spore.kvList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%v" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
 {{- end -}}
