@@ -90,7 +90,9 @@ func (a auth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 }
 
 // WrapStreamingClient is the client side: nothing to check.
-func (a auth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc { return next }
+func (a auth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
 
 // WrapStreamingHandler checks the token of a streaming call before it runs.
 func (a auth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
