@@ -48,7 +48,7 @@ the API (--api-url) and heartbeats every 2 s; control planes reach it at
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Host.Listen, "listen", "127.0.0.1:3001", "address to serve the node RPC and proxy on")
-	f.StringVar(&cfg.APIURL, "api-url", "", "URL of the API (a replica or the load balancer) to register with")
+	f.StringVar(&cfg.APIURL, "api-url", "", "URL of the API (a replica or the load balancer) to register with; several replicas: comma-separated, tried in turn")
 	f.StringVar(&tokenFile, "cluster-token-file", "", "file holding the cluster token (at least 16 characters)")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port control planes reach --listen at")
 	f.StringSliceVar(&labels, "labels", nil, "node labels for placement selectors, k=v,...")

@@ -316,8 +316,13 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 		return err
 	}
 	dataDir := filepath.Join(cfg.Dir, "nodes", strconv.Itoa(k))
-	// Node k reports to replica (k-1) mod M: `spore node` takes one API URL.
-	apiURL := fmt.Sprintf("http://%s:%d", host, cfg.BasePort+(k-1)%cfg.Replicas)
+	// Node k knows every replica (at its gateway), replica (k-1) mod M
+	// first: the heartbeats spread, and survive a replica's death.
+	var urls []string
+	for i := 0; i < cfg.Replicas; i++ {
+		urls = append(urls, fmt.Sprintf("http://%s:%d", host, cfg.BasePort+(k-1+i)%cfg.Replicas))
+	}
+	apiURL := strings.Join(urls, ",")
 	n := Node{Index: k, ID: ids.New('n'), Netns: ns, Veth: veth, HostAddr: host.String(), Addr: addr.String(),
 		Listen: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.NodePort)), DataDir: dataDir,
 		NetPrefix: ns, APIURL: apiURL}

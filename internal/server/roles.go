@@ -211,9 +211,11 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if _, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err != nil {
 		return fmt.Errorf("--advertise-addr %q: want host:port: %w", cfg.AdvertiseAddr, err)
 	}
-	apiURL, err := url.Parse(cfg.APIURL)
-	if err != nil || (apiURL.Scheme != "http" && apiURL.Scheme != "https") || apiURL.Host == "" {
-		return fmt.Errorf("--api-url %q: want http(s)://host:port", cfg.APIURL)
+	for _, u := range apiURLs(cfg.APIURL) {
+		apiURL, err := url.Parse(u)
+		if err != nil || (apiURL.Scheme != "http" && apiURL.Scheme != "https") || apiURL.Host == "" {
+			return fmt.Errorf("--api-url %q: want http(s)://host:port (comma-separated for several replicas)", u)
+		}
 	}
 	if err := os.MkdirAll(hc.DataDir, 0o700); err != nil {
 		return err
@@ -294,16 +296,41 @@ func (nodeResolver) SignedBy(url.Values, string) (string, bool) { return "", fal
 
 func (nodeResolver) TrafficAllowed(context.Context, string, string) (string, bool) { return "", false }
 
+// apiURLs splits --api-url: one URL, or several (API replicas without a
+// load balancer in front) separated by commas.
+func apiURLs(s string) []string {
+	var out []string
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{""}
+	}
+	return out
+}
+
 // heartbeat registers the node with the API every HeartbeatEvery until
 // ctx ends; the first successful registration of this process says
 // Joined (the API reconciles the node then).
 func heartbeat(ctx context.Context, cfg NodeConfig, id string, n nodeapi.Node, log *slog.Logger) {
 	c := &http.Client{Timeout: 90 * time.Second}
-	target := strings.TrimRight(cfg.APIURL, "/") + RegisterPath + id
+	urls := apiURLs(cfg.APIURL)
+	cur := 0 // the replica that answered last
 	joined := true
 	failing := false
 	for {
-		err := register(ctx, c, target, cfg, n, joined)
+		// Each round tries the replicas in turn from the last one that
+		// answered: one replica's death costs no heartbeat.
+		var err error
+		for i := range urls {
+			k := (cur + i) % len(urls)
+			if err = register(ctx, c, strings.TrimRight(urls[k], "/")+RegisterPath+id, cfg, n, joined); err == nil || ctx.Err() != nil {
+				cur = k
+				break
+			}
+		}
 		switch {
 		case err == nil:
 			if joined || failing {
