@@ -16,7 +16,9 @@ import (
 // infoNode answers Info only: all a heartbeat asks of the node.
 type infoNode struct{ nodeapi.Node }
 
-func (infoNode) Info(context.Context) (nodeapi.NodeInfo, error) { return nodeapi.NodeInfo{ID: "n1"}, nil }
+func (infoNode) Info(context.Context) (nodeapi.NodeInfo, error) {
+	return nodeapi.NodeInfo{ID: "n1"}, nil
+}
 
 // A node given several replicas keeps registering when the first is
 // dead: each round tries the next (fleet: one replica's death must not
