@@ -572,8 +572,17 @@ func down(ctx context.Context, st *State, log *slog.Logger) error {
 		st.save()
 		return err
 	}
-	if m := mountsUnder(st.Dir); len(m) > 0 {
-		return fmt.Errorf("mounts remain under %s, not removing it: %s", st.Dir, strings.Join(m, ", "))
+	// Check before the directory (and the state file in it) goes: what
+	// remains is reported, and down can be run again.
+	var left []string
+	for _, l := range Leftovers(st) {
+		if !strings.HasPrefix(l, "directory ") {
+			left = append(left, l)
+		}
+	}
+	if len(left) > 0 {
+		st.save()
+		return fmt.Errorf("still on the host after down, not removing %s: %s", st.Dir, strings.Join(left, "; "))
 	}
 	for i := len(st.Dirs) - 1; i >= 0; i-- {
 		if err := os.RemoveAll(st.Dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {

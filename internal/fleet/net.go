@@ -204,6 +204,8 @@ func configure(h *netlink.Handle, name, newName string, addr netip.Prefix, gw ne
 	return nil
 }
 
+var netlinkLinkByName = netlink.LinkByName
+
 // deleteLink removes a root-namespace interface (gone: not an error; a
 // veth's end goes with its namespace).
 func deleteLink(name string) error {

@@ -225,3 +225,50 @@ func unescapeMount(s string) string {
 	}
 	return b.String()
 }
+
+// Leftovers lists what of the fleet st describes is still on the host:
+// its processes (by PID and start time) and any process naming its
+// directory, namespaces (recorded, and any named with a node's prefix),
+// links, firewall tables, mounts under its directory, the nodes' cgroups,
+// and the directory. Empty after a successful Down.
+func Leftovers(st *State) []string {
+	var out []string
+	for _, p := range st.Processes {
+		if p.alive() {
+			out = append(out, fmt.Sprintf("process %s (pid %d)", p.Name, p.PID))
+		}
+	}
+	for _, p := range procsMentioning(st.Dir) {
+		out = append(out, fmt.Sprintf("process %d naming the fleet directory: %s", p.PID, strings.Join(p.Args, " ")))
+	}
+	ents, _ := os.ReadDir(netnsRunDir)
+	for _, e := range ents {
+		for _, n := range st.Nodes {
+			if e.Name() == n.Netns || strings.HasPrefix(e.Name(), n.NetPrefix+"-") {
+				out = append(out, "network namespace "+e.Name())
+			}
+		}
+	}
+	for _, v := range st.Veths {
+		if _, err := netlinkLinkByName(v); err == nil {
+			out = append(out, "interface "+v)
+		}
+	}
+	for _, t := range st.NftTables {
+		if ok, err := tableExists(t.Name); err != nil || ok {
+			out = append(out, fmt.Sprintf("nftables table %s %s (%v)", t.Family, t.Name, err))
+		}
+	}
+	for _, m := range mountsUnder(st.Dir) {
+		out = append(out, "mount "+m)
+	}
+	for _, n := range st.Nodes {
+		for _, d := range CgroupDirs(n) {
+			out = append(out, "cgroup "+d)
+		}
+	}
+	if _, err := os.Stat(st.Dir); err == nil {
+		out = append(out, "directory "+st.Dir)
+	}
+	return out
+}

@@ -1,0 +1,619 @@
+// Package fleet runs a whole fleet on this machine with `spore fleet up`
+// (PostgreSQL, 3 node agents each in its own network namespace and data
+// directory, 2 API replicas) and checks what the issue asks of it: the
+// stock E2B SDK through either replica, creates spread over the nodes, a
+// node agent killed during a create, an API replica killed mid-request,
+// everything restarted, and `spore fleet down` leaving no trace.
+package fleet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/fleet"
+	"github.com/spore-run/spore/internal/testenv"
+)
+
+const prefix = "e" // namespaces ef1..ef3, table spore-fleet-e
+
+type harness struct {
+	t    *testing.T
+	bin  string
+	dir  string
+	st   *fleet.State
+	key  string
+	js   string // directory of the SDK scripts (node_modules linked)
+	http *http.Client
+}
+
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, b := range []struct{ out, pkg string }{{"spore", "./cmd/spore"}, {"spore-envd", "./cmd/spore-envd"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v: %s", b.pkg, err, out)
+		}
+	}
+	return dir
+}
+
+// basePort finds two consecutive free ports (the replicas').
+func basePort(t *testing.T) int {
+	for i := 0; i < 50; i++ {
+		l, err := net.Listen("tcp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if p > 65000 {
+			continue
+		}
+		if l2, err := net.Listen("tcp", ":"+strconv.Itoa(p+1)); err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return 0
+}
+
+func (h *harness) spore(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(h.bin, "spore"), args...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (h *harness) reload() {
+	st, err := fleet.Load(h.dir)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.st = st
+}
+
+func (h *harness) proc(name string) fleet.Proc {
+	h.reload()
+	for _, p := range h.st.Processes {
+		if p.Name == name {
+			return p
+		}
+	}
+	h.t.Fatalf("no fleet process %s", name)
+	return fleet.Proc{}
+}
+
+func (h *harness) rest(base, method, path, body string) (int, []byte) {
+	h.t.Helper()
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+	req.Header.Set("X-API-KEY", h.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.http.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+type sandbox struct {
+	SandboxID  string `json:"sandboxID"`
+	ClientID   string `json:"clientID"`
+	SporeState string `json:"sporeState"`
+	Reason     string `json:"sporeReason"`
+}
+
+func (h *harness) create(base string, timeout int) sandbox {
+	h.t.Helper()
+	code, b := h.rest(base, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":%d}`, timeout))
+	if code != 201 {
+		h.t.Fatalf("create via %s: %d %s", base, code, b)
+	}
+	var s sandbox
+	json.Unmarshal(b, &s)
+	return s
+}
+
+func (h *harness) get(base, id string) (int, sandbox) {
+	code, b := h.rest(base, "GET", "/sandboxes/"+id, "")
+	var s sandbox
+	json.Unmarshal(b, &s)
+	return code, s
+}
+
+func (h *harness) nodes(base string) map[string]string {
+	code, b := h.rest(base, "GET", "/nodes", "")
+	out := map[string]string{}
+	if code != 200 {
+		return out
+	}
+	var ns []fleet.NodeView
+	json.Unmarshal(b, &ns)
+	for _, n := range ns {
+		out[n.NodeID] = n.State
+	}
+	return out
+}
+
+// waitFor polls cond every 200 ms until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return cond()
+}
+
+func (h *harness) node(script, base string, args ...string) (string, error) {
+	cmd := exec.Command("node", append([]string{filepath.Join(h.js, script)}, args...)...)
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+base, "E2B_SANDBOX_URL="+base, "E2B_API_KEY="+h.key)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// run runs a command in a sandbox through replica base and returns its stdout.
+func (h *harness) run(base, id, command string) string {
+	h.t.Helper()
+	out, err := h.node("run.mjs", base, id, command)
+	if err != nil {
+		h.t.Fatalf("run %q in %s via %s: %v\n%s", command, id, base, err, out)
+	}
+	i := strings.LastIndex(out, "OUT:")
+	if i < 0 {
+		h.t.Fatalf("run %q in %s: no output: %s", command, id, out)
+	}
+	return strings.TrimSpace(out[i+4:])
+}
+
+func (h *harness) allReady(want int) bool {
+	n := h.nodes(h.st.APIURLs[0])
+	if len(n) == 0 {
+		n = h.nodes(h.st.APIURLs[1])
+	}
+	ready := 0
+	for _, s := range n {
+		if s == "ready" {
+			ready++
+		}
+	}
+	return ready == want
+}
+
+func (h *harness) dumpLogs() {
+	logs, _ := filepath.Glob(filepath.Join(h.dir, "logs", "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		h.t.Logf("--- %s (tail)\n%s", filepath.Base(l), b)
+	}
+}
+
+// sandboxRecords maps each sandbox ID with a record in a node's data
+// directory to the nodes (1-based) holding one.
+func (h *harness) sandboxRecords() map[string][]int {
+	out := map[string][]int{}
+	for _, n := range h.st.Nodes {
+		ents, _ := os.ReadDir(filepath.Join(n.DataDir, "engine", "sandboxes"))
+		for _, e := range ents {
+			if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+				out[id] = append(out[id], n.Index)
+			}
+		}
+	}
+	return out
+}
+
+// networks lists the node-side network records (one per instance being
+// made or running: <sandbox>-<generation>.json) of node n.
+func networks(n fleet.Node) map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir(filepath.Join(n.DataDir, "net"))
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".json") {
+			out[e.Name()] = true
+		}
+	}
+	return out
+}
+
+// checkNoCrossAccess: no process of node K (its agent, and every process
+// whose command line names K's directory: runsc sandboxes and gofers)
+// holds open, or names, a file of another node's directory.
+func (h *harness) checkNoCrossAccess() {
+	h.t.Helper()
+	nodeOf := func(s string) map[int]bool {
+		m := map[int]bool{}
+		for _, n := range h.st.Nodes {
+			if strings.Contains(s, n.DataDir+"/") || strings.HasSuffix(s, n.DataDir) {
+				m[n.Index] = true
+			}
+		}
+		return m
+	}
+	agents := map[int]int{}
+	for _, p := range h.st.Processes {
+		if p.Role == "node" {
+			agents[p.PID], _ = strconv.Atoi(strings.TrimPrefix(p.Name, "node-"))
+		}
+	}
+	procs, _ := os.ReadDir("/proc")
+	checked := 0
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		owners := nodeOf(string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})))
+		if k, ok := agents[pid]; ok {
+			owners[k] = true
+		}
+		if len(owners) == 0 {
+			continue
+		}
+		if len(owners) > 1 {
+			h.t.Errorf("process %d names several nodes' directories: %s", pid, cmdline)
+			continue
+		}
+		checked++
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name()))
+			if err != nil {
+				continue
+			}
+			for k := range nodeOf(target) {
+				if !owners[k] {
+					h.t.Errorf("process %d of node %v holds %s of node %d", pid, owners, target, k)
+				}
+			}
+		}
+	}
+	h.t.Logf("no process of one node holds another node's files (%d processes checked)", checked)
+}
+
+func TestFleet(t *testing.T) {
+	testenv.RequireRoot(t)
+	rootfs, runsc := testenv.RootFSDir(t), testenv.Runsc(t)
+	sdkModules, _ := filepath.Abs("../sdk/node_modules")
+	if _, err := os.Stat(filepath.Join(sdkModules, "e2b", "package.json")); err != nil {
+		t.Fatal("test/sdk/node_modules missing: `make sdk-deps` installs it")
+	}
+	h := &harness{t: t, bin: buildBinaries(t), http: &http.Client{Timeout: 3 * time.Minute}}
+	tmp := t.TempDir()
+	// The postgres user reaches its cluster inside the fleet directory.
+	os.Chmod(tmp, 0o711)
+	os.Chmod(filepath.Dir(tmp), 0o711)
+	h.dir = filepath.Join(tmp, "fleet")
+	h.js = filepath.Join(tmp, "js")
+	os.MkdirAll(h.js, 0o755)
+	os.Symlink(sdkModules, filepath.Join(h.js, "node_modules"))
+	for _, s := range []string{"run.mjs"} {
+		b, _ := os.ReadFile(s)
+		os.WriteFile(filepath.Join(h.js, s), b, 0o644)
+	}
+	acceptance, _ := filepath.Abs("../sdk/acceptance.mjs")
+	b, _ := os.ReadFile(acceptance)
+	os.WriteFile(filepath.Join(h.js, "acceptance.mjs"), b, 0o644)
+
+	port := basePort(t)
+	t0 := time.Now()
+	out, err := h.spore("fleet", "up", "--nodes", "3", "--replicas", "2", "--dir", h.dir, "--base-port", strconv.Itoa(port),
+		"--prefix", prefix, "--node-arg=--rootfs-dir="+rootfs, "--node-arg=--runsc="+runsc)
+	upTime := time.Since(t0)
+	t.Cleanup(func() {
+		if t.Failed() {
+			h.dumpLogs()
+		}
+		if _, err := fleet.Load(h.dir); err == nil {
+			if out, err := h.spore("fleet", "down", "--dir", h.dir); err != nil {
+				t.Errorf("cleanup: fleet down: %v\n%s", err, out)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("fleet up: %v\n%s", err, out)
+	}
+	t.Logf("fleet up in %v:\n%s", upTime, out)
+	h.reload()
+	kb, _ := os.ReadFile(h.st.KeyFile)
+	h.key = strings.TrimSpace(string(kb))
+	if !strings.Contains(out, h.key) || !strings.Contains(out, h.st.APIURLs[0]) || !strings.Contains(out, h.st.APIURLs[1]) {
+		t.Fatalf("fleet up did not print the API URLs and the key")
+	}
+	for _, f := range []string{h.st.KeyFile, h.st.TokenFile, filepath.Join(h.dir, fleet.StateFile)} {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: mode %v %v, want 0600", f, fi.Mode().Perm(), err)
+		}
+	}
+	// up again over the running fleet: a clear error, nothing touched.
+	if out, err := h.spore("fleet", "up", "--nodes", "1", "--replicas", "1", "--dir", h.dir, "--prefix", prefix); err == nil || !strings.Contains(out, "fleet down") {
+		t.Fatalf("a second fleet up in the same directory: %v %s", err, out)
+	}
+	nodeIDs := map[string]int{}
+	for _, n := range h.st.Nodes {
+		nodeIDs[n.ID] = n.Index
+	}
+	api1, api2 := h.st.APIURLs[0], h.st.APIURLs[1]
+
+	// 1. The stock E2B SDK's whole flow through either replica.
+	for _, base := range []string{api1, api2} {
+		out, err := h.node("acceptance.mjs", base)
+		if err != nil || !strings.Contains(out, "12 passed, 0 failed") {
+			t.Fatalf("acceptance via %s: %v\n%s", base, err, out)
+		}
+		t.Logf("acceptance via %s: 12 passed", base)
+	}
+
+	// 2. Creates spread over the nodes; both replicas agree where each is.
+	var sbs []sandbox
+	perNode := map[int][]string{}
+	for i := 0; i < 6; i++ {
+		via, other := api1, api2
+		if i%2 == 1 {
+			via, other = api2, api1
+		}
+		s := h.create(via, 1800)
+		code, g := h.get(other, s.SandboxID)
+		if code != 200 || g.ClientID != s.ClientID || nodeIDs[s.ClientID] == 0 {
+			t.Fatalf("GET %s via the other replica: %d clientID %q, create said %q", s.SandboxID, code, g.ClientID, s.ClientID)
+		}
+		sbs = append(sbs, s)
+		perNode[nodeIDs[s.ClientID]] = append(perNode[nodeIDs[s.ClientID]], s.SandboxID)
+	}
+	t.Logf("6 creates per node: %v", perNode)
+	if len(perNode) != 3 {
+		t.Fatalf("6 creates used %d of 3 nodes: %v", len(perNode), perNode)
+	}
+	for _, s := range sbs[:3] {
+		if got := h.run(api2, s.SandboxID, "echo hi-"+s.SandboxID); got != "hi-"+s.SandboxID {
+			t.Fatalf("command in %s: %q", s.SandboxID, got)
+		}
+	}
+	h.checkNoCrossAccess()
+
+	// 3. kill -9 a node agent during a create.
+	rng := testenv.Rand(t)
+	before := map[int]map[string]bool{}
+	for _, n := range h.st.Nodes {
+		before[n.Index] = networks(n)
+	}
+	type result struct {
+		code int
+		body []byte
+	}
+	res := make(chan result, 1)
+	go func() {
+		code, b := h.rest(api2, "POST", "/sandboxes", `{"templateID":"base","timeout":1800}`)
+		res <- result{code, b}
+	}()
+	victim, inflight := 0, ""
+	waitFor(2*time.Minute, func() bool {
+		for _, n := range h.st.Nodes {
+			for name := range networks(n) {
+				if !before[n.Index][name] {
+					victim, inflight = n.Index, name[:strings.LastIndex(name, "-")]
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if victim == 0 {
+		r := <-res
+		t.Fatalf("no node started the create (%d %s)", r.code, r.body)
+	}
+	delay := time.Duration(rng.IntN(150)) * time.Millisecond
+	time.Sleep(delay)
+	vp := h.proc(fmt.Sprintf("node-%d", victim))
+	if err := syscall.Kill(vp.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	t.Logf("node %d (pid %d) killed %v into its create of %s; the create answered %d %s", victim, vp.PID, delay, inflight, r.code, r.body)
+	victimID := h.st.Nodes[victim-1].ID
+	if !waitFor(45*time.Second, func() bool { return h.nodes(api1)[victimID] == "lost" }) {
+		t.Fatalf("node %d not marked lost within 45 s: %v", victim, h.nodes(api1))
+	}
+	for k, ids := range perNode {
+		for _, id := range ids {
+			want := "running"
+			if k == victim {
+				want = "error"
+			}
+			var got sandbox
+			if !waitFor(30*time.Second, func() bool { _, got = h.get(api1, id); return got.SporeState == want }) {
+				t.Fatalf("sandbox %s on node %d: %s, want %s", id, k, got.SporeState, want)
+			}
+			if k == victim {
+				t.Logf("sandbox %s on the lost node: %s/%s", id, got.SporeState, got.Reason)
+			}
+		}
+	}
+	for k, ids := range perNode {
+		if k != victim {
+			if got := h.run(api1, ids[0], "echo still-"+ids[0]); got != "still-"+ids[0] {
+				t.Fatalf("sandbox %s on node %d after node %d died: %q", ids[0], k, victim, got)
+			}
+		}
+	}
+	if _, err := fleet.RestartProc(context.Background(), h.dir, fmt.Sprintf("node-%d", victim)); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(2*time.Minute, func() bool { return h.allReady(3) }) {
+		t.Fatalf("node %d did not come back: %v", victim, h.nodes(api1))
+	}
+	h.reload()
+	recs := h.sandboxRecords()
+	for id, on := range recs {
+		if len(on) > 1 {
+			t.Errorf("sandbox %s is on nodes %v: duplicated", id, on)
+		}
+	}
+	if on := recs[inflight]; len(on) > 1 || (len(on) == 1 && on[0] != victim) {
+		t.Errorf("the interrupted create %s is on nodes %v (started on %d)", inflight, on, victim)
+	}
+	code, lb := h.rest(api1, "GET", "/v2/sandboxes?limit=100", "")
+	var listed []sandbox
+	json.Unmarshal(lb, &listed)
+	seen := map[string]int{}
+	for _, s := range listed {
+		seen[s.SandboxID]++
+		if seen[s.SandboxID] > 1 {
+			t.Errorf("sandbox %s listed twice", s.SandboxID)
+		}
+	}
+	t.Logf("after the node's restart: %d listed (%d), records %v", len(listed), code, recs)
+
+	// 4. kill an API replica mid-request: the other serves; the nodes'
+	// heartbeats fail over; the reaper runs on the survivor.
+	var healthy string
+	for k, ids := range perNode {
+		if k != victim {
+			healthy = ids[0]
+		}
+	}
+	slow := exec.Command("node", filepath.Join(h.js, "run.mjs"), healthy, "sleep 4; echo slow-done")
+	slow.Env = append(os.Environ(), "E2B_API_URL="+api1, "E2B_SANDBOX_URL="+api1, "E2B_API_KEY="+h.key)
+	var slowOut bytes.Buffer
+	slow.Stdout, slow.Stderr = &slowOut, &slowOut
+	if err := slow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Duration(1500+rng.IntN(1000)) * time.Millisecond)
+	a1 := h.proc("api-0")
+	syscall.Kill(a1.PID, syscall.SIGKILL)
+	slowErr := slow.Wait()
+	t.Logf("the command through the killed replica: %v %s", slowErr, lastLine(slowOut.String()))
+	if got := h.run(api2, healthy, "sleep 1; echo slow-done"); got != "slow-done" {
+		t.Fatalf("the same command through the surviving replica: %q", got)
+	}
+	short := h.create(api2, 3)
+	if !waitFor(90*time.Second, func() bool { c, _ := h.get(api2, short.SandboxID); return c == 404 }) {
+		t.Fatalf("sandbox %s (timeout 3 s) not reaped within 90 s with one replica down", short.SandboxID)
+	}
+	if !h.allReady(3) {
+		t.Fatalf("nodes not all ready with one replica down (heartbeats did not fail over): %v", h.nodes(api2))
+	}
+	if _, err := fleet.RestartProc(context.Background(), h.dir, "api-0"); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(time.Minute, func() bool { c, _ := h.rest(api1, "GET", "/health", ""); return c == 200 }) {
+		t.Fatal("replica 1 did not come back")
+	}
+
+	// 5. Restart everything: state intact (every sandbox as it was: where
+	// it was, in the state it was; those of the restarted node are what its
+	// rejoin reconciled them to).
+	h.reload()
+	beforeRestart := map[string]sandbox{}
+	for _, ids := range perNode {
+		for _, id := range ids {
+			_, beforeRestart[id] = h.get(api1, id)
+		}
+	}
+	t.Logf("before the restart: %v", beforeRestart)
+	order := []string{"api-0", "api-1", "node-1", "node-2", "node-3", "postgres"}
+	for _, name := range order {
+		if err := fleet.Stop(context.Background(), h.dir, name, false); err != nil {
+			t.Fatalf("stop %s: %v", name, err)
+		}
+	}
+	for i := len(order) - 1; i >= 0; i-- {
+		if _, err := fleet.RestartProc(context.Background(), h.dir, order[i]); err != nil {
+			t.Fatalf("restart %s: %v", order[i], err)
+		}
+		if order[i] == "postgres" { // the replicas need it at start
+			addr := fmt.Sprintf("127.0.0.1:%d", h.st.Postgres.Port)
+			if !waitFor(time.Minute, func() bool {
+				c, err := net.Dial("tcp", addr)
+				if err == nil {
+					c.Close()
+				}
+				return err == nil
+			}) {
+				t.Fatal("PostgreSQL did not come back")
+			}
+		}
+	}
+	if !waitFor(2*time.Minute, func() bool { return h.allReady(3) }) {
+		t.Fatalf("the fleet did not come back: %v", h.nodes(api1))
+	}
+	for id, was := range beforeRestart {
+		code, g := h.get(api2, id)
+		if code != 200 || g.SporeState != was.SporeState || g.ClientID != was.ClientID {
+			t.Errorf("after the restart %s: %d %s on %s, was %s on %s", id, code, g.SporeState, g.ClientID, was.SporeState, was.ClientID)
+		}
+	}
+	if got := h.run(api1, healthy, "echo after-restart"); got != "after-restart" {
+		t.Fatalf("command after the restart: %q", got)
+	}
+
+	// 6. fleet down: no trace.
+	h.reload()
+	st := h.st
+	t0 = time.Now()
+	if out, err := h.spore("fleet", "down", "--dir", h.dir); err != nil {
+		t.Fatalf("fleet down: %v\n%s", err, out)
+	}
+	t.Logf("fleet down in %v", time.Since(t0))
+	if left := fleet.Leftovers(st); len(left) > 0 {
+		t.Errorf("left after down: %v", left)
+	}
+	// Independent checks, with the system's own tools.
+	if out, _ := exec.Command("ip", "netns", "list").CombinedOutput(); strings.Contains(string(out), prefix+"f") {
+		t.Errorf("namespaces left: %s", out)
+	}
+	if out, _ := exec.Command("ip", "-o", "link").CombinedOutput(); strings.Contains(string(out), ": "+prefix+"f") {
+		t.Errorf("links left: %s", out)
+	}
+	if out, err := exec.Command("nft", "list", "tables").CombinedOutput(); err == nil && strings.Contains(string(out), "spore-fleet-"+prefix) {
+		t.Errorf("nftables table left: %s", out)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), h.dir) {
+		t.Errorf("mounts left under %s", h.dir)
+	}
+	if _, err := os.Stat(h.dir); !os.IsNotExist(err) {
+		t.Errorf("%s left: %v", h.dir, err)
+	}
+	for _, p := range st.Processes {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); err == nil && strings.Contains(string(b), "spore") {
+			t.Errorf("process %s (pid %d) left: %s", p.Name, p.PID, b)
+		}
+	}
+}
+
+func lastLine(s string) string {
+	var last string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			last = l
+		}
+	}
+	return last
+}
