@@ -112,7 +112,7 @@ func startControlPlane(t *testing.T, tl tools) *controlPlane {
 	}
 	kwokArgs := []string{"--kubeconfig=" + cp.kubeconfig,
 		"--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-		"--cidr=10.0.0.1/24", "--node-ip=127.0.0.1", "--server-address=127.0.0.1:" + freePort(t)}
+		"--cidr=10.0.0.0/24"}
 	for _, s := range stages {
 		kwokArgs = append(kwokArgs, "--config="+s)
 	}
