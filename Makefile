@@ -35,8 +35,8 @@ sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
-## test: vet; the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
-test: setup sdk-deps
+## test: vet; the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs, the Helm chart in a real Kubernetes control plane: k8s-tools first); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
+test: setup sdk-deps k8s-tools
 	$(GO) vet ./...
 	GO=$(GO) scripts/test.sh
 	$(MAKE) fuzz FUZZTIME=3000x
