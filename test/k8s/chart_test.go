@@ -185,7 +185,7 @@ func TestHelmTemplateDefaults(t *testing.T) {
 		}
 	}
 	for mount, host := range map[string]string{"/var/lib/spore": "/var/lib/spore", "/sys/fs/cgroup": "/sys/fs/cgroup",
-		"/dev": "/dev", "/run/netns": "/run/netns", "/var/cache/spore": "/var/cache/spore"} {
+		"/dev": "/dev", "/run/netns": "/run/netns"} {
 		if hostPaths[mount] != host {
 			t.Errorf("node mount %s: host path %q, want %q", mount, hostPaths[mount], host)
 		}
@@ -194,7 +194,8 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	if strings.Contains(fmt.Sprint(npod["volumes"]), "api-key") {
 		t.Errorf("the node agents get the clients' API key: %v", npod["volumes"])
 	}
-	if inits := list(npod, "initContainers"); len(inits) != 1 || strs(get(inits[0], "args"))[0] != "setup" {
+	if inits := list(npod, "initContainers"); len(inits) != 1 ||
+		!slices.Equal(strs(get(inits[0], "args")), []string{"setup", "--data-dir", "/var/lib/spore", "--cache-dir", "/opt/spore/cache"}) {
 		t.Errorf("node init containers: %v", inits)
 	}
 	if sel := get(npod, "nodeSelector", "kubernetes.io/os"); sel != "linux" {
