@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
+	sporenet "github.com/spore-run/spore/internal/netns"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -166,42 +166,15 @@ func linkNode(nsName, veth string, host, node netip.Addr) error {
 		return err
 	}
 	defer root.Close()
-	if err := configure(root, veth, "", netip.PrefixFrom(host, 30), netip.Addr{}); err != nil {
+	if err := sporenet.ConfigureLink(root, veth, "", netip.PrefixFrom(host, 30), nil, netip.Addr{}); err != nil {
 		return fmt.Errorf("root end %s: %w", veth, err)
 	}
 	return inNetns(nsName, func(h *netlink.Handle) error {
-		if err := configure(h, peer, nodeIfName, netip.PrefixFrom(node, 30), host); err != nil {
+		if err := sporenet.ConfigureLink(h, peer, nodeIfName, netip.PrefixFrom(node, 30), nil, host); err != nil {
 			return fmt.Errorf("node end in %s: %w", nsName, err)
 		}
 		return nil
 	})
-}
-
-// configure renames (newName set), addresses and raises a link, and adds a
-// default route via gw when valid.
-func configure(h *netlink.Handle, name, newName string, addr netip.Prefix, gw netip.Addr) error {
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	if newName != "" {
-		if err := h.LinkSetName(l, newName); err != nil {
-			return err
-		}
-	}
-	ip := &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}
-	if err := h.AddrAdd(l, &netlink.Addr{IPNet: ip}); err != nil {
-		return err
-	}
-	if err := h.LinkSetUp(l); err != nil {
-		return err
-	}
-	if gw.IsValid() {
-		if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-			return fmt.Errorf("default route: %w", err)
-		}
-	}
-	return nil
 }
 
 var netlinkLinkByName = netlink.LinkByName

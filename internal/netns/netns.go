@@ -331,7 +331,7 @@ func (m *Manager) build(n Net) error {
 	if err := root.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: m.hostIf(n.Slot)}, PeerName: tmpU, PeerNamespace: netlink.NsFd(gw)}); err != nil {
 		return fmt.Errorf("veth gateway-host: %w", err)
 	}
-	if err := configure(root, m.hostIf(n.Slot), "", netip.PrefixFrom(n.HostAddr, 30), nil, netip.Addr{}); err != nil {
+	if err := ConfigureLink(root, m.hostIf(n.Slot), "", netip.PrefixFrom(n.HostAddr, 30), nil, netip.Addr{}); err != nil {
 		return fmt.Errorf("host end: %w", err)
 	}
 	hs, err := netlink.NewHandleAt(sb)
@@ -342,7 +342,7 @@ func (m *Manager) build(n Net) error {
 	if lo, err := hs.LinkByName("lo"); err == nil {
 		hs.LinkSetUp(lo)
 	}
-	if err := configure(hs, tmpA, "eth0", netip.PrefixFrom(SandboxIP, 30), sandboxMAC, GatewayIP); err != nil {
+	if err := ConfigureLink(hs, tmpA, "eth0", netip.PrefixFrom(SandboxIP, 30), sandboxMAC, GatewayIP); err != nil {
 		return fmt.Errorf("sandbox eth0: %w", err)
 	}
 	hg, err := netlink.NewHandleAt(gw)
@@ -353,10 +353,10 @@ func (m *Manager) build(n Net) error {
 	if lo, err := hg.LinkByName("lo"); err == nil {
 		hg.LinkSetUp(lo)
 	}
-	if err := configure(hg, tmpB, "gw0", netip.PrefixFrom(GatewayIP, 30), nil, netip.Addr{}); err != nil {
+	if err := ConfigureLink(hg, tmpB, "gw0", netip.PrefixFrom(GatewayIP, 30), nil, netip.Addr{}); err != nil {
 		return fmt.Errorf("gateway gw0: %w", err)
 	}
-	if err := configure(hg, tmpU, "up0", netip.PrefixFrom(n.Addr, 30), nil, n.HostAddr); err != nil {
+	if err := ConfigureLink(hg, tmpU, "up0", netip.PrefixFrom(n.Addr, 30), nil, n.HostAddr); err != nil {
 		return fmt.Errorf("gateway up0: %w", err)
 	}
 	if err := inNS(gw, func() error {
@@ -370,9 +370,9 @@ func (m *Manager) build(n Net) error {
 	return nil
 }
 
-// configure renames (when newName is set), addresses and raises a link,
+// ConfigureLink renames (when newName is set), addresses and raises a link,
 // and adds a default route via gw when valid.
-func configure(h *netlink.Handle, name, newName string, addr netip.Prefix, mac net.HardwareAddr, gw netip.Addr) error {
+func ConfigureLink(h *netlink.Handle, name, newName string, addr netip.Prefix, mac net.HardwareAddr, gw netip.Addr) error {
 	l, err := h.LinkByName(name)
 	if err != nil {
 		return err
