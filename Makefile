@@ -35,15 +35,17 @@ sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
-## test: vet; the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs, the Helm chart in a real Kubernetes control plane: k8s-tools first); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
+## test: vet and staticcheck (pinned in go.mod); the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs, the Helm chart in a real Kubernetes control plane: k8s-tools first); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
 test: setup sdk-deps k8s-tools
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	GO=$(GO) scripts/test.sh
 	$(MAKE) fuzz FUZZTIME=3000x
 
-## test-fast: vet and the fast tier only (no runsc or root filesystem needed; runs as root, needs a C compiler for -race)
+## test-fast: vet, staticcheck and the fast tier only (no runsc or root filesystem needed; runs as root, needs a C compiler for -race)
 test-fast:
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	GO=$(GO) SPORE_TEST_TIERS=fast scripts/test.sh
 
 FUZZTIME ?= 30s

@@ -412,20 +412,3 @@ func (s *Service) dropTarget(id string) {
 	}
 }
 
-// refresh re-reads a sandbox from its node and records its address and
-// the given state in its row.
-func (s *Service) refresh(ctx context.Context, n nodeapi.Node, id, state string) (store.Sandbox, error) {
-	addr := ""
-	if ns, err := n.Get(ctx, id); err == nil {
-		addr = ns.Addr
-	}
-	rec, err := s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		x.State, x.Addr = state, addr
-		return nil
-	})
-	if err != nil {
-		return rec, err
-	}
-	s.setTarget(id, addr, state)
-	return rec, nil
-}
