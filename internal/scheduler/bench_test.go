@@ -15,7 +15,7 @@ const benchOrigin = 7
 // benchFleet is 1,000 nodes of mixed sizes carrying 100,000 sandboxes,
 // with some draining or lost, three zones, two runsc builds, a template
 // cached on most nodes and a snapshot on a few (and on the origin). vCPUs
-// are overcommitted 4 to 1, as a node would advertise them. A fixed seed:
+// are overcommitted 4 to 1 (the node's ratio, not its figure). A fixed seed:
 // the numbers compare across runs.
 func benchFleet() scheduler.View {
 	const nodes, sandboxes = 1000, 100_000
@@ -23,9 +23,9 @@ func benchFleet() scheduler.View {
 	v := scheduler.View{Nodes: make([]scheduler.NodeView, nodes)}
 	for i := range v.Nodes {
 		big := i%4 == 0
-		capMem, capCPU, slots := int64(131072), 4*32.0, 250
+		capMem, capCPU, slots := int64(131072), 32.0, 250
 		if big {
-			capMem, capCPU, slots = 524288, 4*128.0, 500
+			capMem, capCPU, slots = 524288, 128.0, 500
 		}
 		cached := map[string]bool{"base": r.IntN(10) < 8, "code-interpreter-v1": r.IntN(2) == 0}
 		if r.IntN(100) == 0 {
@@ -36,6 +36,7 @@ func benchFleet() scheduler.View {
 			Labels:      map[string]string{"zone": []string{"a", "b", "c"}[i%3], "pool": "general"},
 			Capacity:    scheduler.Resources{MemoryMB: capMem, VCPUs: capCPU, Sandboxes: slots},
 			Reserved:    scheduler.Resources{MemoryMB: 4096},
+			Overcommit:  scheduler.Overcommit{Memory: 1, VCPUs: 4},
 			Draining:    r.IntN(20) == 0,
 			Lost:        r.IntN(100) == 0,
 			RunscBuild:  []string{"release-20250601.0", "release-20250701.0"}[r.IntN(2)],

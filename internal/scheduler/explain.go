@@ -46,7 +46,7 @@ func reasonOf(n *NodeView, req *Request, need Resources, placed int) reason {
 	case !hasAll(n.CPUFeatures, req.CPUFeatures):
 		return missingCPU
 	}
-	c := cand{alloc: sub(n.Capacity, n.Reserved), used: n.Used}
+	c := cand{alloc: allocatable(n), used: n.Used}
 	for range placed {
 		c.take(need)
 	}

@@ -61,6 +61,15 @@ func randomView(r *rand.Rand, n int) scheduler.View {
 				}
 			}
 		}
+		// Most nodes overcommit (their Used may then exceed Capacity
+		// legitimately); ratio 0 is a node from before the setting.
+		if r.IntN(4) > 0 {
+			oc := []float64{0, 0.5, 1, 1.5, 10, 80}
+			nv.Overcommit = scheduler.Overcommit{Memory: oc[r.IntN(len(oc))], VCPUs: oc[r.IntN(len(oc))]}
+			if nv.Overcommit.Memory > 1 {
+				nv.Used.MemoryMB = r.Int64N(int64(float64(capMem)*nv.Overcommit.Memory) + 1)
+			}
+		}
 		if uniform {
 			nv.Used = scheduler.Resources{MemoryMB: int64(r.IntN(2)) * 512, Sandboxes: r.IntN(2)}
 			nv.Reserved = scheduler.Resources{}
@@ -122,7 +131,9 @@ func excludedWhy(n *scheduler.NodeView, req scheduler.Request) string {
 	switch {
 	case n.Used.MemoryMB < 0 || n.Used.VCPUs < 0 || n.Used.Sandboxes < 0 ||
 		n.Capacity.MemoryMB < 0 || n.Capacity.VCPUs < 0 || n.Capacity.Sandboxes < 0 ||
-		n.Reserved.MemoryMB < 0 || n.Reserved.VCPUs < 0 || n.Reserved.Sandboxes < 0:
+		n.Reserved.MemoryMB < 0 || n.Reserved.VCPUs < 0 || n.Reserved.Sandboxes < 0 ||
+		!(n.Overcommit.Memory >= 0 && n.Overcommit.Memory <= scheduler.MaxOvercommit) ||
+		!(n.Overcommit.VCPUs >= 0 && n.Overcommit.VCPUs <= scheduler.MaxOvercommit):
 		return "invalid figures"
 	case n.Lost:
 		return "lost"
@@ -142,6 +153,23 @@ func excludedWhy(n *scheduler.NodeView, req scheduler.Request) string {
 		}
 	}
 	return ""
+}
+
+// alloc is what may be placed on n: capacity × overcommit (0 = 1) −
+// reserved, slots not multiplied. The specification's own arithmetic.
+func alloc(n *scheduler.NodeView) scheduler.Resources {
+	mr, cr := n.Overcommit.Memory, n.Overcommit.VCPUs
+	if mr == 0 {
+		mr = 1
+	}
+	if cr == 0 {
+		cr = 1
+	}
+	return scheduler.Resources{
+		MemoryMB:  int64(float64(n.Capacity.MemoryMB)*mr) - n.Reserved.MemoryMB,
+		VCPUs:     n.Capacity.VCPUs*cr - n.Reserved.VCPUs,
+		Sandboxes: n.Capacity.Sandboxes - n.Reserved.Sandboxes,
+	}
 }
 
 // checkPlacement asserts the safety properties of a successful placement:
@@ -174,11 +202,10 @@ func checkPlacement(t *testing.T, v scheduler.View, req scheduler.Request, p sch
 		mem := n.Used.MemoryMB + int64(k)*req.Each.MemoryMB
 		cpu := n.Used.VCPUs + float64(k)*req.Each.VCPUs
 		slots := n.Used.Sandboxes + k
-		if mem > n.Capacity.MemoryMB-n.Reserved.MemoryMB ||
-			cpu > n.Capacity.VCPUs-n.Reserved.VCPUs+vcpuSlack ||
-			slots > n.Capacity.Sandboxes-n.Reserved.Sandboxes {
-			t.Fatalf("node %s over capacity after %d items: used %d MB %g vCPU %d slots; capacity %+v reserved %+v",
-				id, k, mem, cpu, slots, n.Capacity, n.Reserved)
+		a := alloc(n)
+		if mem > a.MemoryMB || cpu > a.VCPUs+vcpuSlack || slots > a.Sandboxes {
+			t.Fatalf("node %s over capacity after %d items: used %d MB %g vCPU %d slots; capacity %+v overcommit %+v reserved %+v",
+				id, k, mem, cpu, slots, n.Capacity, n.Overcommit, n.Reserved)
 		}
 	}
 }
@@ -204,11 +231,10 @@ func reference(v scheduler.View, req scheduler.Request) ([]string, error) {
 		}
 	}
 	fits := func(s *st) bool {
-		a := s.n.Capacity
-		r := s.n.Reserved
-		return a.Sandboxes-r.Sandboxes-s.used.Sandboxes >= 1 &&
-			a.MemoryMB-r.MemoryMB-s.used.MemoryMB >= need.MemoryMB &&
-			(a.VCPUs-r.VCPUs)-s.used.VCPUs+1e-9 >= need.VCPUs
+		a := alloc(s.n)
+		return a.Sandboxes-s.used.Sandboxes >= 1 &&
+			a.MemoryMB-s.used.MemoryMB >= need.MemoryMB &&
+			a.VCPUs-s.used.VCPUs+1e-9 >= need.VCPUs
 	}
 	frac := func(u, a float64) float64 {
 		if a <= 0 {
@@ -238,13 +264,13 @@ func reference(v scheduler.View, req scheduler.Request) ([]string, error) {
 				if c := cmp.Compare(btoi(cached(b)), btoi(cached(a))); c != 0 {
 					return c
 				}
-				fa := frac(float64(a.used.MemoryMB+need.MemoryMB), float64(a.n.Capacity.MemoryMB-a.n.Reserved.MemoryMB))
-				fb := frac(float64(b.used.MemoryMB+need.MemoryMB), float64(b.n.Capacity.MemoryMB-b.n.Reserved.MemoryMB))
+				fa := frac(float64(a.used.MemoryMB+need.MemoryMB), float64(alloc(a.n).MemoryMB))
+				fb := frac(float64(b.used.MemoryMB+need.MemoryMB), float64(alloc(b.n).MemoryMB))
 				if c := cmp.Compare(fa, fb); c != 0 {
 					return c
 				}
-				fa = frac(float64(a.used.Sandboxes+1), float64(a.n.Capacity.Sandboxes-a.n.Reserved.Sandboxes))
-				fb = frac(float64(b.used.Sandboxes+1), float64(b.n.Capacity.Sandboxes-b.n.Reserved.Sandboxes))
+				fa = frac(float64(a.used.Sandboxes+1), float64(alloc(a.n).Sandboxes))
+				fb = frac(float64(b.used.Sandboxes+1), float64(alloc(b.n).Sandboxes))
 				if c := cmp.Compare(fa, fb); c != 0 {
 					return c
 				}
@@ -389,7 +415,8 @@ func FuzzPlace(f *testing.F) {
 			v.Nodes[i] = scheduler.NodeView{
 				ID:       fmt.Sprintf("n%d", i),
 				Capacity: d.res(), Used: d.res(), Reserved: d.res(),
-				Draining: flags&1 != 0, Lost: flags&2 != 0,
+				Overcommit: scheduler.Overcommit{Memory: d.float(), VCPUs: d.float()},
+				Draining:   flags&1 != 0, Lost: flags&2 != 0,
 				RunscBuild:  []string{"", "b1"}[flags>>2&1],
 				CPUFeatures: []string{"avx2", "avx512f"}[:flags>>3&1+flags>>4&1],
 				Labels:      map[string]string{"zone": []string{"a", "b"}[flags>>5&1]},

@@ -16,11 +16,13 @@
 //     (a snapshot restores only on the build that took it), and nodes that
 //     lack a requested CPU feature (a checkpoint taken where AVX-512 was
 //     used cannot resume without it).
-//  2. Fit: a node takes an item only when capacity − reserved − used covers
-//     the item's memory and vCPUs and one sandbox slot. Reserved is the
-//     node's admission reserve (memory the host keeps for itself). Every
-//     dimension is a hard limit; a node that overcommits CPU advertises the
-//     overcommitted figure as its capacity.
+//  2. Fit: a node takes an item only when capacity × overcommit − reserved
+//     − used covers the item's memory and vCPUs and one sandbox slot.
+//     Capacity is the host's real memory and CPUs; Overcommit is the
+//     operator's ratio per dimension (a sandbox's limits are caps, not
+//     reservations, so a node may promise more than it has); Reserved is
+//     the node's admission reserve (memory the host keeps for itself).
+//     Every dimension is a hard limit; sandbox slots are never overcommitted.
 //  3. Fork: children go to Origin (the source sandbox's node, which holds
 //     its memory image) while it fits; the rest spill by the rules below.
 //  4. Locality: a node that caches Source (a template name or snapshot ID)
@@ -67,6 +69,9 @@ const (
 	maxMemoryMB  = 1 << 40
 	maxVCPUs     = 1 << 20
 	maxSandboxes = 1 << 30
+	// MaxOvercommit bounds a node's overcommit ratio (capacity × ratio
+	// stays far below overflow).
+	MaxOvercommit = 1000
 )
 
 // epsilon absorbs float rounding in vCPU sums (0.1+0.2 > 0.3), so a node
@@ -80,13 +85,23 @@ type Resources struct {
 	Sandboxes int
 }
 
+// Overcommit is how many times its real memory and CPUs a node lets
+// placement promise to sandboxes' limits. A ratio of 0 means 1 (no
+// overcommit: what nodes that predate the setting advertised was already
+// multiplied); a negative, NaN or above-MaxOvercommit ratio is invalid.
+type Overcommit struct {
+	Memory, VCPUs float64
+}
+
 // NodeView is what the scheduler knows of one node.
 type NodeView struct {
 	ID     string
 	Labels map[string]string
-	// Capacity is what the node offers; Reserved is its admission reserve;
-	// Used is the sum of the sandboxes placed on it.
+	// Capacity is the host's real memory, CPUs and sandbox slots; Reserved
+	// is its admission reserve; Used is the sum of the sandboxes placed on
+	// it. What may be placed is Capacity × Overcommit − Reserved − Used.
 	Capacity, Used, Reserved Resources
+	Overcommit               Overcommit
 	Draining, Lost           bool
 	RunscBuild               string
 	CPUFeatures              []string
@@ -188,7 +203,24 @@ func newCand(nodes []NodeView, i int, need Resources) (cand, bool) {
 
 func candAt(nodes []NodeView, i int) cand {
 	n := &nodes[i]
-	return cand{at: i, alloc: sub(n.Capacity, n.Reserved), used: n.Used}
+	return cand{at: i, alloc: allocatable(n), used: n.Used}
+}
+
+// allocatable is what placement may hand out on n: its capacity times its
+// overcommit, less its reserve. Only for a sane n (ratios in bounds).
+func allocatable(n *NodeView) Resources {
+	c := n.Capacity
+	c.MemoryMB = int64(float64(c.MemoryMB) * ratio(n.Overcommit.Memory))
+	c.VCPUs *= ratio(n.Overcommit.VCPUs)
+	return sub(c, n.Reserved)
+}
+
+// ratio is an overcommit ratio with 0 read as 1.
+func ratio(r float64) float64 {
+	if r == 0 {
+		return 1
+	}
+	return r
 }
 
 func (c *cand) rank(need Resources) {
@@ -252,8 +284,11 @@ func eligible(n *NodeView, req *Request) bool {
 // NaN or huge). A node reporting nonsense takes nothing rather than
 // risking an overflow that would make it look free.
 func sane(n *NodeView) bool {
-	return inBounds(n.Capacity) && inBounds(n.Used) && inBounds(n.Reserved)
+	return inBounds(n.Capacity) && inBounds(n.Used) && inBounds(n.Reserved) &&
+		ratioOK(n.Overcommit.Memory) && ratioOK(n.Overcommit.VCPUs)
 }
+
+func ratioOK(r float64) bool { return r >= 0 && r <= MaxOvercommit } // false for NaN
 
 func inBounds(r Resources) bool {
 	return r.MemoryMB >= 0 && r.MemoryMB <= maxMemoryMB &&

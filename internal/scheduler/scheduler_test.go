@@ -39,6 +39,10 @@ func vcpus(v float64) func(*scheduler.NodeView) {
 	return func(n *scheduler.NodeView) { n.Capacity.VCPUs = v }
 }
 
+func overcommit(mem, cpu float64) func(*scheduler.NodeView) {
+	return func(n *scheduler.NodeView) { n.Overcommit = scheduler.Overcommit{Memory: mem, VCPUs: cpu} }
+}
+
 func isDraining(n *scheduler.NodeView) { n.Draining = true }
 func isLost(n *scheduler.NodeView)     { n.Lost = true }
 
@@ -192,6 +196,47 @@ func TestCapacity(t *testing.T) {
 			req: req(512), kind: errdefs.ErrResourceLimit, msg: []string{"1 reports invalid capacity figures"}},
 	})
 }
+
+// Overcommit: a node advertises its real memory and CPUs and the
+// operator's ratios; placement may hand out capacity × ratio − reserved
+// (the reserve is real memory, never multiplied), slots are never
+// overcommitted, and a ratio of 0 (a node from before the setting) is 1.
+func TestOvercommit(t *testing.T) {
+	runCases(t, []placeCase{
+		{name: "memory ratio multiplies capacity before the reserve", view: nodes(node("a", 4096, 100, reserved(1024), overcommit(10, 1), used(38912, 0, 3))),
+			req: req(1024), want: []string{"a"}}, // 4096×10 − 1024 − 38912 = 1024
+		{name: "one MB past capacity × ratio − reserve", view: nodes(node("a", 4096, 100, reserved(1024), overcommit(10, 1), used(38913, 0, 3))),
+			req: req(1024), kind: errdefs.ErrResourceLimit, msg: []string{"1 lacks 1024 MB free beyond its reserve"}},
+		{name: "without a ratio the same node is full", view: nodes(node("a", 4096, 100, reserved(1024), used(3072, 0, 3))),
+			req: req(1024), kind: errdefs.ErrResourceLimit},
+		{name: "ratio 0 reads as 1", view: nodes(node("a", 4096, 100, reserved(1024), overcommit(0, 0), used(2048, 0, 2))),
+			req: req(1024), want: []string{"a"}},
+		{name: "vCPU ratio", view: nodes(node("a", 65536, 100, vcpus(2), overcommit(1, 80), used(0, 158, 79))),
+			req: req(512, each(512, 2)), want: []string{"a"}}, // 2×80 = 160 vCPUs
+		{name: "vCPU ratio exhausted", view: nodes(node("a", 65536, 100, vcpus(2), overcommit(1, 80), used(0, 160, 80))),
+			req: req(512, each(512, 2)), kind: errdefs.ErrResourceLimit, msg: []string{"1 lacks 2 vCPU free"}},
+		{name: "slots are not overcommitted", view: nodes(node("a", 65536, 3, overcommit(100, 100), used(0, 0, 3))),
+			req: req(512), kind: errdefs.ErrResourceLimit, msg: []string{"1 has no sandbox slot free"}},
+		{name: "spread by the overcommitted figure", view: nodes(
+			node("a", 8192, 100, overcommit(10, 10), used(40960, 0, 40)), // 41984/81920 = 51 % after the item
+			node("b", 16384, 100, overcommit(1, 10), used(4096, 0, 4))),  // 5120/16384 = 31 %
+			req: req(1024), want: []string{"b"}},
+		{name: "the higher ratio takes more", view: nodes(
+			node("a", 8192, 100, overcommit(10, 10), used(16384, 0, 16)), // 17408/81920 = 21 % after the item
+			node("b", 16384, 100, overcommit(1, 10), used(4096, 0, 4))),  // 5120/16384 = 31 %
+			req: req(1024), want: []string{"a"}},
+		{name: "negative ratio is invalid", view: nodes(node("a", 8192, 10, overcommit(-1, 1))),
+			req: req(512), kind: errdefs.ErrResourceLimit, msg: []string{"1 reports invalid capacity figures"}},
+		{name: "NaN ratio is invalid", view: nodes(node("a", 8192, 10, overcommit(1, nan()))),
+			req: req(512), kind: errdefs.ErrResourceLimit, msg: []string{"invalid capacity figures"}},
+		{name: "ratio above the bound is invalid", view: nodes(node("a", 8192, 10, overcommit(scheduler.MaxOvercommit+1, 1))),
+			req: req(512), kind: errdefs.ErrResourceLimit, msg: []string{"invalid capacity figures"}},
+		{name: "hint honours the ratio", view: nodes(node("a", 4096, 100, overcommit(4, 8), used(15360, 0, 15)), node("b", 65536, 100)),
+			req: req(1024, hint("a"), count(2)), kind: errdefs.ErrResourceLimit, msg: []string{"only 1 of 2"}},
+	})
+}
+
+func nan() float64 { z := 0.0; return z / z }
 
 // Exclusions: draining and lost nodes, label mismatches, and nodes that
 // fail the compatibility gate (runsc build, CPU features) never get a
