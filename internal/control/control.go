@@ -237,10 +237,12 @@ func newToken() string {
 // Create makes a sandbox from a template or snapshot. The control plane
 // mints the sandbox's ID and token and writes its row (state creating,
 // with its node) before it asks the node, so a crash at any point leaves
-// a row that names what may exist on the node: a create that fails, or
-// whose answer is lost, is undone by killing that ID on the node (the
-// node's create is idempotent by ID, its kill of an unknown ID a no-op),
-// here or by the reaper once CreateGrace has passed.
+// a row that names what may exist on the node. A node call that fails
+// indefinitely (unavailable, deadline) is tried again with the same ID
+// (see retryNodeCall); a create that still fails, or whose answer is
+// lost, is undone by killing that ID on the node (the node's create is
+// idempotent by ID, its kill of an unknown ID a no-op), here or by the
+// reaper once CreateGrace has passed.
 func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
 	if r.TemplateID == "" {
 		r.TemplateID = "base"
@@ -286,8 +288,9 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if err := s.st.CreateSandbox(ctx, rec); err != nil {
 		return Sandbox{}, err
 	}
-	ns, err := n.Create(ctx, nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: r.TemplateID,
-		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy})
+	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: r.TemplateID,
+		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy}
+	ns, err := retryNodeCall(ctx, s, "create", rec.ID, func(ctx context.Context) (nodeapi.Sandbox, error) { return n.Create(ctx, req) })
 	if err != nil {
 		s.abandon(ctx, rec)
 		return Sandbox{}, err

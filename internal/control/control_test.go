@@ -2,7 +2,6 @@ package control_test
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/runtime/fake"
 	"github.com/spore-run/spore/internal/store"
-	"github.com/spore-run/spore/internal/store/sqlite"
 )
 
 // These tests run the control plane over a fake node (the real engine on
@@ -41,22 +39,25 @@ func (c *clock) Add(d time.Duration) {
 }
 
 type harness struct {
-	t   *testing.T
-	n   *controltest.Node
-	st  store.Store
-	ctl *control.Service
-	clk *clock
+	t     *testing.T
+	n     *controltest.Node
+	nodes control.Nodes // n as the control plane reaches it
+	st    store.Store
+	ctl   *control.Service
+	clk   *clock
 }
 
+// newHarness builds the control plane in the test's configuration
+// (controltest.ConfigOf): SQLite and the node in process, or PostgreSQL
+// and the node over the node protocol.
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	c := controltest.ConfigOf(t)
+	st := c.Store(t)
 	h := &harness{t: t, n: controltest.New(t), st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	h.ctl = control.New(control.Config{Store: st, Nodes: h.n.Nodes(), Now: h.clk.Now})
+	h.nodes = control.Nodes{controltest.NodeID: c.Node(t, h.n.Local)}
+	h.ctl = control.New(control.Config{Store: st, Nodes: h.nodes, Now: h.clk.Now})
+	t.Cleanup(h.ctl.Close)
 	return h
 }
 
@@ -112,7 +113,9 @@ func (h *harness) wantStates(id, store, node string) {
 
 // A timeout kills a sandbox, or hibernates it with autoPause; a paused
 // sandbox past its timeout is hibernated; the others are left alone.
-func TestTimeouts(t *testing.T) {
+func TestTimeouts(t *testing.T) { controltest.Each(t, testTimeouts) }
+
+func testTimeouts(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
 	killMe := h.create(control.CreateRequest{Timeout: 10 * time.Second})
@@ -143,7 +146,9 @@ func TestTimeouts(t *testing.T) {
 
 // Pause of a paused (or hibernated) sandbox is a conflict, and so is
 // hibernating a hibernated one; nothing changes.
-func TestPauseConflicts(t *testing.T) {
+func TestPauseConflicts(t *testing.T) { controltest.Each(t, testPauseConflicts) }
+
+func testPauseConflicts(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
 	sb := h.create(control.CreateRequest{})
@@ -173,7 +178,9 @@ func TestPauseConflicts(t *testing.T) {
 
 // Connect resumes a paused or hibernated sandbox and only ever extends its
 // timeout.
-func TestConnect(t *testing.T) {
+func TestConnect(t *testing.T) { controltest.Each(t, testConnect) }
+
+func testConnect(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
 	sb := h.create(control.CreateRequest{Timeout: time.Hour})
@@ -209,7 +216,9 @@ func TestConnect(t *testing.T) {
 // afterwards. A call that comes after the reaper killed the sandbox gets
 // "not found". Each order is forced by holding the first party inside the
 // engine with a fake runtime hook while the second one starts.
-func TestConnectNeverLosesToReaper(t *testing.T) {
+func TestConnectNeverLosesToReaper(t *testing.T) { controltest.Each(t, testConnectNeverLosesToReaper) }
+
+func testConnectNeverLosesToReaper(t *testing.T, _ controltest.Config) {
 	connect := func(h *harness, id string) error {
 		_, _, err := h.ctl.Connect(context.Background(), id, time.Hour)
 		return err
@@ -297,7 +306,9 @@ func TestConnectNeverLosesToReaper(t *testing.T) {
 // Reconcile makes the store agree with the node: records of sandboxes the
 // node lost go, sandboxes the store does not know are killed, states come
 // from the node, and snapshots are listed as the repository holds them.
-func TestReconcile(t *testing.T) {
+func TestReconcile(t *testing.T) { controltest.Each(t, testReconcile) }
+
+func testReconcile(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
 	kept := h.create(control.CreateRequest{})
@@ -331,7 +342,8 @@ func TestReconcile(t *testing.T) {
 	}
 
 	// A restarted control plane reconciles.
-	ctl := control.New(control.Config{Store: h.st, Nodes: h.n.Nodes(), Now: h.clk.Now})
+	ctl := control.New(control.Config{Store: h.st, Nodes: h.nodes, Now: h.clk.Now})
+	defer ctl.Close()
 	if err := ctl.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +363,9 @@ func TestReconcile(t *testing.T) {
 
 // A proxy target's Gone channel closes when its instance goes: kill,
 // hibernate, rollback (a new instance).
-func TestTargetsGone(t *testing.T) {
+func TestTargetsGone(t *testing.T) { controltest.Each(t, testTargetsGone) }
+
+func testTargetsGone(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
 	gone := func(id string) <-chan struct{} {

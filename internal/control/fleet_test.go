@@ -1,8 +1,6 @@
 package control_test
 
 import (
-	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,7 +8,6 @@ import (
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/store"
-	"github.com/spore-run/spore/internal/store/sqlite"
 )
 
 // fleet is a control plane over two fake nodes, "na" and "nb".
@@ -21,15 +18,13 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	c := controltest.ConfigOf(t)
+	st := c.Store(t)
 	a, b := controltest.New(t), controltest.New(t)
 	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
 	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	h.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{"na": la, "nb": lb}, Now: h.clk.Now})
+	h.nodes = control.Nodes{"na": c.Node(t, la), "nb": c.Node(t, lb)}
+	h.ctl = control.New(control.Config{Store: st, Nodes: h.nodes, Now: h.clk.Now})
 	t.Cleanup(h.ctl.Close)
 	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
 		t.Fatal(err)
@@ -85,7 +80,9 @@ func (f *fleet) onNode(node string) control.Sandbox {
 // reason node-lost, its hibernated ones stay hibernated, and the other
 // node's sandboxes are untouched. When it heartbeats again and is
 // reconciled, the sandboxes it still runs are running again.
-func TestNodeLost(t *testing.T) {
+func TestNodeLost(t *testing.T) { controltest.Each(t, testNodeLost) }
+
+func testNodeLost(t *testing.T, _ controltest.Config) {
 	f := newFleet(t)
 	ctx := ctxFor(t)
 	run, paused, hib := f.onNode("na"), f.onNode("na"), f.onNode("na")
@@ -155,6 +152,10 @@ func TestNodeLost(t *testing.T) {
 
 // Nodes that heartbeat within LostAfter stay ready.
 func TestNodeWithRecentHeartbeatStaysReady(t *testing.T) {
+	controltest.Each(t, testNodeWithRecentHeartbeatStaysReady)
+}
+
+func testNodeWithRecentHeartbeatStaysReady(t *testing.T, _ controltest.Config) {
 	f := newFleet(t)
 	f.beat("na")
 	f.beat("nb")
@@ -171,7 +172,9 @@ func TestNodeWithRecentHeartbeatStaysReady(t *testing.T) {
 
 // Drain stops placements on a node and hibernates its running and paused
 // sandboxes; undrain lets placements back.
-func TestDrainUndrain(t *testing.T) {
+func TestDrainUndrain(t *testing.T) { controltest.Each(t, testDrainUndrain) }
+
+func testDrainUndrain(t *testing.T, _ controltest.Config) {
 	f := newFleet(t)
 	ctx := ctxFor(t)
 	run, paused := f.onNode("nb"), f.onNode("nb")

@@ -34,7 +34,10 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	info, err := n.Snapshot(ctx, id, nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Names: names, Template: template})
+	req := nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Names: names, Template: template}
+	info, err := retryNodeCall(ctx, s, "snapshot", req.SnapshotID, func(ctx context.Context) (nodeapi.SnapshotInfo, error) {
+		return n.Snapshot(ctx, id, req)
+	})
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -153,6 +156,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 		rec := parent
 		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
 		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", parent.NodeID, "", ""
+		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
 		if err := s.st.CreateSandbox(ctx, rec); err != nil {
 			for _, done := range rows[:i] {
 				s.abandon(ctx, done)
@@ -162,7 +166,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 		rows[i] = rec
 		req.Children[i] = nodeapi.ForkChildSpec{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken}
 	}
-	fr, err := n.Fork(ctx, id, req)
+	fr, err := retryNodeCall(ctx, s, "fork", id, func(ctx context.Context) (nodeapi.ForkResult, error) { return n.Fork(ctx, id, req) })
 	if err != nil {
 		for _, rec := range rows {
 			s.abandon(ctx, rec)
