@@ -8,6 +8,8 @@ import (
 
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/server"
 )
 
@@ -27,6 +29,8 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringVar(&cfg.NetPrefix, "net-prefix", "sp", "prefix of this server's network namespaces and interfaces")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/spore", "cgroup under which sandboxes run")
 	f.Int64Var(&reserveMiB, "memory-reserve", 0, "MiB of host memory kept free: creates that would eat into it are refused with 429 (0: 1024, -1: no limit)")
+	f.Float64Var(&cfg.Overcommit.Memory, "memory-overcommit", local.DefaultMemoryOvercommit, "placement may promise sandboxes' memory limits up to this many times the host's memory (less the reserve): limits are caps, an idle sandbox holds ~2 % of its limit")
+	f.Float64Var(&cfg.Overcommit.VCPUs, "cpu-overcommit", local.DefaultCPUOvercommit, "placement may promise sandboxes' vCPU limits up to this many times the host's CPUs (a vCPU limit is a CPU quota: overcommit shares cores)")
 	f.StringVar(&cfg.Cgroups, "cgroups", "runsc", "who manages sandboxes' cgroups: runsc, or driver (cgroup v1: ~15 ms faster starts and restores, but sandboxes see the host's memory and CPU count)")
 	f.StringArrayVar(&cfg.RunscFlags, "runsc-flag", nil, "extra global runsc flag, repeatable (--runsc-flag=--debug --runsc-flag=--debug-log=/tmp/runsc/ shows runsc's own timeline)")
 	f.StringSliceVar(&egressFloor, "egress-floor", floorDefault, "destinations (CIDRs) no sandbox reaches whatever its allowOut: replaces the default list; the host's own addresses are always added")
@@ -38,6 +42,14 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 			return fmt.Errorf("--memory-reserve must be -1 (no limit) or a size in MiB, got %d", reserveMiB)
 		}
 		cfg.MemoryReserve = reserveMiB << 20
+		for _, oc := range []struct {
+			name string
+			v    float64
+		}{{"--memory-overcommit", cfg.Overcommit.Memory}, {"--cpu-overcommit", cfg.Overcommit.VCPUs}} {
+			if !(oc.v >= 0.1 && oc.v <= scheduler.MaxOvercommit) {
+				return fmt.Errorf("%s must be a ratio from 0.1 to %d, got %g", oc.name, scheduler.MaxOvercommit, oc.v)
+			}
+		}
 		floor, err := netns.ParsePrefixes(egressFloor)
 		if err != nil {
 			return fmt.Errorf("--egress-floor: %w", err)

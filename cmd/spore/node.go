@@ -119,10 +119,11 @@ func newNodesCmd(f *cliFlags) *cobra.Command {
 			var rows [][]string
 			for _, n := range list {
 				rows = append(rows, []string{n.NodeID, n.Addr, n.State, strconv.FormatBool(n.Draining), strconv.Itoa(n.Sandboxes),
-					fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryCapacityMB),
+					fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryAllocatableMB),
+					fmt.Sprintf("%d ×%g", n.MemoryCapacityMB, n.MemoryOvercommit), fmt.Sprintf("%g ×%g", n.VCPUs, n.CPUOvercommit),
 					(time.Duration(n.HeartbeatAgeMs) * time.Millisecond).Round(100 * time.Millisecond).String()})
 			}
-			table(cmd.OutOrStdout(), "NODE\tADDR\tSTATE\tDRAINING\tSANDBOXES\tMEMORY MB\tHEARTBEAT AGE", rows)
+			table(cmd.OutOrStdout(), "NODE\tADDR\tSTATE\tDRAINING\tSANDBOXES\tLIMITS MB USED/PLACEABLE\tMEMORY MB\tCPUS\tHEARTBEAT AGE", rows)
 			return nil
 		},
 	}

@@ -8,16 +8,25 @@ import (
 
 // NodeInfo is one node of the fleet as GET /nodes shows it.
 type NodeInfo struct {
-	NodeID           string            `json:"nodeID"`
-	Addr             string            `json:"addr"`
-	State            string            `json:"state"` // ready, lost, left
-	Draining         bool              `json:"draining"`
-	Labels           map[string]string `json:"labels,omitempty"`
-	Sandboxes        int               `json:"sandboxes"`    // running, paused and being created
-	MemoryUsedMB     int64             `json:"memoryUsedMB"` // the sum of their memory limits
-	MemoryCapacityMB int64             `json:"memoryCapacityMB"`
-	HeartbeatAgeMs   int64             `json:"heartbeatAgeMs"`
-	RunscBuild       string            `json:"runscBuild,omitempty"`
+	NodeID       string            `json:"nodeID"`
+	Addr         string            `json:"addr"`
+	State        string            `json:"state"` // ready, lost, left
+	Draining     bool              `json:"draining"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Sandboxes    int               `json:"sandboxes"`    // running, paused and being created
+	MemoryUsedMB int64             `json:"memoryUsedMB"` // the sum of their memory limits
+	// MemoryCapacityMB and VCPUs are the host's real memory and CPUs; the
+	// overcommit ratios are the operator's (1: none); placement may promise
+	// MemoryAllocatableMB = capacity × memoryOvercommit − memoryReservedMB
+	// of sandbox limits.
+	MemoryCapacityMB    int64   `json:"memoryCapacityMB"`
+	MemoryOvercommit    float64 `json:"memoryOvercommit"`
+	MemoryReservedMB    int64   `json:"memoryReservedMB"`
+	MemoryAllocatableMB int64   `json:"memoryAllocatableMB"`
+	VCPUs               float64 `json:"vcpus"`
+	CPUOvercommit       float64 `json:"cpuOvercommit"`
+	HeartbeatAgeMs      int64   `json:"heartbeatAgeMs"`
+	RunscBuild          string  `json:"runscBuild,omitempty"`
 }
 
 // DrainResult says what a drain did.
@@ -34,11 +43,24 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]NodeInfo, 0, len(list))
 	for _, n := range list {
+		memOC, cpuOC := ratioOr1(n.Overcommit.Memory), ratioOr1(n.Overcommit.VCPUs)
 		out = append(out, NodeInfo{NodeID: n.ID, Addr: n.Addr, State: n.State, Draining: n.Draining, Labels: n.Labels,
 			Sandboxes: n.Sandboxes, MemoryUsedMB: n.MemoryUsedMB, MemoryCapacityMB: n.Capacity.MemoryMB,
+			MemoryOvercommit: memOC, MemoryReservedMB: n.Reserved.MemoryMB,
+			MemoryAllocatableMB: int64(float64(n.Capacity.MemoryMB)*memOC) - n.Reserved.MemoryMB,
+			VCPUs:               n.Capacity.VCPUs, CPUOvercommit: cpuOC,
 			HeartbeatAgeMs: n.HeartbeatAge.Milliseconds(), RunscBuild: n.RunscBuild})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// ratioOr1 is an overcommit ratio as placement reads it: 0 (a node row
+// from before the setting) is 1.
+func ratioOr1(r float64) float64 {
+	if r == 0 {
+		return 1
+	}
+	return r
 }
 
 func nodeID(w http.ResponseWriter, r *http.Request) (string, bool) {

@@ -39,7 +39,7 @@ func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.N
 		return prev, false, err
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: addr, Labels: info.Labels,
-		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), RunscBuild: info.RunscBuild,
+		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
 		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
 	if err != nil {
 		return prev, ok, err

@@ -102,7 +102,7 @@ func (s *Service) register(ctx context.Context, id string, n nodeapi.Node) error
 		return fmt.Errorf("node %s: %w", id, err)
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: info.Addr, Labels: info.Labels,
-		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), RunscBuild: info.RunscBuild,
+		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
 		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
 	return err
 }
@@ -209,7 +209,7 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 	for _, n := range nodes {
 		_, reachable := s.nodes.Node(n.ID)
 		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
-			Reserved: schedRes(n.Reserved), Used: used[n.ID], Draining: n.Draining,
+			Reserved: schedRes(n.Reserved), Overcommit: scheduler.Overcommit(n.Overcommit), Used: used[n.ID], Draining: n.Draining,
 			Lost:       n.State == store.NodeLost || n.State == store.NodeLeft || !reachable,
 			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
 	}

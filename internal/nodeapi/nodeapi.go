@@ -148,13 +148,23 @@ type Resources struct {
 	Sandboxes int
 }
 
+// Overcommit is how many times its real memory and CPUs a node lets
+// placement promise to sandboxes' limits (0 reads as 1: none).
+type Overcommit struct {
+	Memory float64 `json:"memory"`
+	VCPUs  float64 `json:"vcpus"`
+}
+
 // NodeInfo describes a node.
 type NodeInfo struct {
 	ID   string
 	Addr string // where the control plane reaches the node ("" in process)
-	// Capacity is what the node offers; Reserved is what its admission
-	// keeps for the host (sandboxes may not use it).
+	// Capacity is the host's real memory and CPUs (and sandbox slots);
+	// Reserved is what its admission keeps for the host (sandboxes may not
+	// use it); Overcommit is the operator's ratio of sandbox limits to
+	// capacity placement may promise (a limit is a cap, not a reservation).
 	Capacity, Reserved Resources
+	Overcommit         Overcommit
 	RunscBuild         string   // runtime build: snapshots restore only on the same
 	CPUFeatures        []string // host CPU flags a checkpoint may depend on
 	Labels             map[string]string

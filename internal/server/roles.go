@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -234,7 +233,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if err != nil {
 		return err
 	}
-	h := NodeHandler(ln0, rpcPath, rpcH, cfg.ClusterToken, log)
+	h := NodeHandler(ctx, ln0, rpcPath, rpcH, cfg.ClusterToken, log)
 	return serve(ctx, hc.Listen, h, log, func(addr string) {
 		log.Info("spore node", "node_id", id, "listen", addr, "advertise", cfg.AdvertiseAddr, "api", cfg.APIURL,
 			"sandboxes", len(n.Engine.List(ctx)))
@@ -249,9 +248,10 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 // Bearer <cluster token>) and, for requests naming a sandbox
 // (E2b-Sandbox-Id), the node's proxy to that sandbox's local address
 // (proxy.ClusterTokenHeader; Authorization belongs to the sandbox).
-// Anything else, or a wrong token, is 401.
-func NodeHandler(n nodeapi.Node, rpcPath string, rpcH http.Handler, token string, log *slog.Logger) http.Handler {
-	px := proxy.New(nodeResolver{n}, func(context.Context, string) bool { return false }, log)
+// Anything else, or a wrong token, is 401. The proxy ends its streams to
+// an instance when it goes, until ctx ends (see nodeResolver).
+func NodeHandler(ctx context.Context, n nodeapi.Node, rpcPath string, rpcH http.Handler, token string, log *slog.Logger) http.Handler {
+	px := proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			if !tokenOK(r.Header.Get(proxy.ClusterTokenHeader), token) {
@@ -273,28 +273,6 @@ func NodeHandler(n nodeapi.Node, rpcPath string, rpcH http.Handler, token string
 		http.NotFound(w, r)
 	})
 }
-
-// nodeResolver finds sandboxes on this node for the node's proxy. The
-// API replica in front resolved presigned URLs and traffic tokens
-// already; the instance going away ends the replica's side, and with it
-// this hop.
-type nodeResolver struct{ n nodeapi.Node }
-
-func (r nodeResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{}) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	sb, err := r.n.Get(ctx, id)
-	if err != nil {
-		return netip.Addr{}, false, false, nil
-	}
-	a, err := netip.ParseAddr(sb.Addr)
-	running := err == nil && sb.State == nodeapi.StateRunning
-	return a, running, true, nil
-}
-
-func (nodeResolver) SignedBy(url.Values, string) (string, bool) { return "", false }
-
-func (nodeResolver) TrafficAllowed(context.Context, string, string) (string, bool) { return "", false }
 
 // apiURLs splits --api-url: one URL, or several (API replicas without a
 // load balancer in front) separated by commas.

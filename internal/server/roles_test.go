@@ -48,7 +48,7 @@ func nodeServer(t *testing.T) (*controltest.Node, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nh := NodeHandler(ln, path, h, testToken, slog.New(slog.DiscardHandler))
+	nh := NodeHandler(testCtx(t), ln, path, h, testToken, slog.New(slog.DiscardHandler))
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			hops.Add(1)

@@ -54,6 +54,10 @@ type Config struct {
 	// MemoryReserve is host memory new sandboxes may not use, in bytes
 	// (0: engine.DefaultMemoryReserve; negative: no limit).
 	MemoryReserve int64
+	// Overcommit is how many times the host's real memory and CPUs
+	// placement may promise to sandboxes' limits (each 0: the defaults of
+	// nodeapi/local).
+	Overcommit nodeapi.Overcommit
 	// PoolSize is how many sandboxes of each default template are kept
 	// restored ahead of time (0: none).
 	PoolSize int
@@ -91,7 +95,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The one node of `spore up`, in process, behind the same contract a
 	// remote node agent serves; it registers itself in the store.
-	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve)})
+	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit})
 	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {

@@ -102,16 +102,27 @@ type Resources struct {
 	Sandboxes int     `json:"sandboxes"`
 }
 
+// Overcommit is a node's ratio of sandbox limits to capacity, per
+// dimension.
+type Overcommit struct {
+	Memory float64 `json:"memory"`
+	VCPUs  float64 `json:"vcpus"`
+}
+
 // Node is a node agent as the fleet knows it.
 type Node struct {
-	ID          string            `json:"id"`
-	Addr        string            `json:"addr"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Capacity    Resources         `json:"capacity"`
-	Reserved    Resources         `json:"reserved"` // the node's admission reserve
-	RunscBuild  string            `json:"runscBuild,omitempty"`
-	CPUFeatures []string          `json:"cpuFeatures,omitempty"`
-	Heartbeat   time.Time         `json:"heartbeat"`
+	ID       string            `json:"id"`
+	Addr     string            `json:"addr"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Capacity Resources         `json:"capacity"`
+	Reserved Resources         `json:"reserved"` // the node's admission reserve
+	// Overcommit is the node's ratio of sandbox limits to Capacity that
+	// placement may promise (0, in rows from before it, reads as 1: their
+	// capacity was advertised already multiplied).
+	Overcommit  Overcommit `json:"overcommit"`
+	RunscBuild  string     `json:"runscBuild,omitempty"`
+	CPUFeatures []string   `json:"cpuFeatures,omitempty"`
+	Heartbeat   time.Time  `json:"heartbeat"`
 	// Draining is an operator's decision: UpsertNode (a node registering
 	// or heart-beating) keeps the stored value; only UpdateNode changes it.
 	Draining bool      `json:"draining"`

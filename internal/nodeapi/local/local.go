@@ -28,10 +28,13 @@ type Config struct {
 	ID     string // default "local"
 	Addr   string
 	Labels map[string]string
-	// Capacity and Reserved default to the host's memory and CPUs (see
-	// HostCapacity) and the engine's memory reserve.
+	// Capacity defaults to the host's real memory and CPUs (see
+	// HostCapacity); Reserved is the engine's memory reserve.
 	Capacity, Reserved nodeapi.Resources
-	CPUFeatures        []string
+	// Overcommit is the operator's ratio of sandbox limits to capacity
+	// (each 0: DefaultMemoryOvercommit, DefaultCPUOvercommit).
+	Overcommit  nodeapi.Overcommit
+	CPUFeatures []string
 }
 
 // Node is a nodeapi.Node over an engine in this process.
@@ -58,6 +61,12 @@ func New(eng *engine.Engine, cfg Config) *Node {
 	if cfg.Capacity == (nodeapi.Resources{}) {
 		cfg.Capacity = HostCapacity()
 	}
+	if cfg.Overcommit.Memory == 0 {
+		cfg.Overcommit.Memory = DefaultMemoryOvercommit
+	}
+	if cfg.Overcommit.VCPUs == 0 {
+		cfg.Overcommit.VCPUs = DefaultCPUOvercommit
+	}
 	n := &Node{eng: eng, cfg: cfg, subs: map[chan nodeapi.Event]struct{}{}}
 	eng.OnDeath(func(es engine.Sandbox) {
 		ev := nodeapi.Event{Kind: nodeapi.EventDied, SandboxID: es.ID, At: time.Now().UTC()}
@@ -69,26 +78,38 @@ func New(eng *engine.Engine, cfg Config) *Node {
 	return n
 }
 
-// Overcommit multiplies the host's memory and CPUs in the capacity a
-// node advertises: a sandbox's limits are caps, not reservations (an idle
-// sandbox with a 1024 MB limit holds ~23 MB; measured 957 per 24 GiB
-// host), so placement by limits alone would turn away most of what the
-// host can run. What protects the host is the engine's admission check
-// (available memory above the reserve, task table), which refuses a
-// create with ErrResourceLimit whatever placement decided.
-const Overcommit = 100
+// Default overcommit ratios (the operator's `--memory-overcommit` and
+// `--cpu-overcommit`). A sandbox's limits are caps, not reservations, so
+// placement may promise more than the host has; the node's admission
+// check (available memory above the reserve, task table) still refuses,
+// with ErrResourceLimit, what the host cannot take. docs/control-plane.md
+// (Placement) gives the reasoning:
+//
+//   - memory 10: the bet is that sandboxes use on average at most a tenth
+//     of their limits. An idle `base` sandbox holds ~23 MB of its 1024 MB
+//     (2 %), so idle fleets fit with 4-5× headroom; overcommitting memory
+//     further risks the host's OOM killer among running sandboxes, which
+//     admission (it only gates new ones) cannot prevent.
+//   - vCPUs 80: a vCPU limit is a CPU quota, overcommitting it only shares
+//     cores (nothing dies of it). 80 makes the CPU bound meet the memory
+//     bound for the default sandbox (1024 MB, 2 vCPUs) on hosts with
+//     4 GiB per core: 10 × 4 GiB / 1 GiB = 40 sandboxes = 80 vCPUs per core.
+const (
+	DefaultMemoryOvercommit = 10
+	DefaultCPUOvercommit    = 80
+)
 
-// HostCapacity is this host's memory (MemTotal) and CPUs times
-// Overcommit, and MaxSandboxes.
+// HostCapacity is this host's real memory (MemTotal) and CPUs, and
+// MaxSandboxes slots.
 func HostCapacity() nodeapi.Resources {
-	r := nodeapi.Resources{VCPUs: float64(goruntime.NumCPU() * Overcommit), Sandboxes: MaxSandboxes}
+	r := nodeapi.Resources{VCPUs: float64(goruntime.NumCPU()), Sandboxes: MaxSandboxes}
 	if f, err := os.Open("/proc/meminfo"); err == nil {
 		defer f.Close()
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
 				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-				r.MemoryMB = kb >> 10 * Overcommit
+				r.MemoryMB = kb >> 10
 			}
 		}
 	}
@@ -101,7 +122,7 @@ func (n *Node) Engine() *engine.Engine { return n.eng }
 
 // Info describes the node.
 func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
-	info := nodeapi.NodeInfo{ID: n.cfg.ID, Addr: n.cfg.Addr, Capacity: n.cfg.Capacity, Reserved: n.cfg.Reserved,
+	info := nodeapi.NodeInfo{ID: n.cfg.ID, Addr: n.cfg.Addr, Capacity: n.cfg.Capacity, Reserved: n.cfg.Reserved, Overcommit: n.cfg.Overcommit,
 		RunscBuild: n.eng.Runtime().Name(), CPUFeatures: n.cfg.CPUFeatures, Labels: n.cfg.Labels}
 	for _, m := range n.eng.Snapshots().List() {
 		if m.Kind == snapshot.KindTemplate {

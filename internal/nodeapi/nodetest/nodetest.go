@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	goruntime "runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -196,6 +197,14 @@ func testInfo(t *testing.T, s *suite) {
 	}
 	if info.Capacity.MemoryMB <= 0 || info.Capacity.VCPUs <= 0 || info.Capacity.Sandboxes <= 0 {
 		t.Errorf("info without capacity: %+v", info.Capacity)
+	}
+	// The nodes under test run on this host: their capacity is its real
+	// CPUs (the overcommit is a ratio of its own, and crosses the wire).
+	if info.Capacity.VCPUs > float64(goruntime.NumCPU()) {
+		t.Errorf("capacity %g vCPUs on a host of %d CPUs: overcommit folded into the figure", info.Capacity.VCPUs, goruntime.NumCPU())
+	}
+	if info.Overcommit.Memory < 1 || info.Overcommit.VCPUs < 1 {
+		t.Errorf("info without overcommit ratios: %+v", info.Overcommit)
 	}
 	if !slices.Contains(info.Templates, s.Template) {
 		t.Errorf("info templates %v lack %s", info.Templates, s.Template)

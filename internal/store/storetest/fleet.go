@@ -192,6 +192,7 @@ func testTemplates(t *testing.T, s store.Store) {
 func node(id string, hb time.Time) store.Node {
 	return store.Node{ID: id, Addr: id + ":7000", Labels: map[string]string{"zone": "z1"},
 		Capacity: store.Resources{MemoryMB: 16384, VCPUs: 8, Sandboxes: 100}, Reserved: store.Resources{MemoryMB: 1024, VCPUs: 0.5},
+		Overcommit: store.Overcommit{Memory: 10, VCPUs: 80},
 		RunscBuild: "release-20260901", CPUFeatures: []string{"avx2", "sse4_2"}, Heartbeat: hb, State: store.NodeReady}
 }
 
@@ -202,7 +203,7 @@ func testNodes(t *testing.T, s store.Store) {
 		t.Fatalf("get missing = %v", err)
 	}
 	b, err := s.UpsertNode(ctx, node("node-b", t0))
-	if err != nil || b.JoinedAt.IsZero() || b.Draining {
+	if err != nil || b.JoinedAt.IsZero() || b.Draining || b.Overcommit != (store.Overcommit{Memory: 10, VCPUs: 80}) {
 		t.Fatalf("register = %+v, %v", b, err)
 	}
 	got, err := s.GetNode(ctx, "node-b")
@@ -220,8 +221,9 @@ func testNodes(t *testing.T, s store.Store) {
 	// decision and the join time, and replaces the rest.
 	hb := node("node-b", t0.Add(5*time.Second))
 	hb.Capacity.MemoryMB, hb.Labels = 8192, map[string]string{"zone": "z2"}
+	hb.Overcommit = store.Overcommit{Memory: 2.5, VCPUs: 16} // the operator restarted the node with new ratios
 	beat, err := s.UpsertNode(ctx, hb)
-	if err != nil || !beat.Draining || !beat.JoinedAt.Equal(b.JoinedAt) || beat.Capacity.MemoryMB != 8192 ||
+	if err != nil || !beat.Draining || !beat.JoinedAt.Equal(b.JoinedAt) || beat.Capacity.MemoryMB != 8192 || beat.Overcommit != hb.Overcommit ||
 		!beat.Heartbeat.Equal(hb.Heartbeat) || beat.Labels["zone"] != "z2" {
 		t.Fatalf("heartbeat = %+v, %v", beat, err)
 	}

@@ -604,15 +604,18 @@ func (*InfoRequest) Descriptor() ([]byte, []int) {
 }
 
 type InfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
-	Capacity      *Resources             `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Reserved      *Resources             `protobuf:"bytes,4,opt,name=reserved,proto3" json:"reserved,omitempty"`
-	RunscBuild    string                 `protobuf:"bytes,5,opt,name=runsc_build,json=runscBuild,proto3" json:"runsc_build,omitempty"`
-	CpuFeatures   []string               `protobuf:"bytes,6,rep,name=cpu_features,json=cpuFeatures,proto3" json:"cpu_features,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Templates     []string               `protobuf:"bytes,8,rep,name=templates,proto3" json:"templates,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Addr        string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	Capacity    *Resources             `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Reserved    *Resources             `protobuf:"bytes,4,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	RunscBuild  string                 `protobuf:"bytes,5,opt,name=runsc_build,json=runscBuild,proto3" json:"runsc_build,omitempty"`
+	CpuFeatures []string               `protobuf:"bytes,6,rep,name=cpu_features,json=cpuFeatures,proto3" json:"cpu_features,omitempty"`
+	Labels      map[string]string      `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Templates   []string               `protobuf:"bytes,8,rep,name=templates,proto3" json:"templates,omitempty"`
+	// How many times its real memory and CPUs (capacity) the node lets
+	// placement promise to sandboxes' limits; 0 reads as 1.
+	Overcommit    *Overcommit `protobuf:"bytes,9,opt,name=overcommit,proto3" json:"overcommit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -703,6 +706,65 @@ func (x *InfoResponse) GetTemplates() []string {
 	return nil
 }
 
+func (x *InfoResponse) GetOvercommit() *Overcommit {
+	if x != nil {
+		return x.Overcommit
+	}
+	return nil
+}
+
+type Overcommit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Memory        float64                `protobuf:"fixed64,1,opt,name=memory,proto3" json:"memory,omitempty"`
+	Vcpus         float64                `protobuf:"fixed64,2,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Overcommit) Reset() {
+	*x = Overcommit{}
+	mi := &file_node_v1_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Overcommit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Overcommit) ProtoMessage() {}
+
+func (x *Overcommit) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Overcommit.ProtoReflect.Descriptor instead.
+func (*Overcommit) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Overcommit) GetMemory() float64 {
+	if x != nil {
+		return x.Memory
+	}
+	return 0
+}
+
+func (x *Overcommit) GetVcpus() float64 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -718,7 +780,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +792,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +805,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -804,7 +866,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +878,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +891,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -848,7 +910,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +922,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +935,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRequest) GetId() string {
@@ -892,7 +954,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +966,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +979,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -935,7 +997,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1009,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1022,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 type ListResponse struct {
@@ -972,7 +1034,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1046,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1059,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1016,7 +1078,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1090,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1103,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1059,7 +1121,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1133,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1146,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 type PauseRequest struct {
@@ -1096,7 +1158,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1170,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1183,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1139,7 +1201,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1213,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1226,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 type ResumeRequest struct {
@@ -1176,7 +1238,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1250,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1263,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1219,7 +1281,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1293,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1306,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 type HibernateRequest struct {
@@ -1256,7 +1318,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1330,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1343,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -1299,7 +1361,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1373,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1386,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 type SnapshotRequest struct {
@@ -1339,7 +1401,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1413,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1426,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1404,7 +1466,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1478,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1491,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1449,7 +1511,7 @@ type ForkChildSpec struct {
 
 func (x *ForkChildSpec) Reset() {
 	*x = ForkChildSpec{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1523,7 @@ func (x *ForkChildSpec) String() string {
 func (*ForkChildSpec) ProtoMessage() {}
 
 func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1536,7 @@ func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChildSpec.ProtoReflect.Descriptor instead.
 func (*ForkChildSpec) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForkChildSpec) GetSandboxId() string {
@@ -1502,7 +1564,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1576,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1589,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1562,7 +1624,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1636,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1649,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -1613,7 +1675,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1687,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1700,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkChild {
@@ -1658,7 +1720,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1732,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1745,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RollbackRequest) GetId() string {
@@ -1709,7 +1771,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1783,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1796,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RollbackResponse) GetSandbox() *Sandbox {
@@ -1753,7 +1815,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1827,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1840,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSnapshotRequest) GetRef() string {
@@ -1797,7 +1859,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1871,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1884,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1841,7 +1903,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +1915,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +1928,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteSnapshotRequest) GetRef() string {
@@ -1884,7 +1946,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1958,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1971,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 type SnapshotsRequest struct {
@@ -1920,7 +1982,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +1994,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2007,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 type SnapshotsResponse struct {
@@ -1957,7 +2019,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2031,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2044,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2002,7 +2064,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2076,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2089,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2052,7 +2114,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2126,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2139,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 type ReconfigureRequest struct {
@@ -2091,7 +2153,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2165,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2178,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2149,7 +2211,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2223,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2236,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2193,7 +2255,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2267,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2280,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2242,7 +2304,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2316,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2329,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2320,7 +2382,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2394,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2407,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 type Event struct {
@@ -2363,7 +2425,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2437,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2450,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Event) GetKind() string {
@@ -2450,7 +2512,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2524,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2537,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2536,7 +2598,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
-	"\vInfoRequest\"\xfc\x02\n" +
+	"\vInfoRequest\"\xb7\x03\n" +
 	"\fInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x124\n" +
@@ -2546,10 +2608,17 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"runscBuild\x12!\n" +
 	"\fcpu_features\x18\x06 \x03(\tR\vcpuFeatures\x12?\n" +
 	"\x06labels\x18\a \x03(\v2'.spore.node.v1.InfoResponse.LabelsEntryR\x06labels\x12\x1c\n" +
-	"\ttemplates\x18\b \x03(\tR\ttemplates\x1a9\n" +
+	"\ttemplates\x18\b \x03(\tR\ttemplates\x129\n" +
+	"\n" +
+	"overcommit\x18\t \x01(\v2\x19.spore.node.v1.OvercommitR\n" +
+	"overcommit\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\n" +
+	"Overcommit\x12\x16\n" +
+	"\x06memory\x18\x01 \x01(\x01R\x06memory\x12\x14\n" +
+	"\x05vcpus\x18\x02 \x01(\x01R\x05vcpus\"\xe1\x01\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
@@ -2683,7 +2752,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -2694,118 +2763,120 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*Error)(nil),                  // 6: spore.node.v1.Error
 	(*InfoRequest)(nil),            // 7: spore.node.v1.InfoRequest
 	(*InfoResponse)(nil),           // 8: spore.node.v1.InfoResponse
-	(*CreateRequest)(nil),          // 9: spore.node.v1.CreateRequest
-	(*CreateResponse)(nil),         // 10: spore.node.v1.CreateResponse
-	(*GetRequest)(nil),             // 11: spore.node.v1.GetRequest
-	(*GetResponse)(nil),            // 12: spore.node.v1.GetResponse
-	(*ListRequest)(nil),            // 13: spore.node.v1.ListRequest
-	(*ListResponse)(nil),           // 14: spore.node.v1.ListResponse
-	(*KillRequest)(nil),            // 15: spore.node.v1.KillRequest
-	(*KillResponse)(nil),           // 16: spore.node.v1.KillResponse
-	(*PauseRequest)(nil),           // 17: spore.node.v1.PauseRequest
-	(*PauseResponse)(nil),          // 18: spore.node.v1.PauseResponse
-	(*ResumeRequest)(nil),          // 19: spore.node.v1.ResumeRequest
-	(*ResumeResponse)(nil),         // 20: spore.node.v1.ResumeResponse
-	(*HibernateRequest)(nil),       // 21: spore.node.v1.HibernateRequest
-	(*HibernateResponse)(nil),      // 22: spore.node.v1.HibernateResponse
-	(*SnapshotRequest)(nil),        // 23: spore.node.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 24: spore.node.v1.SnapshotResponse
-	(*ForkChildSpec)(nil),          // 25: spore.node.v1.ForkChildSpec
-	(*ForkRequest)(nil),            // 26: spore.node.v1.ForkRequest
-	(*ForkChild)(nil),              // 27: spore.node.v1.ForkChild
-	(*ForkResponse)(nil),           // 28: spore.node.v1.ForkResponse
-	(*RollbackRequest)(nil),        // 29: spore.node.v1.RollbackRequest
-	(*RollbackResponse)(nil),       // 30: spore.node.v1.RollbackResponse
-	(*GetSnapshotRequest)(nil),     // 31: spore.node.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),    // 32: spore.node.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),  // 33: spore.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 34: spore.node.v1.DeleteSnapshotResponse
-	(*SnapshotsRequest)(nil),       // 35: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 36: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 37: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 38: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 39: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 40: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 41: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 42: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 43: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 44: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 45: spore.node.v1.EventsResponse
-	nil,                            // 46: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 48: google.protobuf.Duration
+	(*Overcommit)(nil),             // 9: spore.node.v1.Overcommit
+	(*CreateRequest)(nil),          // 10: spore.node.v1.CreateRequest
+	(*CreateResponse)(nil),         // 11: spore.node.v1.CreateResponse
+	(*GetRequest)(nil),             // 12: spore.node.v1.GetRequest
+	(*GetResponse)(nil),            // 13: spore.node.v1.GetResponse
+	(*ListRequest)(nil),            // 14: spore.node.v1.ListRequest
+	(*ListResponse)(nil),           // 15: spore.node.v1.ListResponse
+	(*KillRequest)(nil),            // 16: spore.node.v1.KillRequest
+	(*KillResponse)(nil),           // 17: spore.node.v1.KillResponse
+	(*PauseRequest)(nil),           // 18: spore.node.v1.PauseRequest
+	(*PauseResponse)(nil),          // 19: spore.node.v1.PauseResponse
+	(*ResumeRequest)(nil),          // 20: spore.node.v1.ResumeRequest
+	(*ResumeResponse)(nil),         // 21: spore.node.v1.ResumeResponse
+	(*HibernateRequest)(nil),       // 22: spore.node.v1.HibernateRequest
+	(*HibernateResponse)(nil),      // 23: spore.node.v1.HibernateResponse
+	(*SnapshotRequest)(nil),        // 24: spore.node.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 25: spore.node.v1.SnapshotResponse
+	(*ForkChildSpec)(nil),          // 26: spore.node.v1.ForkChildSpec
+	(*ForkRequest)(nil),            // 27: spore.node.v1.ForkRequest
+	(*ForkChild)(nil),              // 28: spore.node.v1.ForkChild
+	(*ForkResponse)(nil),           // 29: spore.node.v1.ForkResponse
+	(*RollbackRequest)(nil),        // 30: spore.node.v1.RollbackRequest
+	(*RollbackResponse)(nil),       // 31: spore.node.v1.RollbackResponse
+	(*GetSnapshotRequest)(nil),     // 32: spore.node.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),    // 33: spore.node.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),  // 34: spore.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
+	(*SnapshotsRequest)(nil),       // 36: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 37: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 38: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 39: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 40: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 41: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 42: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 43: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 44: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 45: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 46: spore.node.v1.EventsResponse
+	nil,                            // 47: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 48: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 49: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	47, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	48, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	47, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	48, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	47, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	48, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	46, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
-	2,  // 10: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 11: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	4,  // 12: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	4,  // 13: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
-	5,  // 14: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	25, // 15: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
-	4,  // 16: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
-	6,  // 17: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	27, // 18: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
-	4,  // 19: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	5,  // 20: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	5,  // 21: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 22: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 23: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 24: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	47, // 25: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	48, // 26: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	47, // 27: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	44, // 28: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 29: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	9,  // 30: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	11, // 31: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	13, // 32: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	15, // 33: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	17, // 34: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	19, // 35: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	21, // 36: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	23, // 37: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	26, // 38: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	29, // 39: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	31, // 40: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	33, // 41: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	35, // 42: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	37, // 43: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	39, // 44: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	41, // 45: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	43, // 46: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 47: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	10, // 48: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	12, // 49: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	14, // 50: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	16, // 51: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	18, // 52: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	20, // 53: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	22, // 54: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	24, // 55: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	28, // 56: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	30, // 57: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	32, // 58: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	34, // 59: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	36, // 60: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	38, // 61: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	40, // 62: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	42, // 63: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	45, // 64: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	47, // [47:65] is the sub-list for method output_type
-	29, // [29:47] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	47, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
+	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	4,  // 13: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	4,  // 14: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
+	5,  // 15: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	26, // 16: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	4,  // 17: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 18: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
+	28, // 19: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	4,  // 20: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	5,  // 21: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	5,  // 22: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 23: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 24: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 25: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	48, // 26: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	49, // 27: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	48, // 28: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	45, // 29: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	7,  // 30: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 31: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 32: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 33: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 34: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 35: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 36: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 37: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 38: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 39: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 40: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 41: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 42: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	36, // 43: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	38, // 44: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	40, // 45: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	42, // 46: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	44, // 47: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 48: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 49: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 50: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 51: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 52: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 53: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 54: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 55: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 56: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 57: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 58: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 59: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 60: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	37, // 61: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	39, // 62: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	41, // 63: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	43, // 64: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	46, // 65: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	48, // [48:66] is the sub-list for method output_type
+	30, // [30:48] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -2819,7 +2890,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
