@@ -223,7 +223,7 @@ func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resource
 	cursor := ""
 	for {
 		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{
-			States: []string{store.StateRunning, store.StatePaused, store.StateCreating}, Limit: 1000, Cursor: cursor})
+			States: []string{store.StateRunning, store.StatePaused, store.StateCreating, store.StatePooled}, Limit: 1000, Cursor: cursor})
 		if err != nil {
 			return nil, err
 		}
@@ -250,13 +250,20 @@ func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resource
 const (
 	leaseReaper = "reaper"
 	leasePool   = "pool"
-	leaseTTL    = 15 * time.Second
+	// leaseReconcile + node ID: the periodic reconcile of that node.
+	leaseReconcile = "reconcile/"
+	leaseTTL       = 15 * time.Second
 )
 
 // lease takes (or renews) a store lease for this process; false when
 // another control plane instance holds it.
 func (s *Service) lease(ctx context.Context, name string) bool {
-	ok, err := s.st.AcquireLease(ctx, name, s.cfg.Holder, leaseTTL)
+	return s.leaseFor(ctx, name, s.cfg.LeaseTTL)
+}
+
+// leaseFor is lease with its own TTL.
+func (s *Service) leaseFor(ctx context.Context, name string, ttl time.Duration) bool {
+	ok, err := s.st.AcquireLease(ctx, name, s.cfg.Holder, ttl)
 	if err != nil {
 		s.log.Warn("acquire lease", "lease", name, "err", err)
 		return false

@@ -124,6 +124,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	}()
 	go ctl.Run(ctx, time.Second)
 	go ctl.MonitorNodes(ctx, time.Second)
+	go ctl.RunReconcile(ctx, control.ReconcileEvery)
 	poolDone := make(chan struct{})
 	go func() {
 		defer close(poolDone)

@@ -105,6 +105,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	go ctl.Run(ctx, time.Second)
+	go ctl.RunReconcile(ctx, control.ReconcileEvery)
 	poolDone := make(chan struct{})
 	go func() {
 		defer close(poolDone)

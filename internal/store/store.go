@@ -22,6 +22,11 @@ const (
 	// answers, or goes (the node's sandbox killed by its ID) when the
 	// create failed or was abandoned.
 	StateCreating = "creating"
+	// StatePooled: a warm-pool sandbox restored ahead of time (ID, token,
+	// node and address set), not yet anyone's. Never listed to users nor
+	// reaped by timeouts; a create claims it by CompareAndSwapSandbox
+	// (to creating), so exactly one create gets it.
+	StatePooled = "pooled"
 )
 
 // Sandbox is the control plane's record of a sandbox.
