@@ -58,7 +58,7 @@ is generated as spore up does.`,
 	f.StringVar(&tokenFile, "cluster-token-file", "", "file holding the cluster token node agents and replicas share (at least 16 characters)")
 	f.StringVar(&keyFile, "api-key-file", "", "file holding an API key to accept")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "where a generated API key is kept (none: keys must exist or be given)")
-	f.IntVar(&cfg.PoolSize, "pool", 0, "warm-pool sandboxes per default template (0: none; only the replica holding the pool lease serves from its pool)")
+	f.IntVar(&cfg.PoolSize, "pool", 2, "warm-pool sandboxes per default template across the fleet (every replica serves from it; give all replicas the same)")
 	cmd.MarkFlagRequired("database-url")
 	cmd.MarkFlagRequired("cluster-token-file")
 	return cmd

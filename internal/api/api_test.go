@@ -114,6 +114,7 @@ type harness struct {
 	t   testing.TB
 	url string
 	ctl *control.Service
+	st  store.Store
 	n   *node.Node
 	now time.Time
 	// apiLog holds what the API logged, as JSON lines.
@@ -149,6 +150,7 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	st := openStore(t)
+	h.st = st
 	h.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{"local": local.New(n.Engine, local.Config{ID: "local"})}, Logger: log, Now: func() time.Time { return h.now }})
 	t.Cleanup(h.ctl.Close)
 	h.apiLog = &syncBuffer{}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // A create served from the warm pool is the sandbox it asked for: its
@@ -52,8 +53,20 @@ func TestWarmPool(t *testing.T) {
 	waitPool(1) // refilled
 	cancel()
 	<-done
-	// Stopping the pool kills its idle sandboxes; the created one stays.
-	if n := len(h.n.Engine.List(context.Background())); n != 1 {
-		t.Fatalf("%d sandboxes on the node after the pool stopped, want 1", n)
+	// Stopping the filler leaves the pool to the next lease holder: the
+	// pooled sandbox has a row of its own (state pooled) that no list or
+	// GET shows.
+	if n := len(h.n.Engine.List(context.Background())); n != 2 {
+		t.Fatalf("%d sandboxes on the node after the pool stopped, want 2", n)
+	}
+	pooled, _, err := h.st.ListSandboxes(context.Background(), store.SandboxFilter{States: []string{store.StatePooled}})
+	if err != nil || len(pooled) != 1 {
+		t.Fatalf("pooled rows: %v %v", pooled, err)
+	}
+	if h.count() != 1 {
+		t.Fatalf("%d sandboxes listed, want 1 (the pooled one is nobody's)", h.count())
+	}
+	if code, _, _ := h.do("GET", "/sandboxes/"+pooled[0].ID, ""); code != 404 {
+		t.Fatalf("GET of a pooled sandbox: %d, want 404", code)
 	}
 }

@@ -49,6 +49,10 @@ type Config struct {
 	CreateGrace time.Duration
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
+	// LeaseTTL is how long a store lease (reaper, pool, nodes) lasts
+	// without renewal, so how soon another instance takes over the work
+	// of one that died (default 15 s; tests shorten it).
+	LeaseTTL time.Duration
 	// Hop, when set, returns the address of the node-side proxy of a
 	// node whose sandboxes this process cannot reach directly (a remote
 	// node agent); "" or nil: the sandbox's address is dialed directly
@@ -76,8 +80,9 @@ type Service struct {
 	// proxy's streams to it end; where a sandbox is comes from the store.
 	mu      sync.RWMutex
 	targets map[string]Target
-	pool    *pool
-	view    viewCache
+	// poolWake wakes this instance's pool filler (RunPool), if any.
+	poolWake chan struct{}
+	view     viewCache
 }
 
 // Target is where the proxy sends a sandbox's traffic.
@@ -107,6 +112,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Nodes == nil {
 		cfg.Nodes = Nodes{}
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = leaseTTL
 	}
 	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, following: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -269,15 +277,8 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	if ps, nodeID, ok := s.fromPool(ctx, r, env, policy); ok {
-		rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ps.ID, nodeID, store.StateRunning, ps.AccessToken
-		setFromNode(&rec, ps)
-		if err := s.st.CreateSandbox(ctx, rec); err != nil {
-			s.killOnNode(ctx, nodeID, ps.ID)
-			return Sandbox{}, err
-		}
-		s.setTarget(rec.ID, rec.Addr, rec.State)
-		return Sandbox{rec}, nil
+	if sb, err := s.fromPool(ctx, r, rec, env, policy); err == nil {
+		return sb, nil
 	}
 	nodeID, n, err := s.place(ctx, r)
 	if err != nil {
@@ -304,7 +305,9 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 func (s *Service) commitCreated(ctx context.Context, rec store.Sandbox, ns nodeapi.Sandbox) (Sandbox, error) {
 	rec.State = store.StateRunning
 	setFromNode(&rec, ns)
-	rec.Version = 1
+	if rec.Version == 0 {
+		rec.Version = 1 // as CreateSandbox wrote it
+	}
 	got, err := s.st.CompareAndSwapSandbox(ctx, rec)
 	if err != nil {
 		s.killOnNode(ctx, rec.NodeID, rec.ID)
@@ -342,11 +345,21 @@ func setFromNode(rec *store.Sandbox, ns nodeapi.Sandbox) {
 
 // Get returns one sandbox, from the store.
 func (s *Service) Get(ctx context.Context, id string) (Sandbox, error) {
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	return Sandbox{rec}, nil
+}
+
+// row reads a sandbox's row for an operation a user asked: a warm-pool
+// sandbox is nobody's yet, so it is not found.
+func (s *Service) row(ctx context.Context, id string) (store.Sandbox, error) {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err == nil && rec.State == store.StatePooled {
+		return store.Sandbox{}, errdefs.NotFoundf("sandbox %s not found", id)
+	}
+	return rec, err
 }
 
 // visibleStates are the states List shows when none are asked: a row
@@ -363,7 +376,7 @@ func (s *Service) List(ctx context.Context, f store.SandboxFilter) ([]store.Sand
 
 // Kill kills a sandbox and forgets it.
 func (s *Service) Kill(ctx context.Context, id string) error {
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -414,4 +427,3 @@ func (s *Service) dropTarget(id string) {
 		delete(s.targets, id)
 	}
 }
-

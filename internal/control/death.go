@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -17,15 +18,26 @@ func (s *Service) sandboxDied(ev nodeapi.Event) {
 	s.dropTarget(ev.SandboxID)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var pooled store.Sandbox
 	_, err := s.st.UpdateSandbox(ctx, ev.SandboxID, func(x *store.Sandbox) error {
+		if x.State == store.StatePooled {
+			pooled = *x
+			return errPooledDied
+		}
 		x.State, x.Addr = store.StateError, ""
 		x.Reason, x.ReasonDetail = ev.Reason, ev.Detail
 		return nil
 	})
-	if err != nil && !errdefs.IsNotFound(err) { // not found: a warm-pool sandbox
+	switch {
+	case errors.Is(err, errPooledDied):
+		// Nobody's yet: it leaves the pool (the filler replaces it).
+		s.discardPooled(ctx, pooled, true)
+	case err != nil && !errdefs.IsNotFound(err):
 		s.log.Error("record dead sandbox", "sandbox_id", ev.SandboxID, "err", err)
 	}
 }
+
+var errPooledDied = errors.New("a warm-pool sandbox died")
 
 func setReason(x *store.Sandbox, ns nodeapi.Sandbox) {
 	if ns.Death != nil {

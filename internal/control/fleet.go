@@ -118,6 +118,12 @@ func (s *Service) nodeLost(ctx context.Context, nodeID string) error {
 	}
 	detail := fmt.Sprintf("node %s stopped answering", nodeID)
 	for _, rec := range recs {
+		if rec.State == store.StatePooled {
+			// Out of reach: the row goes; the node's reconcile kills the
+			// sandbox if the node comes back.
+			s.discardPooled(ctx, rec, false)
+			continue
+		}
 		if rec.State != store.StateRunning && rec.State != store.StatePaused {
 			continue
 		}
@@ -136,8 +142,8 @@ func (s *Service) nodeLost(ctx context.Context, nodeID string) error {
 	return nil
 }
 
-// Drain stops placements on a node and hibernates its running and paused
-// sandboxes there (they resume on that node: moving them elsewhere needs
+// Drain stops placements on a node, kills its warm-pool sandboxes and
+// hibernates its running and paused sandboxes there (they resume on that node: moving them elsewhere needs
 // their images in shared storage). It returns how many were hibernated;
 // the first failure is returned after every sandbox was tried (a retry
 // of the drain continues).
@@ -153,6 +159,10 @@ func (s *Service) Drain(ctx context.Context, nodeID string) (int, error) {
 	var first error
 	done := 0
 	for _, rec := range recs {
+		if rec.State == store.StatePooled {
+			s.discardPooled(ctx, rec, true) // nobody's: killed, not hibernated
+			continue
+		}
 		if rec.State != store.StateRunning && rec.State != store.StatePaused {
 			continue
 		}

@@ -13,7 +13,7 @@ import (
 // Pause freezes a running sandbox in memory. A sandbox that is already
 // paused (or hibernated) is a conflict.
 func (s *Service) Pause(ctx context.Context, id string) error {
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 
 // Hibernate checkpoints a sandbox to disk and frees its memory.
 func (s *Service) Hibernate(ctx context.Context, id string) error {
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 		return Sandbox{}, false, err
 	}
 	defer unlock()
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return Sandbox{}, false, err
 	}
@@ -125,7 +125,7 @@ func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Durati
 
 // UpdateNetwork changes a running sandbox's egress policy.
 func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, allow, deny []string) error {
-	rec, err := s.st.GetSandbox(ctx, id)
+	rec, err := s.row(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -230,12 +230,24 @@ func (s *Service) Reconcile(ctx context.Context) error {
 // ReconcileNode compares the store's rows of one node with that node's
 // List, and touches nothing of other nodes: rows of sandboxes the node no
 // longer has are dropped, sandboxes it has but no row names (a create
-// interrupted before its row, a warm-pool sandbox left by a crash) are
-// killed, states and addresses are taken from the node. Rows in state
-// creating are left to their create (or to the reaper after
-// CreateGrace), and their sandboxes are not killed.
+// interrupted before its row) are killed, states and addresses are taken
+// from the node; a pooled (warm-pool) row stays pooled while its sandbox
+// runs and goes otherwise. Rows in state creating are left to their
+// create (or to the reaper after CreateGrace), and their sandboxes are
+// not killed.
+//
+// It runs while creates, kills and other reconciles go on (at a node's
+// join, periodically, in several replicas), so the rows are read before
+// the node's list (a row that is past creating names a sandbox the node
+// made before the list was taken), and each difference is checked again
+// against the row as it is now before anything is dropped or killed: a
+// sandbox whose row appeared meanwhile is some create's, never killed.
 func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 	n, err := s.node(nodeID)
+	if err != nil {
+		return err
+	}
+	recs, err := s.rowsOf(ctx, nodeID)
 	if err != nil {
 		return err
 	}
@@ -247,10 +259,6 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 	for _, ns := range list {
 		onNode[ns.ID] = ns
 	}
-	recs, err := s.rowsOf(ctx, nodeID)
-	if err != nil {
-		return err
-	}
 	inStore := map[string]bool{}
 	for _, rec := range recs {
 		inStore[rec.ID] = true
@@ -258,16 +266,31 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 			continue
 		}
 		ns, ok := onNode[rec.ID]
+		if rec.State == store.StatePooled {
+			if !ok || ns.State != nodeapi.StateRunning {
+				s.log.Warn("reconcile: warm-pool sandbox gone or not running", "sandbox_id", rec.ID, "node_id", nodeID)
+				s.discardPooled(ctx, rec, ok)
+			}
+			continue
+		}
 		if !ok {
+			now, err := s.st.GetSandbox(ctx, rec.ID)
+			if err != nil || now.Version != rec.Version {
+				continue // killed, or changed meanwhile: the next pass sees it
+			}
 			s.log.Warn("reconcile: sandbox gone from its node", "sandbox_id", rec.ID, "node_id", nodeID)
 			if err := s.st.DeleteSandbox(ctx, rec.ID); err != nil && !errdefs.IsNotFound(err) {
 				return err
 			}
+			s.dropTarget(rec.ID)
 			continue
 		}
 		state := storeState(ns.State)
 		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID {
 			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
+				if x.State == store.StateCreating || x.State == store.StatePooled {
+					return nil // claimed from the pool meanwhile: its create decides
+				}
 				x.State, x.Addr, x.NodeID = state, ns.Addr, nodeID
 				if state != store.StateError {
 					// Alive after all (its node was lost and came back).
@@ -275,7 +298,7 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 				}
 				setReason(x, ns)
 				return nil
-			}); err != nil {
+			}); err != nil && !errdefs.IsNotFound(err) {
 				return err
 			}
 		}
@@ -284,14 +307,71 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 		}
 	}
 	for id := range onNode {
-		if !inStore[id] {
-			s.log.Warn("reconcile: killing a sandbox the store does not know", "sandbox_id", id, "node_id", nodeID)
-			if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-				return err
-			}
+		if inStore[id] {
+			continue
+		}
+		if _, err := s.st.GetSandbox(ctx, id); err == nil {
+			continue // its row was written after the rows were read: a create's
+		} else if !errdefs.IsNotFound(err) {
+			return err
+		}
+		s.log.Warn("reconcile: killing a sandbox the store does not know", "sandbox_id", id, "node_id", nodeID)
+		if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
 	}
 	return s.reconcileSnapshots(ctx, nodeID, n)
+}
+
+// ReconcileEvery is how often RunReconcile reconciles each node.
+const ReconcileEvery = 30 * time.Second
+
+// RunReconcile reconciles every node of the registry every interval until
+// ctx ends, so a sandbox that vanished from its node, or one its node
+// runs that no row names, is handled without a restart. Each node's pass
+// runs under the store lease "reconcile/<node>", held for two intervals
+// and renewed each pass, so one instance reconciles a node and another
+// takes over within two intervals when it stops.
+func (s *Service) RunReconcile(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	defer func() {
+		for _, id := range s.nodes.IDs() {
+			s.st.ReleaseLease(context.WithoutCancel(ctx), leaseReconcile+id, s.cfg.Holder)
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.ReconcilePass(ctx, 2*interval)
+		}
+	}
+}
+
+// ReconcilePass reconciles each reachable, ready node whose
+// "reconcile/<node>" lease this instance gets (for ttl), and reports how
+// many it reconciled.
+func (s *Service) ReconcilePass(ctx context.Context, ttl time.Duration) int {
+	done := 0
+	for _, id := range s.nodes.IDs() {
+		if ctx.Err() != nil {
+			return done
+		}
+		if nr, err := s.st.GetNode(ctx, id); err == nil && nr.State != store.NodeReady {
+			continue // lost or left: its rows were dealt with; it reconciles when back
+		}
+		if !s.leaseFor(ctx, leaseReconcile+id, ttl) {
+			continue
+		}
+		if err := s.ReconcileNode(ctx, id); err != nil && ctx.Err() == nil {
+			s.log.Warn("periodic reconcile", "node_id", id, "err", err)
+			continue
+		}
+		done++
+	}
+	return done
 }
 
 // rowsOf lists the store's rows of a node (with the legacy rows that

@@ -130,7 +130,7 @@ func (s *Service) TrafficAllowed(ctx context.Context, id, trafficToken string) (
 		return "", false
 	}
 	rec, err := s.st.GetSandbox(ctx, id)
-	if err != nil || rec.EnvdAccessToken == "" || rec.State == store.StateCreating {
+	if err != nil || rec.EnvdAccessToken == "" || rec.State == store.StateCreating || rec.State == store.StatePooled {
 		return "", false
 	}
 	want := TrafficToken(rec.EnvdAccessToken)
