@@ -19,6 +19,7 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // The API and the proxy over a fake node (controltest: the real engine on
@@ -33,11 +34,19 @@ type fnode struct {
 	ctl *control.Service
 }
 
+// newFnode builds the API in the test's configuration
+// (controltest.ConfigOf): SQLite and the node in process, or PostgreSQL
+// and the node over the node protocol.
 func newFnode(t *testing.T) *fnode {
 	t.Helper()
-	st := openStore(t)
+	c := controltest.ConfigOf(t)
+	st := c.Store(t)
+	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: api.HashKey(key), CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	f := &fnode{t: t, n: controltest.New(t)}
-	f.ctl = control.New(control.Config{Store: st, Nodes: f.n.Nodes()})
+	f.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{controltest.NodeID: c.Node(t, f.n.Local)}})
+	t.Cleanup(f.ctl.Close)
 	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
@@ -101,7 +110,9 @@ func (f *fnode) state(id string) (string, string) {
 // The lifecycle's status codes: create 201; pause 204 then 409; connect
 // 201 when it resumed, 200 when it was running; resume of a running
 // sandbox 409; hibernate; snapshot, fork, rollback; kill 204 then 404.
-func TestFastLifecycleStatuses(t *testing.T) {
+func TestFastLifecycleStatuses(t *testing.T) { controltest.Each(t, testFastLifecycleStatuses) }
+
+func testFastLifecycleStatuses(t *testing.T, _ controltest.Config) {
 	f := newFnode(t)
 	sb := f.create(`{"templateID":"base","timeout":60,"metadata":{"k":"v"}}`)
 	if st, sp := f.state(sb.SandboxID); st != "running" || sp != "running" {
@@ -138,7 +149,9 @@ func TestFastLifecycleStatuses(t *testing.T) {
 }
 
 // Bad input is a JSON 4xx and changes nothing.
-func TestFastBadInput(t *testing.T) {
+func TestFastBadInput(t *testing.T) { controltest.Each(t, testFastBadInput) }
+
+func testFastBadInput(t *testing.T, _ controltest.Config) {
 	f := newFnode(t)
 	sb := f.create(`{"templateID":"base"}`)
 	for _, c := range []struct {
@@ -171,7 +184,9 @@ func TestFastBadInput(t *testing.T) {
 
 // Paging walks every sandbox exactly once; filters select by metadata
 // and state.
-func TestFastPaging(t *testing.T) {
+func TestFastPaging(t *testing.T) { controltest.Each(t, testFastPaging) }
+
+func testFastPaging(t *testing.T, _ controltest.Config) {
 	f := newFnode(t)
 	want := map[string]bool{}
 	for i := range 5 {
@@ -267,7 +282,9 @@ func newBackend(t *testing.T) *backend {
 // The proxy routes by header and by Host, streams as the sandbox writes,
 // answers a JSON 502 for paused and unknown sandboxes and a 400 for bad
 // routes, and ends a stream when its sandbox goes (kill, hibernate).
-func TestFastProxy(t *testing.T) {
+func TestFastProxy(t *testing.T) { controltest.Each(t, testFastProxy) }
+
+func testFastProxy(t *testing.T, _ controltest.Config) {
 	f := newFnode(t)
 	be := newBackend(t)
 	port := strconv.Itoa(be.port)
