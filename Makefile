@@ -11,7 +11,7 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test test-fast up bench bench-go clean proto sdk-deps fuzz fresh-check k8s-tools
+.PHONY: build setup test test-fast up bench bench-fleet bench-go clean proto sdk-deps fuzz fresh-check k8s-tools
 
 ## build: compile the binaries into bin/
 build:
@@ -73,6 +73,10 @@ BENCH_OUT ?= docs/benchmarks/$(shell date -u +%Y-%m-%d)
 ## bench: the whole `spore bench` suite on a private local server (report in BENCH_OUT: JSON, Markdown, plots)
 bench: setup
 	bin/spore bench --local --out $(BENCH_OUT)
+
+## bench-fleet: each operation through an API replica and a remote node beside the same in one process, and create throughput with 1 and 3 nodes (scripts/bench-fleet.sh; reports and deltas in BENCH_OUT-fleet)
+bench-fleet: setup
+	scripts/bench-fleet.sh $(BENCH_OUT)-fleet
 
 ## bench-go: the Go benchmarks of the engine, node and API side by side with bare runsc
 bench-go: setup

@@ -25,6 +25,8 @@ func newBenchCmd(f *cliFlags) *cobra.Command {
 	var (
 		local, quick, noBare bool
 		count, densityMax    int
+		localPool            int
+		forkLevels           []int
 		sections             []string
 		out, cgroupParent    string
 		rootfsDir, runsc     string
@@ -54,13 +56,21 @@ Writes report.json, report.md and PNG plots to --out.`,
 				out = "bench-" + time.Now().UTC().Format("20060102-150405")
 			}
 			cfg := bench.Config{
-				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent,
+				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent, ForkLevels: forkLevels,
 				Progress: cmd.ErrOrStderr(), Command: "spore " + strings.Join(os.Args[1:], " "), Git: gitRevision(),
 				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 			}
 			ctx := cmd.Context()
+			for _, n := range forkLevels {
+				if n < 1 || n > 100 {
+					return fmt.Errorf("--fork-levels: %d is outside 1..100", n)
+				}
+			}
+			if localPool < 0 {
+				return errors.New("--local-pool must not be negative")
+			}
 			if local {
-				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc}, cfg, noBare, out, cmd)
+				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc, pool: localPool}, cfg, noBare, out, cmd)
 			}
 			c, err := f.client()
 			if err != nil {
@@ -80,11 +90,42 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.BoolVar(&noBare, "no-bare", false, "skip the bare runsc comparisons")
 	fl.IntVar(&count, "count", 0, "repetitions of each latency operation (default 20; 2 with --quick)")
 	fl.IntVar(&densityMax, "density-max", 0, "stop the density fill at this many sandboxes (default: until a create is refused)")
+	fl.IntSliceVar(&forkLevels, "fork-levels", nil, "the fork section's n (default 1,10,50,100)")
+	fl.IntVar(&localPool, "local-pool", 2, "warm pool of the --local server (0: every create restores, as a fleet replica's default)")
 	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))
 	fl.StringVar(&out, "out", "", "directory for report.json, report.md and the plots (default ./bench-<time>)")
 	fl.StringVar(&cgroupParent, "cgroup-parent", "/spore", "the server's cgroup parent (per-sandbox memory in the density section)")
 	fl.StringVar(&rootfsDir, "rootfs-dir", "", "root filesystems of the --local server (default <data-dir>/rootfs)")
 	fl.StringVar(&runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
+	cmd.AddCommand(newBenchCompareCmd())
+	return cmd
+}
+
+func newBenchCompareCmd() *cobra.Command {
+	var names []string
+	cmd := &cobra.Command{
+		Use:   "compare A/report.json B/report.json",
+		Short: "What run B adds to run A, operation by operation (p50, p95, mean) and curve by curve",
+		Long: `Line up the operations and curve points two ` + "`spore bench`" + ` reports share and
+print, as Markdown, what the second adds: e.g. a fleet (an API replica and a
+remote node) against ` + "`spore bench --local`" + ` (the same code in one process).`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := bench.ReadReport(args[0])
+			if err != nil {
+				return err
+			}
+			b, err := bench.ReadReport(args[1])
+			if err != nil {
+				return err
+			}
+			if len(names) != 2 {
+				return errors.New("--names wants two names")
+			}
+			return bench.WriteComparison(cmd.OutOrStdout(), names[0], names[1], bench.Compare(a, b))
+		},
+	}
+	cmd.Flags().StringSliceVar(&names, "names", []string{"A", "B"}, "the two runs' names in the table")
 	return cmd
 }
 
@@ -105,7 +146,10 @@ func bareFor(dataDir, runsc string, cmd *cobra.Command) *bench.Bare {
 // benchLocal runs the suite against a private server: its own temporary
 // data directory, network prefix and cgroup parent, sharing this host's
 // root filesystems and runsc.
-type localPaths struct{ rootfs, runsc string }
+type localPaths struct {
+	rootfs, runsc string
+	pool          int
+}
 
 func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
 	runsc := paths.runsc
@@ -142,7 +186,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 	defer stop()
 	ready := make(chan [2]string, 1)
 	done := make(chan error, 1)
-	const pool = 2
+	pool := paths.pool
 	go func() {
 		done <- server.Run(sctx, server.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: nodeCfg.RootFSDir, Runsc: runsc,

@@ -64,6 +64,8 @@ type Config struct {
 	// DensityMax stops the density fill after this many sandboxes
 	// (0: until a create is refused, at most 4000).
 	DensityMax int
+	// ForkLevels are the fork section's n (default 1, 10, 50, 100).
+	ForkLevels []int
 	// CgroupParent of the server's sandboxes, for per-sandbox memory.
 	CgroupParent string
 	PoolSize     int

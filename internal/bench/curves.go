@@ -22,6 +22,20 @@ func (r *runner) runFork(ctx context.Context) error {
 	if r.cfg.Quick {
 		levels = []level{{1, 1}, {2, 1}}
 	}
+	if len(r.cfg.ForkLevels) > 0 {
+		levels = levels[:0]
+		for _, n := range r.cfg.ForkLevels {
+			reps := 1
+			switch {
+			case r.cfg.Quick:
+			case n == 1:
+				reps = max(2, r.cfg.Count/2)
+			case n <= 10:
+				reps = 3
+			}
+			levels = append(levels, level{n, reps})
+		}
+	}
 	src, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
 	if err != nil {
 		return err
