@@ -18,6 +18,7 @@ import (
 	"github.com/spore-run/spore/internal/client"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/server"
 )
 
@@ -191,8 +192,11 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 		done <- server.Run(sctx, server.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: nodeCfg.RootFSDir, Runsc: runsc,
 			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool,
-			Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-			Ready:  func(addr, key string) { ready <- [2]string{addr, key} },
+			// The host's admission check, not placement's overcommit
+			// policy, ends the density fill: it measures the host.
+			Overcommit: benchOvercommit,
+			Logger:     slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Ready:      func(addr, key string) { ready <- [2]string{addr, key} },
 		})
 	}()
 	fmt.Fprintln(cmd.ErrOrStderr(), "spore bench: starting a private server (templates build on first start)...")
@@ -206,6 +210,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 		return ctx.Err()
 	}
 	cfg.Local, cfg.PoolSize, cfg.CgroupParent = true, pool, "/spore-bench"
+	cfg.Notes = append(cfg.Notes, fmt.Sprintf("the --local server ran with --memory-overcommit %g --cpu-overcommit %g (placement never refuses before the host's admission check)", benchOvercommit.Memory, benchOvercommit.VCPUs))
 	if !noBare {
 		b := &bench.Bare{Runsc: runsc, DataDir: dir}
 		if err := b.Check(); err != nil {
@@ -220,6 +225,11 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 	}
 	return berr
 }
+
+// benchOvercommit is the --local server's: high enough that placement
+// never refuses before the host does (the defaults would stop the density
+// fill at 80 default sandboxes on a 2-core host).
+var benchOvercommit = nodeapi.Overcommit{Memory: 100, VCPUs: 1000}
 
 // teardownLocal frees everything the private server left (its warm pool,
 // anything a failed or killed run left running, networks, cgroups) and

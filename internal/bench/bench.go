@@ -69,6 +69,8 @@ type Config struct {
 	// CgroupParent of the server's sandboxes, for per-sandbox memory.
 	CgroupParent string
 	PoolSize     int
+	// Notes are added to the report's notes (settings worth knowing).
+	Notes        []string
 	Progress     io.Writer // progress display (nil: none)
 	Command, Git string
 	Log          *slog.Logger
@@ -103,6 +105,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Machine:  machineInfo(cfg.Bare),
 		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, Quick: cfg.Quick},
 	}
+	r.rep.Notes = append(r.rep.Notes, cfg.Notes...)
 	if cfg.Bare == nil {
 		r.note("bare runsc comparisons skipped: they need this host's runsc and the server's data directory (--data-dir)")
 	}
