@@ -90,13 +90,16 @@ func New(eng *engine.Engine, cfg Config) *Node {
 //     (2 %), so idle fleets fit with 4-5× headroom; overcommitting memory
 //     further risks the host's OOM killer among running sandboxes, which
 //     admission (it only gates new ones) cannot prevent.
-//   - vCPUs 80: a vCPU limit is a CPU quota, overcommitting it only shares
-//     cores (nothing dies of it). 80 makes the CPU bound meet the memory
-//     bound for the default sandbox (1024 MB, 2 vCPUs) on hosts with
-//     4 GiB per core: 10 × 4 GiB / 1 GiB = 40 sandboxes = 80 vCPUs per core.
+//   - vCPUs 320: a vCPU limit is a CPU quota, overcommitting it only shares
+//     cores (nothing dies of it), so memory, whose overcommit can fail,
+//     should bind first. The default sandbox (1024 MB, 2 vCPUs) asks 2
+//     vCPUs per GiB; at memory ratio 10, a host with 16 GiB per core
+//     places 160 of them per core = 320 vCPUs. Up to 16 GiB per core
+//     (most hosts) memory binds first; an operator who wants to cap CPU
+//     contention lowers the ratio.
 const (
 	DefaultMemoryOvercommit = 10
-	DefaultCPUOvercommit    = 80
+	DefaultCPUOvercommit    = 320
 )
 
 // HostCapacity is this host's real memory (MemTotal) and CPUs, and
