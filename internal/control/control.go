@@ -277,12 +277,15 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	if sb, err := s.fromPool(ctx, r, rec, env, policy); err == nil {
-		return sb, nil
-	}
 	nodeID, n, err := s.place(ctx, r)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	// Placement decides the node (pooled sandboxes count in its use, so
+	// the pool does not skew the spread); a pooled sandbox there saves
+	// the restore.
+	if sb, err := s.fromPool(ctx, r, rec, nodeID, env, policy); err == nil {
+		return sb, nil
 	}
 	rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ids.New('i'), nodeID, store.StateCreating, newToken()
 	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB

@@ -22,9 +22,10 @@ import (
 //   - the holder of the store lease "pool" fills the pool (placed like
 //     creates, in the crash-safe order: row creating, node create, CAS to
 //     pooled) and trims a surplus;
-//   - a create of the template (default size) claims one by
-//     CompareAndSwapSandbox from pooled to creating: exactly one claimer
-//     wins, a loser tries the next one or restores as usual;
+//   - a create of the template (default size) placed on a node that
+//     holds one claims it by CompareAndSwapSandbox from pooled to
+//     creating: exactly one claimer wins, a loser tries the next one or
+//     restores as usual;
 //   - pooled rows are never listed to users nor reaped by timeouts; drain,
 //     a lost node, a death or reconcile discard them like other rows.
 //
@@ -186,15 +187,16 @@ func (s *Service) wakePool() {
 // errNoPooled: the pool cannot serve the create.
 var errNoPooled = errors.New("no pooled sandbox")
 
-// fromPool claims a pooled sandbox of the request's template and makes it
+// fromPool claims a pooled sandbox of the request's template on the node
+// placement chose and makes it
 // the sandbox rec describes (the request's environment and policy, its
 // metadata and timeout); errNoPooled when the pool cannot serve it (the
 // caller restores as usual).
-func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandbox, env []string, policy nodeapi.Policy) (Sandbox, error) {
+func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandbox, nodeID string, env []string, policy nodeapi.Policy) (Sandbox, error) {
 	if r.CPUCount != 0 || r.MemoryMB != 0 {
 		return Sandbox{}, errNoPooled
 	}
-	rows, _, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StatePooled}, Template: r.TemplateID, Limit: 16})
+	rows, _, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StatePooled}, Template: r.TemplateID, NodeID: nodeID, Limit: 16})
 	if err != nil || len(rows) == 0 {
 		return Sandbox{}, errNoPooled
 	}
@@ -203,7 +205,7 @@ func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandb
 	for i := range rows {
 		p := rows[(start+i)%len(rows)]
 		n, err := s.node(p.NodeID)
-		if err != nil {
+		if err != nil || p.NodeID != nodeID {
 			continue
 		}
 		claim := rec
