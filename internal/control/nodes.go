@@ -216,8 +216,8 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 	return v, nil
 }
 
-// usedByNode sums, per node, the limits of its running, paused and
-// creating sandboxes.
+// usedByNode sums, per node, the limits of its running, paused,
+// creating and pooled (warm-pool) sandboxes.
 func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resources, error) {
 	used := map[string]scheduler.Resources{}
 	cursor := ""
