@@ -186,19 +186,46 @@ func (s *Service) ReapExpired(ctx context.Context) {
 			s.abandon(ctx, sb)
 		case sb.State == store.StateError:
 			s.log.Info("timeout: removing dead sandbox", "sandbox_id", sb.ID)
-			err = s.Kill(ctx, sb.ID)
+			err = s.reapKill(ctx, sb)
 		case sb.State == store.StatePaused || sb.AutoPause:
 			s.log.Info("timeout: hibernating", "sandbox_id", sb.ID)
 			err = s.Hibernate(ctx, sb.ID)
 		default:
 			s.log.Info("timeout: killing", "sandbox_id", sb.ID)
-			err = s.Kill(ctx, sb.ID)
+			err = s.reapKill(ctx, sb)
 		}
 		unlock()
 		if err != nil && !errdefs.IsNotFound(err) {
 			s.log.Error("timeout action", "sandbox_id", sb.ID, "err", err)
 		}
 	}
+}
+
+// reapKill kills an expired sandbox unless its row changed since it was
+// judged expired. The per-sandbox lock above only serializes this process;
+// a connect or a new timeout through another replica changes the row, so
+// the row goes first and only at the version that was judged: that change
+// wins (the sandbox lives), and a connect after the delete finds no
+// sandbox, as it would after the kill. The instance goes next; one that
+// survives a failed kill is an instance no row names, which the periodic
+// reconcile removes.
+func (s *Service) reapKill(ctx context.Context, sb store.Sandbox) error {
+	if err := s.st.DeleteSandboxIf(ctx, sb.ID, sb.Version); err != nil {
+		if errdefs.IsConflict(err) {
+			s.log.Info("timeout: the sandbox changed meanwhile (connect or new timeout); not killed", "sandbox_id", sb.ID)
+			return nil
+		}
+		return err
+	}
+	s.dropTarget(sb.ID)
+	n, err := s.nodeOf(sb)
+	if err != nil {
+		return err
+	}
+	if err := n.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("kill expired sandbox %s (its row is gone; reconcile frees it): %w", sb.ID, err)
+	}
+	return nil
 }
 
 // Run reaps expired sandboxes every interval until ctx ends.

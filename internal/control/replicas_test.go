@@ -435,3 +435,69 @@ func TestPeriodicReconcile(t *testing.T) {
 		t.Fatal("periodic reconcile undid a create in flight")
 	}
 }
+
+// hookStore runs after, once, right after a GetSandbox of that ID has
+// read its row (the reaper's re-check), to race it.
+type hookStore struct {
+	store.Store
+	mu    sync.Mutex
+	id    string
+	after func()
+}
+
+func (h *hookStore) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	sb, err := h.Store.GetSandbox(ctx, id)
+	h.mu.Lock()
+	f := h.after
+	if id != h.id {
+		f = nil
+	} else {
+		h.after = nil
+	}
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return sb, err
+}
+
+// A connect through one replica never loses to the reaper of another: the
+// reaper has judged the sandbox expired (its re-check read the row), then
+// replica B's connect extends it and answers "running"; the reaper's kill
+// must then not happen. It removes the row only at the version it judged
+// (DeleteSandboxIf), so B's change wins. Before, the reaper killed it.
+func TestConnectOnAnotherReplicaBeatsTheReaper(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			r := newReplicas(t, backend, 15*time.Second, "na")
+			ctx := ctxFor(t)
+			sb := r.create(r.a, 10*time.Second)
+			r.clk.Add(11 * time.Second)
+			hs := &hookStore{Store: r.st, id: sb.ID}
+			reaper := control.New(control.Config{Store: hs, Nodes: control.Nodes{"na": r.nodes["na"]}, Now: r.clk.Now, Holder: "C", LeaseTTL: r.ttl})
+			t.Cleanup(reaper.Close)
+			// The lease is free: A and B hold none yet.
+			connected := false
+			hs.after = func() {
+				got, _, err := r.b.Connect(ctx, sb.ID, 5*time.Minute)
+				connected = err == nil && got.State == store.StateRunning
+			}
+			reaper.ReapExpired(ctx)
+			if !connected {
+				t.Fatal("the racing connect did not succeed")
+			}
+			if k := r.nodes["na"].killed(sb.ID); k != 0 || r.gone(sb.ID) {
+				t.Fatalf("the reaper killed a sandbox a connect had just extended: %d kills, row gone %v", k, r.gone(sb.ID))
+			}
+			if _, err := r.nodes["na"].Get(ctx, sb.ID); err != nil {
+				t.Fatalf("the sandbox is gone from its node: %v", err)
+			}
+			// Still reaped once it really expires.
+			r.clk.Add(6 * time.Minute)
+			reaper.ReapExpired(ctx)
+			if k := r.nodes["na"].killed(sb.ID); k != 1 || !r.gone(sb.ID) {
+				t.Fatalf("after expiring again: %d kills, row gone %v", k, r.gone(sb.ID))
+			}
+		})
+	}
+}

@@ -189,6 +189,10 @@ type Sandboxes interface {
 	// different stored Version is ErrConflict; a missing one ErrNotFound.
 	CompareAndSwapSandbox(ctx context.Context, s Sandbox) (Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
+	// DeleteSandboxIf deletes the sandbox only if its stored Version is
+	// version: whoever changed it since (a connect extending its timeout)
+	// wins. A different Version is ErrConflict; a missing row ErrNotFound.
+	DeleteSandboxIf(ctx context.Context, id string, version int64) error
 	// ListSandboxes returns a page, oldest first, and the cursor of the
 	// next page ("" when it is the last).
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error)

@@ -243,6 +243,21 @@ func (s *DB) DeleteSandbox(ctx context.Context, id string) error {
 	return s.deleteRow(ctx, `DELETE FROM sandboxes WHERE id = $1`, "sandbox", id)
 }
 
+// DeleteSandboxIf implements store.Store.
+func (s *DB) DeleteSandboxIf(ctx context.Context, id string, version int64) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND version = $2`, id, version)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	if _, err := s.GetSandbox(ctx, id); err != nil {
+		return err
+	}
+	return fmt.Errorf("sandbox %s changed since version %d: %w", id, version, errdefs.ErrConflict)
+}
+
 func (s *DB) deleteRow(ctx context.Context, sql, kind, key string) error {
 	tag, err := s.pool.Exec(ctx, sql, key)
 	if err != nil {

@@ -295,6 +295,21 @@ func (s *DB) DeleteSandbox(ctx context.Context, id string) error {
 	return nil
 }
 
+// DeleteSandboxIf implements store.Store.
+func (s *DB) DeleteSandboxIf(ctx context.Context, id string, version int64) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ? AND version = ?`, id, version)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	if _, err := s.GetSandbox(ctx, id); err != nil {
+		return err
+	}
+	return fmt.Errorf("sandbox %s changed since version %d: %w", id, version, errdefs.ErrConflict)
+}
+
 // ListSandboxes implements store.Store.
 func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
 	after, err := decodeCursor(f.Cursor)

@@ -41,6 +41,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
 
 	t.Run("VersionAndCompareAndSwap", func(t *testing.T) { testCAS(t, open(t)) })
+	t.Run("DeleteIfVersion", func(t *testing.T) { testDeleteIf(t, open(t)) })
 	t.Run("NodeIDFilter", func(t *testing.T) { testNodeFilter(t, open(t)) })
 	t.Run("SnapshotFleetFields", func(t *testing.T) { testSnapshotFields(t, open(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
@@ -289,5 +290,37 @@ func testKeys(t *testing.T, s store.Store) {
 	}
 	if n, _ := s.CountAPIKeys(ctx); n != 1 {
 		t.Fatalf("count = %d", n)
+	}
+}
+
+// testDeleteIf: a conditional delete loses to any change made since the
+// version it names (the reaper against a connect on another replica).
+func testDeleteIf(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.CreateSandbox(ctx, sb("d1", map[string]string{"k": "v"})); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.GetSandbox(ctx, "d1")
+	if _, err := s.UpdateSandbox(ctx, "d1", func(x *store.Sandbox) error { x.EndAt = x.EndAt.Add(time.Hour); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSandboxIf(ctx, "d1", got.Version); !errdefs.IsConflict(err) {
+		t.Fatalf("delete at a stale version = %v, want a conflict", err)
+	}
+	now, err := s.GetSandbox(ctx, "d1")
+	if err != nil {
+		t.Fatalf("the row went with a stale delete: %v", err)
+	}
+	if err := s.DeleteSandboxIf(ctx, "d1", now.Version); err != nil {
+		t.Fatalf("delete at the current version = %v", err)
+	}
+	if _, err := s.GetSandbox(ctx, "d1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("after the delete: %v", err)
+	}
+	if err := s.DeleteSandboxIf(ctx, "d1", now.Version); !errdefs.IsNotFound(err) {
+		t.Fatalf("delete of a missing row = %v, want not found", err)
+	}
+	if l, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Metadata: map[string]string{"k": "v"}}); len(l) != 0 {
+		t.Fatalf("metadata of a deleted sandbox still matches: %v", l)
 	}
 }
