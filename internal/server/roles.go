@@ -229,7 +229,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		return err
 	}
 	defer n.Close()
-	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve)})
+	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit})
 	rpcPath, rpcH, err := rpc.NewHandler(ln0, cfg.ClusterToken)
 	if err != nil {
 		return err
