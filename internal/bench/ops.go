@@ -270,10 +270,16 @@ func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error 
 		}
 	}
 	// "restore" is the runtime restore inside those creates, from the
-	// API's Server-Timing.
-	restore := r.op("restore", "lifecycle", "ms")
-	restore.Samples = append(restore.Samples, r.parts[o.Name]["restore"]...)
-	restore.Note = "the runtime restore inside each create from a snapshot (Server-Timing: restore)"
+	// API's Server-Timing (a fleet replica does not relay the node's
+	// phases: then there is none).
+	var restore *Op
+	if phases := r.parts[o.Name]["restore"]; len(phases) > 0 {
+		restore = r.op("restore", "lifecycle", "ms")
+		restore.Samples = append(restore.Samples, phases...)
+		restore.Note = "the runtime restore inside each create from a snapshot (Server-Timing: restore)"
+	} else {
+		r.note("no restore phase in the API's Server-Timing (a fleet replica does not relay the node's phases): the restore row is left out")
+	}
 	if b := r.cfg.Bare; b != nil {
 		inst, err := b.Instance(src)
 		if err != nil {
@@ -282,7 +288,9 @@ func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error 
 		if err := r.bare(o, "runsc restore", n, func() (float64, error) { return b.Restore(ctx, inst, b.ImageDir(snap)) }); err != nil {
 			return err
 		}
-		restore.BareName, restore.Bare = o.BareName, ptr(*o.Bare)
+		if restore != nil {
+			restore.BareName, restore.Bare = o.BareName, ptr(*o.Bare)
+		}
 	}
 	return nil
 }
