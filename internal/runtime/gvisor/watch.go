@@ -159,7 +159,9 @@ func (d *Driver) exitOf(id string, pid int, memcg *string, oomBefore int64) runt
 			ex.Detail = "the sandbox reached its memory limit"
 		}
 	}
-	d.log.Warn("instance died", "instance", id, "pid", pid, "reason", ex.Reason, "oom_evidence", oomBy)
+	// Every exit passes here, kills included; the engine logs the deaths
+	// it did not cause.
+	d.log.Debug("instance exited", "instance", id, "pid", pid, "reason", ex.Reason, "oom_evidence", oomBy)
 	return ex
 }
 
