@@ -39,7 +39,7 @@ func BenchmarkHop(b *testing.B) {
 		// the host's load (other tests, other helpers) hits both alike.
 		b.Run(op.name, func(b *testing.B) {
 			fn := controltest.New(b)
-			nodes := []nodeapi.Node{fn.Local, remote(b, fn.Local)}
+			nodes := []nodeapi.Node{fn.Local, controltest.Remote(b, fn.Local)}
 			ctx := context.Background()
 			sb, err := fn.Local.Create(ctx, nodeapi.CreateRequest{SandboxID: ids.New('i'), AccessToken: ids.New('t'), Template: controltest.Templates[0]})
 			if err != nil {

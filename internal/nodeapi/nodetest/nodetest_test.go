@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -19,7 +17,6 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/nodeapi/nodetest"
-	"github.com/spore-run/spore/internal/nodeapi/rpc"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/testenv"
 )
@@ -43,37 +40,11 @@ func TestConformanceLocalFake(t *testing.T) { nodetest.Run(t, fakeTarget) }
 func TestConformanceRPCFake(t *testing.T) {
 	nodetest.Run(t, func(t *testing.T) nodetest.Target {
 		tg := fakeTarget(t)
-		tg.Node = remote(t, tg.Node)
+		tg.Node = controltest.Remote(t, tg.Node)
 		return tg
 	})
 }
 
-// remote serves n over the node protocol on a loopback listener (h2c, as
-// a node agent does) and returns a client of it.
-func remote(t testing.TB, n nodeapi.Node) nodeapi.Node {
-	t.Helper()
-	token := ids.New('k') + ids.New('k')
-	path, h, err := rpc.NewHandler(n, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(path, h)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config = rpc.Server(mux, nil)
-	srv.Start()
-	hc := rpc.HTTPClient(nil)
-	t.Cleanup(func() {
-		hc.CloseIdleConnections()
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	c, err := rpc.NewClient(srv.URL, token, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 // Real tier: the same over a real node (gVisor sandboxes). One node serves
 // every subtest (opening one builds its templates); the suite kills what
@@ -158,5 +129,5 @@ func TestConformanceLocalReal(t *testing.T) {
 
 func TestConformanceRPCReal(t *testing.T) {
 	r := openReal(t)
-	nodetest.Run(t, func(t *testing.T) nodetest.Target { return r.target(remote(t, r.local)) })
+	nodetest.Run(t, func(t *testing.T) nodetest.Target { return r.target(controltest.Remote(t, r.local)) })
 }
