@@ -45,7 +45,6 @@ func TestConformanceRPCFake(t *testing.T) {
 	})
 }
 
-
 // Real tier: the same over a real node (gVisor sandboxes). One node serves
 // every subtest (opening one builds its templates); the suite kills what
 // it makes, and the node is taken apart at the end.
