@@ -131,7 +131,7 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	pod := get(dep, "spec", "template", "spec").(map[string]any)
 	api := list(pod, "containers")[0].(map[string]any)
 	wantArgs := []string{"api", "--listen", ":3000", "--database-url", "$(DATABASE_URL)", "--cluster-token-file", "/etc/spore/token",
-		"--api-key-file", "/etc/spore/api-key"}
+		"--api-key-file", "/etc/spore/api-key", "--pool", "2"}
 	if got := strs(api["args"]); !slices.Equal(got, wantArgs) {
 		t.Errorf("api args = %q, want %q", got, wantArgs)
 	}
