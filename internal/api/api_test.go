@@ -163,7 +163,14 @@ func newHarness(t testing.TB) *harness {
 
 func (h *harness) do(method, path, body string, hdr ...string) (int, []byte, http.Header) {
 	h.t.Helper()
-	req, _ := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	return call(h.t, h.url, method, path, body, hdr...)
+}
+
+// call sends one API request with the test key to the server at base;
+// hdr holds name, value pairs ("Host" sets the request's host).
+func call(t testing.TB, base, method, path, body string, hdr ...string) (int, []byte, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 	req.Header.Set("X-API-KEY", key)
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
@@ -175,7 +182,7 @@ func (h *harness) do(method, path, body string, hdr ...string) (int, []byte, htt
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

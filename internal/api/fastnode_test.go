@@ -55,23 +55,7 @@ func newFnode(t *testing.T) *fnode {
 
 func (f *fnode) do(method, path, body string, hdr ...string) (int, []byte, http.Header) {
 	f.t.Helper()
-	req, _ := http.NewRequest(method, f.url+path, strings.NewReader(body))
-	req.Header.Set("X-API-KEY", key)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		if hdr[i] == "Host" {
-			req.Host = hdr[i+1]
-		} else {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, resp.Header
+	return call(f.t, f.url, method, path, body, hdr...)
 }
 
 // want checks a status; an error status must come with a JSON
