@@ -1,10 +1,10 @@
 package fleet
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	sporenet "github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -214,14 +213,14 @@ func hostTable(name string, veths []string, apiPorts []uint16) error {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	for _, port := range apiPorts {
 		for _, ifn := range append([]string{"lo"}, veths...) {
-			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rules(iif(ifn), tcpDport(port), verdict(expr.VerdictAccept))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, ifn, expr.CmpOpEq), nftexpr.Dport(unix.IPPROTO_TCP, port), nftexpr.Verdict(expr.VerdictAccept))})
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rules(tcpDport(port), verdict(expr.VerdictDrop))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.Dport(unix.IPPROTO_TCP, port), nftexpr.Verdict(expr.VerdictDrop))})
 	}
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: rules(ipv4(), inPrefix(12, fleetSpace, expr.CmpOpEq),
-		inPrefix(16, fleetSpace, expr.CmpOpNeq), &expr.Masq{})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IPv4(), nftexpr.InPrefix(12, fleetSpace, expr.CmpOpEq),
+		nftexpr.InPrefix(16, fleetSpace, expr.CmpOpNeq), &expr.Masq{})})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables table %s: %w", name, err)
 	}
@@ -265,56 +264,6 @@ func tableExists(name string) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-func iif(name string) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: append([]byte(name), 0)},
-	}
-}
-
-func tcpDport(port uint16) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
-	}
-}
-
-func ipv4() []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-	}
-}
-
-// inPrefix matches the IPv4 source (offset 12) or destination (16).
-func inPrefix(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
-	mask := make([]byte, 4)
-	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-p.Bits()))
-	a := p.Masked().Addr().As4()
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
-	}
-}
-
-func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
-
-func rules(parts ...any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		switch v := p.(type) {
-		case expr.Any:
-			out = append(out, v)
-		case []expr.Any:
-			out = append(out, v...)
-		}
-	}
-	return out
 }
 
 const ipForwardPath = "/proc/sys/net/ipv4/ip_forward"

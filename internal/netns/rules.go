@@ -2,9 +2,9 @@ package netns
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -16,73 +16,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// Rule building blocks (nftables expressions).
-
-func ifname(key expr.MetaKey, name string, op expr.CmpOp) []expr.Any {
-	data := []byte(name)
-	if name[len(name)-1] == '*' { // prefix match, like nft's "name*"
-		data = data[:len(data)-1]
-	} else {
-		data = append(data, 0)
-	}
-	return []expr.Any{
-		&expr.Meta{Key: key, Register: 1},
-		&expr.Cmp{Op: op, Register: 1, Data: data},
-	}
-}
-
-func ctEstablished() []expr.Any {
-	mask := make([]byte, 4)
-	binary.NativeEndian.PutUint32(mask, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
-	return []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-	}
-}
-
-// inPrefix matches the IPv4 source (offset 12) or destination (16) against
-// a prefix.
-func inPrefix(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
-	p = p.Masked()
-	mask := make([]byte, 4)
-	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-p.Bits()))
-	if p.Bits() == 0 {
-		mask = make([]byte, 4)
-	}
-	a := p.Addr().As4()
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
-	}
-}
-
-func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
-
-// dport matches a transport protocol and destination port.
-func dport(proto byte, port uint16) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
-	}
-}
-
-func rule(parts ...any) []expr.Any {
-	var out []expr.Any
-	for _, p := range parts {
-		switch v := p.(type) {
-		case expr.Any:
-			out = append(out, v)
-		case []expr.Any:
-			out = append(out, v...)
-		}
-	}
-	return out
-}
 
 const (
 	offSrc = 12
@@ -127,20 +60,20 @@ func (m *Manager) hostRules() error {
 	c.AddTable(t)
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	sb := m.hostIfPrefix() + "*"
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), ctEstablished(), verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
 	if port := m.cfg.DNSPort; port != 0 {
 		// The DNS forwarder: sandboxes' queries (DNAT'd by their gateway)
 		// in, everyone else's out: it is no open resolver for the LAN.
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), dport(proto, port), verdict(expr.VerdictAccept))})
-			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(dport(proto, port), verdict(expr.VerdictDrop))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictDrop))})
 		}
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), verdict(expr.VerdictDrop))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), verdict(expr.VerdictDrop))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: rule(inPrefix(offSrc, netip.MustParsePrefix("10.200.0.0/16"), expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(offSrc, netip.MustParsePrefix("10.200.0.0/16"), expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
 	return c.Flush()
 }
 
@@ -166,9 +99,9 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "spore"})
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	sbAddr := SandboxIP.As4()
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: rule(
-		ifname(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq),
-		inPrefix(offDst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
+		nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq),
+		nftexpr.InPrefix(offDst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
 		&expr.Immediate{Register: 1, Data: sbAddr[:]},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
 	)})
@@ -178,10 +111,10 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	hostAddr := n.HostAddr.As4()
 	if port := m.cfg.DNSPort; port != 0 {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: rule(
-				ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq),
-				inPrefix(offDst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
-				dport(proto, 53),
+			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
+				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq),
+				nftexpr.InPrefix(offDst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
+				nftexpr.Dport(proto, 53),
 				&expr.Immediate{Register: 1, Data: hostAddr[:]},
 				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true},
@@ -191,22 +124,22 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	// Toward the sandbox everything comes from its gateway; outward
 	// everything leaves from up0's address.
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: rule(ifname(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), &expr.Masq{})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: rule(ifname(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Masq{})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), &expr.Masq{})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Masq{})})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyDrop})
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ctEstablished(), verdict(expr.VerdictAccept))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
 	if port := m.cfg.DNSPort; port != 0 {
 		// Only the DNAT'd queries reach the forwarder: its address is in
 		// the floor for everything else.
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(
-				ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq),
-				inPrefix(offDst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), dport(proto, port), verdict(expr.VerdictAccept))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(
+				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq),
+				nftexpr.InPrefix(offDst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
 		}
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: rule(ifname(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), ifname(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
 	egressRules(c, t, egress, m.floor, n.Policy)
 	return c.Flush()
 }
@@ -218,19 +151,19 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 // gateway up to the manager's floor.
 func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
 	for _, f := range floor {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, f, expr.CmpOpEq), verdict(expr.VerdictDrop))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	}
 	for _, d := range p.Deny {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, d, expr.CmpOpEq), verdict(expr.VerdictDrop))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, d, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	}
 	for _, a := range p.Allow {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(inPrefix(offDst, a, expr.CmpOpEq), verdict(expr.VerdictAccept))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, a, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
 	}
 	if !p.Internet {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(verdict(expr.VerdictDrop))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictDrop))})
 		return
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictAccept))})
 }
 
 // SetPolicy changes a running instance's egress policy (atomically: the
