@@ -19,6 +19,9 @@ var (
 	ErrUnavailable     = errors.New("unavailable")        // 503: runtime or resource not ready
 	ErrResourceLimit   = errors.New("resource exhausted") // 429/507
 	ErrInternal        = errors.New("internal error")     // 500
+	// ErrDataLoss: stored data failed its integrity check (a chunk whose
+	// bytes do not match its hash) and no other copy was usable.
+	ErrDataLoss = errors.New("data loss") // 500
 )
 
 // IsInvalidArgument reports whether err is of kind ErrInvalidArgument.
@@ -35,6 +38,9 @@ func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
 
 // IsUnavailable reports whether err is of kind ErrUnavailable.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// IsDataLoss reports whether err is of kind ErrDataLoss.
+func IsDataLoss(err error) bool { return errors.Is(err, ErrDataLoss) }
 
 // Invalidf returns an ErrInvalidArgument with a message.
 func Invalidf(format string, args ...any) error {
