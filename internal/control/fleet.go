@@ -27,32 +27,59 @@ const LostAfter = 10 * time.Second
 const leaseNodes = "nodes"
 
 // Heartbeat records a node agent's registration or heartbeat: what it
-// offers, where it answers, now. It returns the node's row as it was
-// before (ok false when the node is new), so the caller can tell a node
-// that (re)joins, which must be reconciled, from one that keeps beating.
-func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.NodeInfo) (prev store.Node, ok bool, err error) {
-	prev, err = s.st.GetNode(ctx, id)
-	switch {
-	case err == nil:
-		ok = true
-	case !errdefs.IsNotFound(err):
-		return prev, false, err
+// offers, where it answers, now. A node that (re)joins (new, restarted,
+// back from lost or left, moved to another address, or not yet through
+// its join) is recorded joining, not ready, and join is true: the caller
+// reconciles it (its sandbox rows against its List) and then calls
+// Joined. Until then placement skips it and the fleet does not report it
+// ready, so a sandbox of a node that says "ready" is reachable as its row
+// says. A join that fails is retried on the next heartbeat.
+func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.NodeInfo, restarted bool) (join bool, err error) {
+	prev, err := s.st.GetNode(ctx, id)
+	known := err == nil
+	if err != nil && !errdefs.IsNotFound(err) {
+		return false, err
+	}
+	join = !known || restarted || prev.State != store.NodeReady || prev.Addr != addr
+	state := store.NodeReady
+	if join {
+		state = store.NodeJoining
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
+		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: state})
 	if err != nil {
-		return prev, ok, err
+		return false, err
 	}
-	if ok && prev.State != store.NodeReady {
-		s.log.Info("node is back", "node_id", id, "was", prev.State)
+	if join {
+		s.log.Info("node joining", "node_id", id, "addr", addr, "was", prev.State, "restarted", restarted)
+		s.invalidateView()
 	}
-	return prev, ok, nil
+	return join, nil
+}
+
+// Joined marks a joining node ready once it was reconciled. A node that
+// meanwhile went lost or left stays so.
+func (s *Service) Joined(ctx context.Context, id string) error {
+	_, err := s.st.UpdateNode(ctx, id, func(x *store.Node) error {
+		if x.State == store.NodeJoining {
+			x.State = store.NodeReady
+		}
+		return nil
+	})
+	s.invalidateView()
+	return err
 }
 
 // MonitorNodes marks lost nodes every interval while this instance holds
 // the "nodes" lease (one instance per store does it), until ctx ends.
+//
+// A monitor judges nobody in its first LostAfter: when the whole control
+// plane was down, no node could heartbeat, and a stale heartbeat then says
+// nothing about the node. Nodes that still answer register again within
+// that time.
 func (s *Service) MonitorNodes(ctx context.Context, interval time.Duration) {
+	start := s.now()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	defer s.st.ReleaseLease(context.WithoutCancel(ctx), leaseNodes, s.cfg.Holder)
@@ -61,6 +88,9 @@ func (s *Service) MonitorNodes(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if s.now().Sub(start) <= LostAfter {
+				continue
+			}
 			if s.lease(ctx, leaseNodes) {
 				if err := s.CheckNodes(ctx); err != nil && ctx.Err() == nil {
 					s.log.Warn("check nodes", "err", err)
@@ -70,7 +100,7 @@ func (s *Service) MonitorNodes(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// CheckNodes marks every ready node whose heartbeat is older than
+// CheckNodes marks every ready or joining node whose heartbeat is older than
 // LostAfter lost, and its running and paused sandboxes state error with
 // reason node-lost: their instances are out of reach (and gone, if the
 // host died). Hibernated sandboxes stay hibernated: their images are on
@@ -85,12 +115,12 @@ func (s *Service) CheckNodes(ctx context.Context) error {
 	}
 	now := s.now()
 	for _, n := range nodes {
-		if n.State != store.NodeReady || now.Sub(n.Heartbeat) <= LostAfter {
+		if !live(n.State) || now.Sub(n.Heartbeat) <= LostAfter {
 			continue
 		}
 		marked := false
 		_, err := s.st.UpdateNode(ctx, n.ID, func(x *store.Node) error {
-			if x.State != store.NodeReady || now.Sub(x.Heartbeat) <= LostAfter {
+			if !live(x.State) || now.Sub(x.Heartbeat) <= LostAfter {
 				return nil
 			}
 			x.State, marked = store.NodeLost, true
@@ -109,6 +139,9 @@ func (s *Service) CheckNodes(ctx context.Context) error {
 	}
 	return nil
 }
+
+// live says whether a node in this state is expected to heartbeat.
+func live(state string) bool { return state == store.NodeReady || state == store.NodeJoining }
 
 // nodeLost gives the node's running and paused sandboxes state error.
 func (s *Service) nodeLost(ctx context.Context, nodeID string) error {

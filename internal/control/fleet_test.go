@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -39,8 +40,19 @@ func (f *fleet) beat(id string) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if _, _, err := f.ctl.Heartbeat(ctxFor(f.t), id, id+":1", info); err != nil {
+	// As the API's registration route does: a joining node is
+	// reconciled, then ready.
+	join, err := f.ctl.Heartbeat(ctxFor(f.t), id, id+":1", info, false)
+	if err != nil {
 		f.t.Fatal(err)
+	}
+	if join {
+		if err := f.ctl.ReconcileNode(ctxFor(f.t), id); err != nil {
+			f.t.Fatal(err)
+		}
+		if err := f.ctl.Joined(ctxFor(f.t), id); err != nil {
+			f.t.Fatal(err)
+		}
 	}
 }
 
@@ -147,6 +159,119 @@ func testNodeLost(t *testing.T, _ controltest.Config) {
 	}
 	if r := f.row(paused.ID); r.State != store.StatePaused {
 		t.Fatalf("after rejoin: %s, want paused", r.State)
+	}
+}
+
+// A node that comes back is joining until it was reconciled: no
+// placement on it, its sandboxes keep their rows' state (the proxy does
+// not route to a node-lost sandbox), a joining node that stops beating is
+// lost; once reconciled and marked joined it is ready and its sandboxes
+// run. Before, a heartbeat made it ready at once, so "ready" could be read
+// while its sandboxes were still error/node-lost (a restarted fleet
+// answered Unavailable to the first command).
+func TestJoiningNodeIsReadyOnlyWhenReconciled(t *testing.T) {
+	controltest.Each(t, testJoiningNodeIsReadyOnlyWhenReconciled)
+}
+
+func testJoiningNodeIsReadyOnlyWhenReconciled(t *testing.T, _ controltest.Config) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	run := f.onNode("na")
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeLost {
+		t.Fatalf("na is %s, want lost", s)
+	}
+	info, err := local.New(f.a.Engine, local.Config{ID: "na"}).Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	join, err := f.ctl.Heartbeat(ctx, "na", "na:1", info, false)
+	if err != nil || !join {
+		t.Fatalf("heartbeat of a lost node: join %v, %v", join, err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeJoining {
+		t.Fatalf("na is %s before its reconcile, want joining", s)
+	}
+	if _, running, _, _ := f.ctl.Lookup(run.ID); running {
+		t.Fatal("the proxy routes to a node-lost sandbox before its node was reconciled")
+	}
+	for range 4 {
+		if sb := f.create(control.CreateRequest{}); sb.NodeID != "nb" {
+			t.Fatalf("a create landed on %s, which is joining", sb.NodeID)
+		}
+	}
+	// A second heartbeat before the join finished joins again.
+	if join, err := f.ctl.Heartbeat(ctx, "na", "na:1", info, false); err != nil || !join {
+		t.Fatalf("heartbeat of a joining node: join %v, %v", join, err)
+	}
+	if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ctl.Joined(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeReady {
+		t.Fatalf("na is %s after its join, want ready", s)
+	}
+	if _, running, _, _ := f.ctl.Lookup(run.ID); !running {
+		t.Fatal("the sandbox of a rejoined node is not routed")
+	}
+	if join, err := f.ctl.Heartbeat(ctx, "na", "na:1", info, false); err != nil || join {
+		t.Fatalf("steady heartbeat: join %v, %v", join, err)
+	}
+	if join, err := f.ctl.Heartbeat(ctx, "na", "na:1", info, true); err != nil || !join {
+		t.Fatalf("heartbeat of a restarted agent: join %v, %v", join, err)
+	}
+	// A joining node that stops beating is lost like a ready one.
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeLost {
+		t.Fatalf("a silent joining node is %s, want lost", s)
+	}
+}
+
+// A monitor that just started judges nobody for LostAfter: after a
+// restart of the whole control plane every heartbeat is stale, and the
+// nodes need a moment to register again. Before, every node was marked
+// lost (and every sandbox error) at the first tick.
+func TestMonitorWaitsBeforeJudging(t *testing.T) { controltest.Each(t, testMonitorWaitsBeforeJudging) }
+
+func testMonitorWaitsBeforeJudging(t *testing.T, _ controltest.Config) {
+	f := newFleet(t)
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(time.Hour) // the control plane was down for an hour
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	done := make(chan struct{})
+	go func() { defer close(done); f.ctl.MonitorNodes(ctx, time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond) // ~200 ticks within its first LostAfter
+	for _, id := range []string{"na", "nb"} {
+		if s := f.nodeRow(id).State; s != store.NodeReady {
+			t.Fatalf("%s is %s right after the monitor started", id, s)
+		}
+	}
+	f.beat("nb")
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	deadline := time.Now().Add(10 * time.Second)
+	for f.nodeRow("na").State != store.NodeLost {
+		if time.Now().After(deadline) {
+			t.Fatal("na never judged lost once the monitor had waited LostAfter")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := f.nodeRow("nb").State; s != store.NodeReady {
+		t.Fatalf("nb, which kept beating, is %s", s)
 	}
 }
 

@@ -210,7 +210,7 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 		_, reachable := s.nodes.Node(n.ID)
 		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
 			Reserved: schedRes(n.Reserved), Overcommit: scheduler.Overcommit(n.Overcommit), Used: used[n.ID], Draining: n.Draining,
-			Lost:       n.State == store.NodeLost || n.State == store.NodeLeft || !reachable,
+			Lost:       n.State != store.NodeReady || !reachable, // joining: not until reconciled
 			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
 	}
 	return v, nil

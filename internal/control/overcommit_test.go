@@ -42,7 +42,10 @@ func TestPlacementAppliesNodeOvercommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := ctl.Heartbeat(ctx, "na", "na:1", info); err != nil {
+	if _, err := ctl.Heartbeat(ctx, "na", "na:1", info, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Joined(ctx, "na"); err != nil {
 		t.Fatal(err)
 	}
 	row, err := st.GetNode(ctx, "na")

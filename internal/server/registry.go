@@ -175,21 +175,20 @@ func registerHandler(ctl *control.Service, st store.Store, reg *registry, token 
 			http.Error(w, "registration: addr missing or info names another node", http.StatusBadRequest)
 			return
 		}
-		prev, known, err := ctl.Heartbeat(r.Context(), id, body.Addr, body.Info)
+		join, err := ctl.Heartbeat(r.Context(), id, body.Addr, body.Info, body.Joined)
 		if err != nil {
 			log.Error("node heartbeat", "node_id", id, "err", err)
 			http.Error(w, "could not record the heartbeat", http.StatusServiceUnavailable)
 			return
 		}
-		if !known || body.Joined || prev.State != store.NodeReady || prev.Addr != body.Addr {
-			log.Info("node joined", "node_id", id, "addr", body.Addr, "was", prev.State)
+		if join {
 			if _, err := reg.refresh(r.Context(), st); err != nil {
 				http.Error(w, "could not refresh the node registry", http.StatusServiceUnavailable)
 				return
 			}
 			ctl.Follow(id)
-			// Answered only once reconciled: a failure leaves the node
-			// asking again as joining.
+			// Answered only once reconciled and ready: a failure leaves
+			// the node joining, and its next heartbeat joins it again.
 			ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 			defer cancel()
 			if err := ctl.ReconcileNode(ctx, id); err != nil {
@@ -197,6 +196,11 @@ func registerHandler(ctl *control.Service, st store.Store, reg *registry, token 
 				http.Error(w, "could not reconcile the node", http.StatusServiceUnavailable)
 				return
 			}
+			if err := ctl.Joined(ctx, id); err != nil {
+				http.Error(w, "could not mark the node ready", http.StatusServiceUnavailable)
+				return
+			}
+			log.Info("node joined", "node_id", id, "addr", body.Addr)
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}

@@ -171,7 +171,10 @@ func TestProxyHopToNode(t *testing.T) {
 	ctl, st, reg := apiSide(t, srv)
 	ctx := testCtx(t)
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	if _, _, err := ctl.Heartbeat(ctx, "na", addr, mustInfo(t, srv)); err != nil {
+	if _, err := ctl.Heartbeat(ctx, "na", addr, mustInfo(t, srv), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Joined(ctx, "na"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := reg.refresh(ctx, st); err != nil {

@@ -40,7 +40,10 @@ func TestStreamEndsWhenAnotherReplicaActs(t *testing.T) {
 			ctlB := control.New(control.Config{Store: st, Nodes: regB, Hop: regB.hop})
 			t.Cleanup(ctlB.Close)
 			addr := strings.TrimPrefix(srv.URL, "http://")
-			if _, _, err := ctlA.Heartbeat(ctx, "na", addr, mustInfo(t, srv)); err != nil {
+			if _, err := ctlA.Heartbeat(ctx, "na", addr, mustInfo(t, srv), true); err != nil {
+				t.Fatal(err)
+			}
+			if err := ctlA.Joined(ctx, "na"); err != nil {
 				t.Fatal(err)
 			}
 			for _, reg := range []*registry{regA, regB} {

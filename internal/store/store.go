@@ -95,9 +95,10 @@ type Template struct {
 
 // Node states.
 const (
-	NodeReady = "ready"
-	NodeLost  = "lost" // stopped answering
-	NodeLeft  = "left" // left on purpose
+	NodeReady   = "ready"
+	NodeJoining = "joining" // registered; its sandboxes are being reconciled
+	NodeLost    = "lost"    // stopped answering
+	NodeLeft    = "left"    // left on purpose
 )
 
 // Resources is an amount of node capacity.
