@@ -83,7 +83,9 @@ func (f *flaky) Fork(ctx context.Context, id string, r nodeapi.ForkRequest) (nod
 // thing exists, on the node and in the store. A definite failure (no
 // capacity) is undone at once, without a second call; an indefinite
 // failure that lasts past the tries is undone too.
-func TestIndefiniteNodeFailureRetried(t *testing.T) { controltest.Each(t, testIndefiniteNodeFailureRetried) }
+func TestIndefiniteNodeFailureRetried(t *testing.T) {
+	controltest.Each(t, testIndefiniteNodeFailureRetried)
+}
 
 func testIndefiniteNodeFailureRetried(t *testing.T, _ controltest.Config) {
 	h := newHarness(t)

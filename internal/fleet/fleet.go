@@ -450,15 +450,18 @@ func waitHTTP(ctx context.Context, p Proc, url, key string, timeout time.Duratio
 
 // NodeView is a node as GET /nodes reports it.
 type NodeView struct {
-	NodeID string `json:"nodeID"`
-	State  string `json:"state"`
-	Addr   string `json:"addr"`
+	NodeID         string `json:"nodeID"`
+	State          string `json:"state"`
+	Addr           string `json:"addr"`
+	HeartbeatAgeMs int64  `json:"heartbeatAgeMs"`
 }
 
-// waitNodes waits until every node agent has registered and is ready, as
-// the first replica sees it.
+// waitNodes waits until every node agent has registered since the call
+// and is ready (reconciled), as the first replica sees it: a row may
+// still say "ready" from before a restart.
 func waitNodes(ctx context.Context, st *State, key string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	c := &http.Client{Timeout: 5 * time.Second}
 	want := map[string]bool{}
 	for _, n := range st.Nodes {
@@ -474,7 +477,7 @@ func waitNodes(ctx context.Context, st *State, key string, timeout time.Duration
 			resp.Body.Close()
 			ready := 0
 			for _, n := range nodes {
-				if want[n.NodeID] && n.State == "ready" {
+				if want[n.NodeID] && n.State == "ready" && time.Now().Add(-time.Duration(n.HeartbeatAgeMs)*time.Millisecond).After(start) {
 					ready++
 				}
 			}
