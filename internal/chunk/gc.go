@@ -16,12 +16,12 @@ package chunk
 //     (the run then stops with an error; a rerun finishes the job).
 //  5. delete gc/<run>.json.
 //
-// Pack P: cut the tree; put pending/<id>.json (Modified t0); make every
-// chunk present (stat, upload if missing); then list gc/ and wait until
-// every run whose marker is alive (Modified+B not yet past) has ended; if
-// there was one, stat every chunk again and upload what is missing; commit
-// manifests/<id>.json only if less than StaleAfter/2 has passed since t0;
-// delete pending/<id>.json.
+// Pack P: cut the tree; put pending/<id>.json (Modified t0); list gc/ and
+// note the runs whose marker is alive (Modified+B not yet past); make
+// every chunk present (stat, upload if missing); wait until each noted run
+// has ended or run out of budget, and if there was one, stat every chunk
+// again and upload what is missing; commit manifests/<id>.json only if
+// less than StaleAfter/2 has passed since t0; delete pending/<id>.json.
 //
 // Claim: a chunk named by a committed manifest M (of Pack P) is never
 // deleted by a GC run R. R deletes chunk c only if c was in no marker R
@@ -31,10 +31,13 @@ package chunk
 // manifests after pending, so it saw M. Case 3, the marker was not there
 // yet: R put gc/<run> before that listing, so before P put its marker, so
 // before P listed gc/ (the store is read-after-write and list-after-write
-// consistent): P saw R's marker and waited until R ended or its budget
-// ran out, after which R deletes nothing. P then re-checked c and uploaded
-// it again if R had deleted it; no other run can delete it afterwards
-// (each later run is in case 1 or 2). Case 4, R ignored P's marker as
+// consistent). Either R had already ended when P listed gc/ (then all of
+// R's deletes came before P's stats, which saw them and uploaded again),
+// or P saw R's marker, waited until R ended or its budget ran out (after
+// which R deletes nothing) and then re-checked c, uploading it again if R
+// had deleted it. No other run can delete it afterwards (each later run
+// is in case 1 or 2). Re-checking only at the end would not do: a run can
+// delete c after P's stat and end before P looks at gc/. Case 4, R ignored P's marker as
 // stale: it is older than StaleAfter at k0, but P commits within
 // StaleAfter/2 of t0, so M was committed before k0 (case 2).
 //
@@ -109,46 +112,58 @@ func alive(modified time.Time, b time.Duration, now time.Time) bool {
 	return !modified.Add(b + clockSlack).Before(now)
 }
 
-// waitForGCs waits until every GC run that is alive now has ended. It
-// reports whether there was one.
-func waitForGCs(ctx context.Context, store blob.Store, clock storeClock, poll time.Duration, log *slog.Logger) (bool, error) {
-	type run struct {
-		info   blob.Info
-		budget time.Duration
-	}
-	var runs []run
+// gcRun is a GC run's marker as a Pack saw it.
+type gcRun struct {
+	info   blob.Info
+	budget time.Duration
+}
+
+// liveGCs lists the GC runs that may still delete (markers whose budget
+// has not run out by the store clock).
+func liveGCs(ctx context.Context, store blob.Store, clock storeClock) ([]gcRun, error) {
+	var infos []blob.Info
 	err := store.List(ctx, "gc/", func(info blob.Info) error {
-		runs = append(runs, run{info: info})
+		infos = append(infos, info)
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("list gc runs: %w", err)
+		return nil, fmt.Errorf("list gc runs: %w", err)
 	}
-	seen := false
-	for _, r := range runs {
-		m, err := readGCMarker(ctx, store, r.info.Key)
+	var runs []gcRun
+	for _, info := range infos {
+		m, err := readGCMarker(ctx, store, info.Key)
 		if errdefs.IsNotFound(err) {
 			continue // ended
 		}
 		if err != nil {
-			return false, err
+			return nil, err
 		}
-		for alive(r.info.Modified, m.Budget, clock.now()) {
-			seen = true
-			log.Info("chunk: pack waits for a gc run to end", "run", r.info.Key)
-			select {
-			case <-ctx.Done():
-				return seen, ctx.Err()
-			case <-time.After(poll):
-			}
+		if alive(info.Modified, m.Budget, clock.now()) {
+			runs = append(runs, gcRun{info: info, budget: m.Budget})
+		}
+	}
+	return runs, nil
+}
+
+// waitGCs waits until each run has ended (its marker is gone) or can no
+// longer delete (its budget ran out).
+func waitGCs(ctx context.Context, store blob.Store, runs []gcRun, clock storeClock, poll time.Duration, log *slog.Logger) error {
+	for _, r := range runs {
+		log.Info("chunk: pack waits for a gc run to end", "run", r.info.Key)
+		for alive(r.info.Modified, r.budget, clock.now()) {
 			if _, err := store.Stat(ctx, r.info.Key); errdefs.IsNotFound(err) {
 				break
 			} else if err != nil {
-				return seen, fmt.Errorf("stat %s: %w", r.info.Key, err)
+				return fmt.Errorf("stat %s: %w", r.info.Key, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(poll):
 			}
 		}
 	}
-	return seen, nil
+	return nil
 }
 
 func readGCMarker(ctx context.Context, store blob.Store, key string) (gcMarker, error) {

@@ -65,10 +65,10 @@ type pending struct {
 // crash) uploads only what is missing.
 //
 // Protocol with GC (see gc.go): after the cut, before touching the store's
-// chunks, Pack writes pending/<id>.json listing them. When its uploads are
-// done it looks for GC runs that may have missed that marker, waits for
-// them to end and re-checks every chunk (re-uploading any they deleted);
-// then it writes the manifest and removes the marker.
+// chunks, Pack writes pending/<id>.json listing them and notes the GC runs
+// under way (they may have missed the marker). When its uploads are done
+// it waits for those runs to end and re-checks every chunk (re-uploading
+// any they deleted); then it writes the manifest and removes the marker.
 func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (*Manifest, Stats, error) {
 	var st Stats
 	if err := CheckManifestID(opts.ID); err != nil {
@@ -103,6 +103,13 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 		return nil, st, err
 	}
 
+	// GC runs under way may have missed the marker: note them before
+	// looking at any chunk (a run that ends before this deleted only
+	// before our stats, which will see it).
+	runs, err := liveGCs(ctx, store, clock)
+	if err != nil {
+		return nil, st, err
+	}
 	p := &packer{store: store, sc: sc, opts: opts, stored: map[ID]int64{}, put: map[ID]bool{}}
 	if err := p.ensureAll(ctx); err != nil {
 		return nil, st, err
@@ -110,18 +117,15 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 	if opts.afterUpload != nil {
 		opts.afterUpload()
 	}
-	if !opts.skipSettle {
-		seen, err := waitForGCs(ctx, store, clock, opts.Poll, log)
-		if err != nil {
+	if len(runs) > 0 && !opts.skipSettle {
+		if err := waitGCs(ctx, store, runs, clock, opts.Poll, log); err != nil {
 			return nil, st, err
 		}
-		if seen {
-			// A GC that may not have seen our marker has ended: whatever
-			// it deleted of ours is missing now, and only now can we tell.
-			st.WaitedForGC = true
-			if err := p.ensureAll(ctx); err != nil {
-				return nil, st, err
-			}
+		// Whatever those runs deleted of ours is missing now, and only
+		// now can we tell.
+		st.WaitedForGC = true
+		if err := p.ensureAll(ctx); err != nil {
+			return nil, st, err
 		}
 	}
 	if el := clock.elapsed(); el > opts.StaleAfter/2 {
