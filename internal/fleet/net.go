@@ -55,13 +55,13 @@ func checkNetFree(names []string, veths []string) error {
 			return fmt.Errorf("interface %s exists (another fleet is up?): %w", v, errdefs.ErrAlreadyExists)
 		}
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := sporenet.HostAddrs()
 	if err != nil {
-		return fmt.Errorf("list host addresses: %w", err)
+		return err
 	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && fleetSpace.Contains(ip) {
-			return fmt.Errorf("the host already has %s (on %s) in the fleet range %s: another fleet is up: %w", ip, a.Label, fleetSpace, errdefs.ErrAlreadyExists)
+	for ip := range addrs {
+		if fleetSpace.Contains(ip) {
+			return fmt.Errorf("the host already has %s in the fleet range %s: another fleet is up: %w", ip, fleetSpace, errdefs.ErrAlreadyExists)
 		}
 	}
 	return nil

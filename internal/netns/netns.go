@@ -119,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, errdefs.Invalidf("egress floor entry %v is not a CIDR", p)
 		}
 	}
-	host, err := hostAddrs()
+	host, err := HostAddrs()
 	if err != nil {
 		return nil, fmt.Errorf("netns: host addresses: %w", err)
 	}
@@ -217,7 +217,7 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 	}
 	// A slot whose host address exists on the host belongs to someone else
 	// (another server on this host).
-	taken, err := hostAddrs()
+	taken, err := HostAddrs()
 	if err != nil {
 		return Net{}, err
 	}
@@ -256,11 +256,25 @@ func hostLock() (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// hostAddrs returns the IPv4 addresses configured in the root namespace.
-func hostAddrs() (map[netip.Addr]bool, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+// dumpTries bounds the rereads of an interrupted netlink dump: each is
+// interrupted only by a change landing during it.
+const dumpTries = 20
+
+// HostAddrs returns the IPv4 addresses configured in the calling
+// thread's namespace (the root one, for a node). A dump that a concurrent
+// change interrupted (another sandbox's link coming or going: the kernel
+// flags it, netlink.ErrDumpInterrupted, and the list may miss entries) is
+// read again.
+func HostAddrs() (map[netip.Addr]bool, error) {
+	var addrs []netlink.Addr
+	var err error
+	for range dumpTries {
+		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
 	out := map[netip.Addr]bool{}
 	for _, a := range addrs {
@@ -532,7 +546,7 @@ func (m *Manager) flushStale() error {
 		return err
 	}
 	defer unlock()
-	live, err := hostAddrs()
+	live, err := HostAddrs()
 	if err != nil {
 		return err
 	}
