@@ -11,7 +11,7 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test test-fast up bench bench-fleet bench-go clean proto sdk-deps fuzz fresh-check k8s-tools
+.PHONY: build setup test test-fast up bench bench-fleet bench-go clean proto sdk-deps fuzz fresh-check k8s-tools s3-tools
 
 ## build: compile the binaries into bin/
 build:
@@ -30,13 +30,17 @@ proto:
 k8s-tools:
 	CACHE_DIR=$(CACHE_DIR) GO=$(GO) scripts/k8s-tools.sh
 
+## s3-tools: build the S3-compatible server the blob store tests run against (versitygw) into CACHE_DIR/s3, keyed by version; instant when cached (docs/storage.md)
+s3-tools:
+	CACHE_DIR=$(CACHE_DIR) GO=$(GO) scripts/s3-tools.sh
+
 ## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout)
 sdk-deps:
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 
-## test: vet and staticcheck (pinned in go.mod); the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs, the Helm chart in a real Kubernetes control plane: k8s-tools first); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
-test: setup sdk-deps k8s-tools
+## test: vet and staticcheck (pinned in go.mod); the fast tier (-race, fake node, no runtime); the real tier (real runsc sandboxes, the stock E2B SDKs, the Helm chart in a real Kubernetes control plane: k8s-tools first; the S3 blob store against versitygw: s3-tools first); a short fuzz run (scripts/test.sh, docs/reliability.md "Test tiers")
+test: setup sdk-deps k8s-tools s3-tools
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	GO=$(GO) scripts/test.sh

@@ -398,11 +398,10 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // failingReader yields n bytes of data, then fails with err (io.EOF: a
 // reader shorter than the Put's size).
 type failingReader struct {
-	data  []byte
-	n     int
-	err   error
-	hook  func() // called when it fails
-	calls int
+	data []byte
+	n    int
+	err  error
+	hook func() // called when it fails
 }
 
 func (f *failingReader) Read(p []byte) (int, error) {
