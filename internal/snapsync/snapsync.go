@@ -1,0 +1,339 @@
+// Package snapsync moves snapshots between a node's repository (package
+// snapshot: its local disk) and the blob store every node reaches
+// (package chunk over package blob). Upload makes a committed snapshot
+// durable; Ensure gives a node a snapshot it does not hold, from its
+// chunk cache, its peers, then the store.
+//
+// A snapshot travels as its whole directory (manifest.json and the
+// checkpoint image) packed under a chunk manifest named by the snapshot's
+// ID. The chunk manifest's metadata records what a restore needs of the
+// node (the runtime build, the root filesystem build, the CPU features);
+// Ensure refuses, before fetching anything, a snapshot this node cannot
+// restore.
+package snapsync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spore-run/spore/internal/atomicfs"
+	"github.com/spore-run/spore/internal/blob"
+	"github.com/spore-run/spore/internal/chunk"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Metadata keys of a snapshot's chunk manifest.
+const (
+	MetaRuntime  = "spore.runtime"   // runtime build that wrote the image
+	MetaRootFS   = "spore.rootfs"    // root filesystem name and build, "name@build"
+	MetaCPU      = "spore.cpu"       // CPU features of the node that took it, comma-separated
+	MetaKind     = "spore.kind"      // snapshot, template, hibernation
+	MetaSnapshot = "spore.snapshot"  // the snapshot's ID (the manifest's ID too)
+	manifestName = "manifest.json"   // the snapshot repository's manifest file
+	fetchDir     = ".fetch"          // under the repository: trees being fetched
+	maxDirEntry  = 1 << 20           // bound on a fetched snapshot manifest
+)
+
+// Config sets a Syncer up.
+type Config struct {
+	Repo  *snapshot.Repo
+	Store blob.Store
+	// Cache is the node's chunk cache (may be nil): packs fill it, so
+	// peers can fetch from this node; fetches read and fill it.
+	Cache *chunk.Cache
+	// PeerToken authenticates this node to its peers' chunk handlers.
+	PeerToken string
+	// Runtime is this node's runtime build; CPUFeatures its CPU's flags.
+	Runtime     string
+	CPUFeatures []string
+	// RootFSBuild returns the build ID of a root filesystem on this node
+	// (an error when it has none of that name).
+	RootFSBuild func(name string) (string, error)
+	// Localize rewrites a fetched snapshot's node-local paths (the
+	// in-sandbox daemon's directory) for this node.
+	Localize func(*snapshot.Manifest)
+	Log      *slog.Logger
+}
+
+// Syncer uploads and fetches one node's snapshots.
+type Syncer struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	inflight map[string]*call // fetches and uploads by snapshot ID: one at a time
+}
+
+type call struct {
+	done chan struct{}
+	err  error
+}
+
+// New returns a Syncer.
+func New(cfg Config) (*Syncer, error) {
+	if cfg.Repo == nil || cfg.Store == nil {
+		return nil, errdefs.Invalidf("snapsync: a repository and a blob store are needed")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if err := os.RemoveAll(filepath.Join(cfg.Repo.Dir(), fetchDir)); err != nil {
+		return nil, fmt.Errorf("snapsync: clear fetches of a previous run: %w", err)
+	}
+	return &Syncer{cfg: cfg, log: cfg.Log, inflight: map[string]*call{}}, nil
+}
+
+// Cache is the node's chunk cache (nil when it has none).
+func (s *Syncer) Cache() *chunk.Cache { return s.cfg.Cache }
+
+// Store is the blob store.
+func (s *Syncer) Store() blob.Store { return s.cfg.Store }
+
+// once runs f for key unless a call for key runs already, in which case
+// it waits for that one and returns its outcome.
+func (s *Syncer) once(ctx context.Context, key string, f func() error) error {
+	s.mu.Lock()
+	if c, ok := s.inflight[key]; ok {
+		s.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &call{done: make(chan struct{})}
+	s.inflight[key] = c
+	s.mu.Unlock()
+	c.err = f()
+	s.mu.Lock()
+	delete(s.inflight, key)
+	s.mu.Unlock()
+	close(c.done)
+	return c.err
+}
+
+// Result describes an upload.
+type Result struct {
+	TotalBytes  int64 // raw bytes of the snapshot
+	StoredBytes int64 // compressed bytes this upload added to the store (the rest was there)
+	NewChunks   int
+	Reused      int
+	Took        time.Duration
+}
+
+// Upload makes the snapshot ref (ID or name) durable in the store. It is
+// idempotent: a snapshot already there uploads nothing, and an upload cut
+// short continues where it stopped.
+func (s *Syncer) Upload(ctx context.Context, ref string) (Result, error) {
+	m, err := s.cfg.Repo.Get(ref)
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	err = s.once(ctx, "upload/"+m.ID, func() error {
+		start := time.Now()
+		if cm, err := chunk.ReadManifest(ctx, s.cfg.Store, m.ID); err == nil {
+			res = Result{TotalBytes: cm.TotalBytes(), Took: time.Since(start)}
+			return nil
+		} else if !errdefs.IsNotFound(err) {
+			return fmt.Errorf("upload snapshot %s: %w", m.ID, err)
+		}
+		dir := filepath.Join(s.cfg.Repo.Dir(), m.ID)
+		_, st, err := chunk.Pack(ctx, dir, s.cfg.Store, chunk.PackOptions{ID: m.ID, Metadata: s.metadata(m), Cache: s.cfg.Cache, Log: s.log})
+		if err != nil {
+			return fmt.Errorf("upload snapshot %s: %w", m.ID, err)
+		}
+		res = Result{TotalBytes: st.TotalBytes, StoredBytes: st.StoredBytes, NewChunks: st.NewChunks, Reused: st.ReusedChunks, Took: time.Since(start)}
+		s.log.Info("snapshot uploaded", "snapshot_id", m.ID, "bytes", st.TotalBytes, "stored", st.StoredBytes,
+			"new_chunks", st.NewChunks, "reused_chunks", st.ReusedChunks, "took", res.Took)
+		return nil
+	})
+	return res, err
+}
+
+func (s *Syncer) metadata(m snapshot.Manifest) map[string]string {
+	return map[string]string{
+		MetaRuntime:  m.Runtime,
+		MetaRootFS:   m.RootFS + "@" + m.RootFSID,
+		MetaCPU:      strings.Join(s.cfg.CPUFeatures, ","),
+		MetaKind:     string(m.Kind),
+		MetaSnapshot: m.ID,
+	}
+}
+
+// FetchResult describes a fetch.
+type FetchResult struct {
+	Fetched bool // false: the node held it already
+	Bytes   int64
+	From    chunk.FetchStats
+	Took    time.Duration
+}
+
+// Ensure makes the snapshot id present in the node's repository: held
+// already, or fetched (node cache, then peers, then the store) and
+// committed. A snapshot the store does not have is ErrNotFound; one this
+// node cannot restore (another runtime build or root filesystem build, or
+// CPU features this node lacks) is ErrConflict, before anything is
+// fetched.
+func (s *Syncer) Ensure(ctx context.Context, id string, peers []string) (FetchResult, error) {
+	if err := ids.Validate("snapshot ID", id); err != nil {
+		return FetchResult{}, err
+	}
+	if _, err := s.cfg.Repo.Get(id); err == nil {
+		return FetchResult{}, nil
+	}
+	var res FetchResult
+	err := s.once(ctx, "fetch/"+id, func() error {
+		if _, err := s.cfg.Repo.Get(id); err == nil {
+			return nil // a concurrent fetch committed it
+		}
+		r, err := s.fetch(ctx, id, peers)
+		res = r
+		return err
+	})
+	return res, err
+}
+
+func (s *Syncer) fetch(ctx context.Context, id string, peers []string) (FetchResult, error) {
+	start := time.Now()
+	cm, err := chunk.ReadManifest(ctx, s.cfg.Store, id)
+	if err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	if err := s.Compatible(cm.Metadata); err != nil {
+		return FetchResult{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	parent := filepath.Join(s.cfg.Repo.Dir(), fetchDir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return FetchResult{}, err
+	}
+	tree := filepath.Join(parent, id)
+	os.RemoveAll(tree) // a fetch of a previous try that failed
+	defer os.RemoveAll(tree)
+	src := &chunk.Tiered{Cache: s.cfg.Cache, Store: s.cfg.Store, Log: s.log}
+	if len(peers) > 0 && s.cfg.PeerToken != "" {
+		src.Peers = &chunk.Peers{URLs: peers, Token: s.cfg.PeerToken}
+	}
+	st, err := chunk.Unpack(ctx, cm, tree, src, chunk.UnpackOptions{})
+	if err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	m, err := readSnapshotManifest(filepath.Join(tree, manifestName))
+	if err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	if m.ID != id {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w: its manifest names %q", id, errdefs.ErrDataLoss, m.ID)
+	}
+	if s.cfg.Localize != nil {
+		s.cfg.Localize(&m)
+	}
+	stg, err := s.cfg.Repo.Stage(id)
+	if err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	defer stg.Abort()
+	// Stage made an empty image directory: the fetched one takes its place
+	// (one file system: a rename).
+	if err := os.Remove(stg.ImageDir()); err != nil {
+		return FetchResult{}, err
+	}
+	if err := os.Rename(filepath.Join(tree, "image"), stg.ImageDir()); err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	// The names travel with it, but a name held here by another snapshot
+	// stays there (names are the control plane's; it asked by ID).
+	names := m.Names
+	m.Names = nil
+	for _, n := range names {
+		if _, err := s.cfg.Repo.Get(n); errdefs.IsNotFound(err) {
+			m.Names = append(m.Names, n)
+		}
+	}
+	if _, err := stg.Commit(m, snapshot.CommitOptions{}); err != nil {
+		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
+	}
+	res := FetchResult{Fetched: true, Bytes: st.Bytes, From: st.Fetch, Took: time.Since(start)}
+	s.log.Info("snapshot fetched", "snapshot_id", id, "bytes", st.Bytes, "from_cache", st.Fetch.FromCache,
+		"from_peer", st.Fetch.FromPeer, "from_store", st.Fetch.FromStore, "took", res.Took)
+	return res, nil
+}
+
+func readSnapshotManifest(path string) (snapshot.Manifest, error) {
+	var m snapshot.Manifest
+	fi, err := os.Stat(path)
+	if err != nil {
+		return m, fmt.Errorf("%w: no snapshot manifest in the fetched tree", errdefs.ErrDataLoss)
+	}
+	if fi.Size() > maxDirEntry {
+		return m, fmt.Errorf("%w: snapshot manifest of %d bytes", errdefs.ErrDataLoss, fi.Size())
+	}
+	if err := atomicfs.ReadJSON(path, &m); err != nil {
+		return m, fmt.Errorf("%w: snapshot manifest: %w", errdefs.ErrDataLoss, err)
+	}
+	return m, nil
+}
+
+// Compatible says whether this node can restore a snapshot whose chunk
+// manifest carries meta: the same runtime build, the same root
+// filesystem build, and every CPU feature the origin had.
+func (s *Syncer) Compatible(meta map[string]string) error {
+	if rt := meta[MetaRuntime]; rt != "" && s.cfg.Runtime != "" && rt != s.cfg.Runtime {
+		return fmt.Errorf("%w: taken with runtime %s, this node runs %s", errdefs.ErrConflict, rt, s.cfg.Runtime)
+	}
+	if fsref := meta[MetaRootFS]; fsref != "" && s.cfg.RootFSBuild != nil {
+		name, build, _ := strings.Cut(fsref, "@")
+		have, err := s.cfg.RootFSBuild(name)
+		if err != nil {
+			return fmt.Errorf("%w: root filesystem %s: %w", errdefs.ErrConflict, name, err)
+		}
+		if have != build {
+			return fmt.Errorf("%w: taken over root filesystem %s build %s, this node has build %s", errdefs.ErrConflict, name, build, have)
+		}
+	}
+	if need := meta[MetaCPU]; need != "" && len(s.cfg.CPUFeatures) > 0 {
+		var missing []string
+		for _, f := range strings.Split(need, ",") {
+			if f != "" && !slices.Contains(s.cfg.CPUFeatures, f) {
+				missing = append(missing, f)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("%w: the node that took it had CPU features this node lacks: %s", errdefs.ErrConflict, strings.Join(missing, " "))
+		}
+	}
+	return nil
+}
+
+// Delete removes the snapshot's manifest from the store (its chunks go at
+// the next GC if no other manifest names them). A missing one is fine.
+func (s *Syncer) Delete(ctx context.Context, id string) error {
+	err := chunk.DeleteManifest(ctx, s.cfg.Store, id)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete snapshot %s from the store: %w", id, err)
+	}
+	return nil
+}
+
+// Durable says whether the store holds the snapshot's manifest.
+func (s *Syncer) Durable(ctx context.Context, id string) (bool, error) {
+	_, err := chunk.ReadManifest(ctx, s.cfg.Store, id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
+}
+
