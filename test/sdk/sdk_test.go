@@ -119,6 +119,17 @@ func (s *server) destroy() {
 		logs, _ := filepath.Glob(filepath.Join(s.data, "up-*.log"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
+			// Errors and warnings first, wherever they are: the tail of a
+			// busy log may not reach back to the one that matters.
+			var bad []string
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN") {
+					bad = append(bad, line)
+				}
+			}
+			if len(bad) > 0 {
+				s.t.Logf("server log %s (errors and warnings):\n%s", filepath.Base(l), strings.Join(bad, "\n"))
+			}
 			if len(b) > 8000 {
 				b = b[len(b)-8000:]
 			}

@@ -67,8 +67,21 @@ while True:
     return n >= size
   }
   await until(full, 'the stdin pipe to fill')
+  const k0 = Date.now()
   const killed = await settle(sbx.commands.kill(sleeper.pid, { requestTimeoutMs: 10000 }))
-  assert.ok(killed.ok && killed.v === true, `kill during a blocked sendStdin: ${killed.ok ? killed.v : killed.e}`)
+  if (!(killed.ok && killed.v === true)) {
+    // Say what still answers, so a failure tells where it hung: the
+    // process service at all (list), and a second kill.
+    const took = Date.now() - k0
+    const l0 = Date.now()
+    const list = await settle(sbx.commands.list({ requestTimeoutMs: 10000 }))
+    const lt = Date.now() - l0
+    const again = await settle(sbx.commands.kill(sleeper.pid, { requestTimeoutMs: 10000 }))
+    const w = await Promise.race([write, new Promise((res) => setTimeout(() => res('pending'), 100))])
+    assert.fail(`kill during a blocked sendStdin: ${killed.ok ? killed.v : killed.e} after ${took} ms; ` +
+      `then list: ${list.ok ? list.v.length + ' processes' : list.e} in ${lt} ms; second kill: ${again.ok ? again.v : again.e}; ` +
+      `the blocked sendStdin: ${w === 'pending' ? 'pending' : w.ok ? 'succeeded' : w.e.message.split('\n')[0]}`)
+  }
   const w = await Promise.race([write, new Promise((res) => setTimeout(() => res('pending'), 10000))])
   assert.notEqual(w, 'pending', 'the blocked sendStdin did not return after kill')
   assert.equal(w.ok, false, 'an 8 MiB sendStdin to a process that never read it succeeded')
