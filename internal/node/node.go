@@ -15,9 +15,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/spore-run/spore/internal/blob"
+	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/dnsfwd"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envdclient"
@@ -27,6 +30,7 @@ import (
 	"github.com/spore-run/spore/internal/runtime/gvisor"
 	"github.com/spore-run/spore/internal/setup"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/snapsync"
 )
 
 // Config configures a node.
@@ -61,8 +65,23 @@ type Config struct {
 	// DNSPort is the forwarder's port on the host ends (0: the port
 	// recorded in the data directory, else a free one).
 	DNSPort uint16
-	Logger  *slog.Logger
+	// Blobs is the blob store snapshots are made durable in and fetched
+	// from (nil: none; snapshots stay on this node's disk).
+	Blobs blob.Store
+	// ChunkCacheBytes bounds the node's chunk cache (<DataDir>/chunk-cache;
+	// 0: DefaultChunkCacheBytes).
+	ChunkCacheBytes int64
+	// PeerToken authenticates this node to its peers' chunk handlers (the
+	// cluster token).
+	PeerToken string
+	Logger    *slog.Logger
 }
+
+// DefaultChunkCacheBytes bounds a node's chunk cache by default.
+const DefaultChunkCacheBytes = 10 << 30
+
+// envdMountPoint is where the in-sandbox daemon's directory is bound.
+const envdMountPoint = "/opt/spore"
 
 // Node is a running node.
 type Node struct {
@@ -70,9 +89,12 @@ type Node struct {
 	Runtime *gvisor.Driver
 	Net     *netns.Manager
 	Envd    *envdclient.Client
-	envdDir string
-	dns     *dnsfwd.Forwarder
-	log     *slog.Logger
+	// Sync moves snapshots to and from the blob store (nil without one).
+	Sync        *snapsync.Syncer
+	CPUFeatures []string
+	envdDir     string
+	dns         *dnsfwd.Forwarder
+	log         *slog.Logger
 }
 
 // Open wires the node and recovers its sandboxes.
@@ -148,7 +170,60 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		fwd.Close()
 		return nil, err
 	}
-	return &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger}, nil
+	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures()}
+	if cfg.Blobs != nil {
+		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// openSync sets up the node's way to the blob store: its chunk cache and
+// a syncer that rewrites a fetched snapshot's daemon mount for this node.
+func openSync(dataDir string, cfg Config, repo *snapshot.Repo, runtimeName string, n *Node) (*snapsync.Syncer, error) {
+	size := cfg.ChunkCacheBytes
+	if size <= 0 {
+		size = DefaultChunkCacheBytes
+	}
+	cache, err := chunk.OpenCache(filepath.Join(dataDir, "chunk-cache"), size)
+	if err != nil {
+		return nil, fmt.Errorf("chunk cache: %w", err)
+	}
+	return snapsync.New(snapsync.Config{
+		Repo: repo, Store: cfg.Blobs, Cache: cache, PeerToken: cfg.PeerToken,
+		Runtime: runtimeName, CPUFeatures: n.CPUFeatures, Log: cfg.Logger,
+		RootFSBuild: func(name string) (string, error) {
+			st, err := rootfs.Lookup(cfg.RootFSDir, name)
+			return st.ID, err
+		},
+		Localize: func(m *snapshot.Manifest) {
+			for i := range m.Run.Mounts {
+				if m.Run.Mounts[i].Destination == envdMountPoint {
+					m.Run.Mounts[i].Source = n.envdDir
+				}
+			}
+		},
+	})
+}
+
+// HostCPUFeatures returns the CPU flags of /proc/cpuinfo (a checkpoint
+// may rely on any of them; a restore needs them all), sorted.
+func HostCPUFeatures() []string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == "flags" {
+			f := strings.Fields(v)
+			slices.Sort(f)
+			return slices.Compact(f)
+		}
+	}
+	return nil
 }
 
 // Close releases the node; sandboxes keep running (without name
@@ -215,7 +290,7 @@ func (n *Node) TemplateSpecs() []engine.TemplateSpec {
 		User: runtime.User{UID: 0, GID: 0},
 		// /dev/shm gets half the memory, as Linux sizes it by default.
 		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096, ShmMB: 512},
-		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: "/opt/spore", ReadOnly: true}},
+		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: envdMountPoint, ReadOnly: true}},
 	}
 	if n.Runtime.MemoryAlerts() {
 		// The runtime tells envd when memory rises: its OOM watchdog may

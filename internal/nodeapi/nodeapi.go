@@ -114,6 +114,16 @@ type Node interface {
 	// delivered at most once; a caller that may have missed some (it
 	// started late, the stream broke) reconciles with List.
 	Events(ctx context.Context) (<-chan Event, error)
+	// Upload makes a snapshot the node holds durable in the blob store
+	// (idempotent: one already there stores nothing more). A node
+	// without a blob store answers ErrConflict.
+	Upload(ctx context.Context, ref string) (UploadInfo, error)
+}
+
+// UploadInfo describes an upload.
+type UploadInfo struct {
+	TotalBytes  int64 // the snapshot's bytes
+	StoredBytes int64 // compressed bytes this upload added (the rest was stored already)
 }
 
 // Sandbox states a node reports. The stable ones are below; while an
@@ -169,6 +179,9 @@ type NodeInfo struct {
 	CPUFeatures        []string // host CPU flags a checkpoint may depend on
 	Labels             map[string]string
 	Templates          []string // names of the templates it holds
+	// Durable: the node has a blob store; its snapshots can be uploaded,
+	// and it fetches the durable snapshots it does not hold.
+	Durable bool
 }
 
 // Limits are a sandbox's resource limits.
@@ -228,6 +241,9 @@ type CreateRequest struct {
 	VCPUs    float64
 	MemoryMB int64
 	Policy   *Policy // nil: internet allowed
+	// Peers are nodes (host:port) that may hold the chunks of a durable
+	// snapshot this node does not have; it asks them before the store.
+	Peers []string
 }
 
 // SnapshotRequest asks for a live snapshot.
@@ -250,6 +266,9 @@ type SnapshotInfo struct {
 	CreatedAt time.Time
 	SizeBytes int64
 	Limits    Limits
+	// Copy: fetched from the blob store, not taken here (the catalog row
+	// names the node that took it).
+	Copy bool
 }
 
 // ForkChildSpec names one child to make.

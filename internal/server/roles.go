@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
@@ -224,17 +225,35 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if err != nil {
 		return err
 	}
+	hc.peerToken = cfg.ClusterToken
 	n, err := openNode(ctx, hc)
 	if err != nil {
 		return err
 	}
 	defer n.Close()
-	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit})
+	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit,
+		Sync: n.Sync, CPUFeatures: n.CPUFeatures})
 	rpcPath, rpcH, err := rpc.NewHandler(ln0, cfg.ClusterToken)
 	if err != nil {
 		return err
 	}
 	h := NodeHandler(ctx, ln0, rpcPath, rpcH, cfg.ClusterToken, log)
+	if n.Sync != nil && n.Sync.Cache() != nil {
+		// Peers fetch chunks of durable snapshots from this node's cache.
+		ch, err := chunk.NewHandler(n.Sync.Cache(), cfg.ClusterToken, log)
+		if err != nil {
+			return err
+		}
+		// A request naming a sandbox goes to it, whatever its path.
+		node := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("E2b-Sandbox-Id") == "" && strings.HasPrefix(r.URL.Path, chunk.PeerPath) {
+				ch.ServeHTTP(w, r)
+				return
+			}
+			node.ServeHTTP(w, r)
+		})
+	}
 	return serve(ctx, hc.Listen, h, log, func(addr string) {
 		log.Info("spore node", "node_id", id, "listen", addr, "advertise", cfg.AdvertiseAddr, "api", cfg.APIURL,
 			"sandboxes", len(n.Engine.List(ctx)))

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/blob/blobconf"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -65,6 +66,14 @@ type Config struct {
 	EgressFloor  []netip.Prefix
 	DNSUpstreams []netip.AddrPort
 	DNSPort      uint16
+	// BlobStore names the blob store snapshots are made durable in (see
+	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
+	// `spore up`, none for a node agent.
+	BlobStore string
+	// ChunkCacheBytes bounds the node's chunk cache (0: the default).
+	ChunkCacheBytes int64
+	// peerToken authenticates the node to its peers' chunk handlers.
+	peerToken string
 }
 
 // KeyFile is where a generated API key is kept (root-only).
@@ -78,6 +87,9 @@ func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
+	}
+	if cfg.BlobStore == "" {
+		cfg.BlobStore = filepath.Join(cfg.DataDir, "blobs")
 	}
 	n, err := openNode(ctx, cfg)
 	if err != nil {
@@ -95,7 +107,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The one node of `spore up`, in process, behind the same contract a
 	// remote node agent serves; it registers itself in the store.
-	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit})
+	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit,
+		Sync: n.Sync, CPUFeatures: n.CPUFeatures})
 	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {
@@ -143,7 +156,12 @@ func Run(ctx context.Context, cfg Config) error {
 // openNode opens the host's node (engine, networks, envd) and builds
 // the default templates when missing or stale.
 func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
+	blobs, err := blobconf.Open(ctx, cfg.BlobStore)
+	if err != nil {
+		return nil, err
+	}
 	n, err := node.Open(ctx, node.Config{
+		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerToken: cfg.peerToken,
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
 		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,

@@ -77,6 +77,8 @@ type Manifest struct {
 	CreatedAt time.Time `json:"created_at"`
 	SizeBytes int64     `json:"size_bytes"`
 	Run       RunConfig `json:"run"`
+	// Copy: fetched from the blob store, not taken on this node.
+	Copy bool `json:"copy,omitempty"`
 }
 
 // Repo is a snapshot repository in one directory. One process owns a

@@ -235,6 +235,7 @@ func (s *Syncer) fetch(ctx context.Context, id string, peers []string) (FetchRes
 	if m.ID != id {
 		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w: its manifest names %q", id, errdefs.ErrDataLoss, m.ID)
 	}
+	m.Copy = true
 	if s.cfg.Localize != nil {
 		s.cfg.Localize(&m)
 	}

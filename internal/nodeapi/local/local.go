@@ -18,9 +18,11 @@ import (
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/snapsync"
 )
 
 // Config describes the node to the control plane.
@@ -35,6 +37,9 @@ type Config struct {
 	// (each 0: DefaultMemoryOvercommit, DefaultCPUOvercommit).
 	Overcommit  nodeapi.Overcommit
 	CPUFeatures []string
+	// Sync, when set, is the node's way to the blob store: snapshots can
+	// be uploaded, and durable ones it lacks are fetched on use.
+	Sync *snapsync.Syncer
 }
 
 // Node is a nodeapi.Node over an engine in this process.
@@ -126,7 +131,7 @@ func (n *Node) Engine() *engine.Engine { return n.eng }
 // Info describes the node.
 func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 	info := nodeapi.NodeInfo{ID: n.cfg.ID, Addr: n.cfg.Addr, Capacity: n.cfg.Capacity, Reserved: n.cfg.Reserved, Overcommit: n.cfg.Overcommit,
-		RunscBuild: n.eng.Runtime().Name(), CPUFeatures: n.cfg.CPUFeatures, Labels: n.cfg.Labels}
+		RunscBuild: n.eng.Runtime().Name(), CPUFeatures: n.cfg.CPUFeatures, Labels: n.cfg.Labels, Durable: n.cfg.Sync != nil}
 	for _, m := range n.eng.Snapshots().List() {
 		if m.Kind == snapshot.KindTemplate {
 			info.Templates = append(info.Templates, m.Names...)
@@ -139,6 +144,10 @@ func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 func (n *Node) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
 	if req.SandboxID == "" || req.AccessToken == "" {
 		return nodeapi.Sandbox{}, errdefs.Invalidf("create: the sandbox ID and access token are minted by the caller")
+	}
+	if err := n.ensure(ctx, req.Template, req.Peers); err != nil {
+		n.opDone("create", req.SandboxID, err)
+		return nodeapi.Sandbox{}, err
 	}
 	es, err := n.eng.Create(ctx, engine.CreateOptions{ID: req.SandboxID, AccessToken: req.AccessToken, Template: req.Template,
 		Env: req.Env, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Policy: toNetPolicy(req.Policy)})
@@ -238,6 +247,9 @@ func (n *Node) Fork(ctx context.Context, id string, req nodeapi.ForkRequest) (no
 
 // Rollback rolls a sandbox back in place.
 func (n *Node) Rollback(ctx context.Context, id, snapshotRef string) (nodeapi.Sandbox, error) {
+	if err := n.ensure(ctx, snapshotRef, nil); err != nil {
+		return nodeapi.Sandbox{}, err
+	}
 	es, err := n.eng.Rollback(ctx, id, snapshotRef)
 	n.opDone("rollback", id, err)
 	if err != nil {
@@ -255,9 +267,64 @@ func (n *Node) GetSnapshot(ctx context.Context, ref string) (nodeapi.SnapshotInf
 	return SnapshotInfo(m), nil
 }
 
-// DeleteSnapshot deletes a snapshot or template.
+// DeleteSnapshot deletes a snapshot or template: the node's copy and,
+// with a blob store, the durable one (its chunks go at the next GC unless
+// another snapshot uses them). NotFound when neither was there.
 func (n *Node) DeleteSnapshot(ctx context.Context, ref string) error {
-	return n.eng.DeleteSnapshot(ctx, ref)
+	err := n.eng.DeleteSnapshot(ctx, ref)
+	if n.cfg.Sync == nil || (err != nil && !errdefs.IsNotFound(err)) {
+		return err
+	}
+	id := ref
+	if ids.Validate("snapshot ID", ref) != nil {
+		return err // a name: only the node's copy had it
+	}
+	durable, derr := n.cfg.Sync.Durable(ctx, id)
+	if derr != nil {
+		return derr
+	}
+	if !durable {
+		return err
+	}
+	return n.cfg.Sync.Delete(ctx, id)
+}
+
+// ensure gives the node a snapshot it does not hold but the blob store
+// has (ref must then be its ID). Templates by name and snapshots held
+// here need nothing; so does a node without a blob store.
+func (n *Node) ensure(ctx context.Context, ref string, peers []string) error {
+	if n.cfg.Sync == nil || ref == "" {
+		return nil
+	}
+	if _, err := n.eng.Snapshots().Get(ref); err == nil || !errdefs.IsNotFound(err) {
+		return nil // held, or an error the engine reports itself
+	}
+	if ids.Validate("snapshot ID", ref) != nil {
+		return nil // a name: the engine says not found
+	}
+	urls := make([]string, 0, len(peers))
+	for _, p := range peers {
+		if p != "" && p != n.cfg.Addr {
+			urls = append(urls, "http://"+p)
+		}
+	}
+	_, err := n.cfg.Sync.Ensure(ctx, ref, urls)
+	if errdefs.IsNotFound(err) {
+		return nil // nowhere: the engine's own not-found answers
+	}
+	return err
+}
+
+// Upload makes a snapshot durable in the blob store.
+func (n *Node) Upload(ctx context.Context, ref string) (nodeapi.UploadInfo, error) {
+	if n.cfg.Sync == nil {
+		return nodeapi.UploadInfo{}, errdefs.Conflictf("node %s has no blob store: its snapshots stay on its disk", n.cfg.ID)
+	}
+	res, err := n.cfg.Sync.Upload(ctx, ref)
+	if err != nil {
+		return nodeapi.UploadInfo{}, err
+	}
+	return nodeapi.UploadInfo{TotalBytes: res.TotalBytes, StoredBytes: res.StoredBytes}, nil
 }
 
 // Snapshots lists what the node holds.
@@ -362,7 +429,7 @@ func limits(vcpus float64, mem, disk, procs int64) nodeapi.Limits {
 func SnapshotInfo(m snapshot.Manifest) nodeapi.SnapshotInfo {
 	l := m.Run.Limits
 	return nodeapi.SnapshotInfo{ID: m.ID, Names: m.Names, Kind: string(m.Kind), Template: m.Template, Origin: m.Origin,
-		Parent: m.Parent, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Limits: limits(l.VCPUs, l.MemoryMB, l.DiskMB, l.MaxProcs)}
+		Parent: m.Parent, CreatedAt: m.CreatedAt, SizeBytes: m.SizeBytes, Limits: limits(l.VCPUs, l.MemoryMB, l.DiskMB, l.MaxProcs), Copy: m.Copy}
 }
 
 func toNetPolicy(p *nodeapi.Policy) *netns.Policy {

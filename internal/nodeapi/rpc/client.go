@@ -119,7 +119,7 @@ func (c *Client) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 // Create makes (or, replayed, returns) a sandbox.
 func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
 	res, err := call(ctx, c.c.Create, &nodev1.CreateRequest{SandboxId: req.SandboxID, AccessToken: req.AccessToken, Template: req.Template,
-		Env: req.Env, Vcpus: req.VCPUs, MemoryMb: req.MemoryMB, Policy: policyOrNil(req.Policy)})
+		Env: req.Env, Vcpus: req.VCPUs, MemoryMb: req.MemoryMB, Policy: policyOrNil(req.Policy), Peers: req.Peers})
 	if err != nil {
 		return nodeapi.Sandbox{}, err
 	}
@@ -232,6 +232,15 @@ func (c *Client) GetSnapshot(ctx context.Context, ref string) (nodeapi.SnapshotI
 func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
 	_, err := call(ctx, c.c.DeleteSnapshot, &nodev1.DeleteSnapshotRequest{Ref: ref})
 	return err
+}
+
+// Upload makes a snapshot durable in the node's blob store.
+func (c *Client) Upload(ctx context.Context, ref string) (nodeapi.UploadInfo, error) {
+	res, err := call(ctx, c.c.Upload, &nodev1.UploadRequest{Ref: ref})
+	if err != nil {
+		return nodeapi.UploadInfo{}, err
+	}
+	return nodeapi.UploadInfo{TotalBytes: res.GetTotalBytes(), StoredBytes: res.GetStoredBytes()}, nil
 }
 
 // Snapshots lists what the node holds.

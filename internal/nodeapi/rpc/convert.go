@@ -126,24 +126,24 @@ func sandbox(s *nodev1.Sandbox) (nodeapi.Sandbox, error) {
 
 func snapshotPB(m nodeapi.SnapshotInfo) *nodev1.SnapshotInfo {
 	return &nodev1.SnapshotInfo{Id: m.ID, Names: m.Names, Kind: m.Kind, Template: m.Template, Origin: m.Origin, Parent: m.Parent,
-		CreatedAt: ts(m.CreatedAt), SizeBytes: m.SizeBytes, Limits: limitsPB(m.Limits)}
+		CreatedAt: ts(m.CreatedAt), SizeBytes: m.SizeBytes, Limits: limitsPB(m.Limits), Copy: m.Copy}
 }
 
 func snapshotInfo(m *nodev1.SnapshotInfo) nodeapi.SnapshotInfo {
 	return nodeapi.SnapshotInfo{ID: m.GetId(), Names: m.GetNames(), Kind: m.GetKind(), Template: m.GetTemplate(), Origin: m.GetOrigin(),
-		Parent: m.GetParent(), CreatedAt: fromTS(m.GetCreatedAt()), SizeBytes: m.GetSizeBytes(), Limits: limits(m.GetLimits())}
+		Parent: m.GetParent(), CreatedAt: fromTS(m.GetCreatedAt()), SizeBytes: m.GetSizeBytes(), Limits: limits(m.GetLimits()), Copy: m.GetCopy()}
 }
 
 func infoPB(i nodeapi.NodeInfo) *nodev1.InfoResponse {
 	return &nodev1.InfoResponse{Id: i.ID, Addr: i.Addr, Capacity: resourcesPB(i.Capacity), Reserved: resourcesPB(i.Reserved),
 		RunscBuild: i.RunscBuild, CpuFeatures: i.CPUFeatures, Labels: i.Labels, Templates: i.Templates,
-		Overcommit: &nodev1.Overcommit{Memory: i.Overcommit.Memory, Vcpus: i.Overcommit.VCPUs}}
+		Overcommit: &nodev1.Overcommit{Memory: i.Overcommit.Memory, Vcpus: i.Overcommit.VCPUs}, Durable: i.Durable}
 }
 
 func info(i *nodev1.InfoResponse) nodeapi.NodeInfo {
 	return nodeapi.NodeInfo{ID: i.GetId(), Addr: i.GetAddr(), Capacity: resources(i.GetCapacity()), Reserved: resources(i.GetReserved()),
 		RunscBuild: i.GetRunscBuild(), CPUFeatures: i.GetCpuFeatures(), Labels: i.GetLabels(), Templates: i.GetTemplates(),
-		Overcommit: nodeapi.Overcommit{Memory: i.GetOvercommit().GetMemory(), VCPUs: i.GetOvercommit().GetVcpus()}}
+		Overcommit: nodeapi.Overcommit{Memory: i.GetOvercommit().GetMemory(), VCPUs: i.GetOvercommit().GetVcpus()}, Durable: i.GetDurable()}
 }
 
 func statsPB(s nodeapi.Stats) *nodev1.StatsResponse {

@@ -193,7 +193,7 @@ func (s *server) Create(ctx context.Context, req *connect.Request[nodev1.CreateR
 		return nil, toConnect(err)
 	}
 	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{SandboxID: m.GetSandboxId(), AccessToken: m.GetAccessToken(),
-		Template: m.GetTemplate(), Env: m.GetEnv(), VCPUs: m.GetVcpus(), MemoryMB: m.GetMemoryMb(), Policy: p})
+		Template: m.GetTemplate(), Env: m.GetEnv(), VCPUs: m.GetVcpus(), MemoryMB: m.GetMemoryMb(), Policy: p, Peers: m.GetPeers()})
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -299,6 +299,14 @@ func (s *server) DeleteSnapshot(ctx context.Context, req *connect.Request[nodev1
 		return nil, toConnect(err)
 	}
 	return ok(&nodev1.DeleteSnapshotResponse{})
+}
+
+func (s *server) Upload(ctx context.Context, req *connect.Request[nodev1.UploadRequest]) (*connect.Response[nodev1.UploadResponse], error) {
+	res, err := s.node.Upload(ctx, req.Msg.GetRef())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.UploadResponse{TotalBytes: res.TotalBytes, StoredBytes: res.StoredBytes})
 }
 
 func (s *server) Snapshots(ctx context.Context, _ *connect.Request[nodev1.SnapshotsRequest]) (*connect.Response[nodev1.SnapshotsResponse], error) {

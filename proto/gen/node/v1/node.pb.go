@@ -406,16 +406,18 @@ func (x *Sandbox) GetDeath() *Death {
 }
 
 type SnapshotInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Names         []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
-	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
-	Template      string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
-	Origin        string                 `protobuf:"bytes,5,opt,name=origin,proto3" json:"origin,omitempty"`
-	Parent        string                 `protobuf:"bytes,6,opt,name=parent,proto3" json:"parent,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,8,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Limits        *Limits                `protobuf:"bytes,9,opt,name=limits,proto3" json:"limits,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Names     []string               `protobuf:"bytes,2,rep,name=names,proto3" json:"names,omitempty"`
+	Kind      string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Template  string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
+	Origin    string                 `protobuf:"bytes,5,opt,name=origin,proto3" json:"origin,omitempty"`
+	Parent    string                 `protobuf:"bytes,6,opt,name=parent,proto3" json:"parent,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,8,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Limits    *Limits                `protobuf:"bytes,9,opt,name=limits,proto3" json:"limits,omitempty"`
+	// A copy fetched from the blob store (its catalog row names its origin).
+	Copy          bool `protobuf:"varint,10,opt,name=copy,proto3" json:"copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -511,6 +513,13 @@ func (x *SnapshotInfo) GetLimits() *Limits {
 		return x.Limits
 	}
 	return nil
+}
+
+func (x *SnapshotInfo) GetCopy() bool {
+	if x != nil {
+		return x.Copy
+	}
+	return false
 }
 
 // Error is one fork child's failure: code is a Connect code (the same
@@ -615,7 +624,10 @@ type InfoResponse struct {
 	Templates   []string               `protobuf:"bytes,8,rep,name=templates,proto3" json:"templates,omitempty"`
 	// How many times its real memory and CPUs (capacity) the node lets
 	// placement promise to sandboxes' limits; 0 reads as 1.
-	Overcommit    *Overcommit `protobuf:"bytes,9,opt,name=overcommit,proto3" json:"overcommit,omitempty"`
+	Overcommit *Overcommit `protobuf:"bytes,9,opt,name=overcommit,proto3" json:"overcommit,omitempty"`
+	// The node has a blob store: its snapshots can be made durable, and it
+	// fetches durable snapshots it does not hold.
+	Durable       bool `protobuf:"varint,10,opt,name=durable,proto3" json:"durable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,6 +725,13 @@ func (x *InfoResponse) GetOvercommit() *Overcommit {
 	return nil
 }
 
+func (x *InfoResponse) GetDurable() bool {
+	if x != nil {
+		return x.Durable
+	}
+	return false
+}
+
 type Overcommit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Memory        float64                `protobuf:"fixed64,1,opt,name=memory,proto3" json:"memory,omitempty"`
@@ -766,14 +785,17 @@ func (x *Overcommit) GetVcpus() float64 {
 }
 
 type CreateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	AccessToken   string                 `protobuf:"bytes,2,opt,name=access_token,json=accessToken,proto3" json:"access_token,omitempty"`
-	Template      string                 `protobuf:"bytes,3,opt,name=template,proto3" json:"template,omitempty"`
-	Env           []string               `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
-	Vcpus         float64                `protobuf:"fixed64,5,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
-	MemoryMb      int64                  `protobuf:"varint,6,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	Policy        *Policy                `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"` // unset: internet allowed
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId   string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	AccessToken string                 `protobuf:"bytes,2,opt,name=access_token,json=accessToken,proto3" json:"access_token,omitempty"`
+	Template    string                 `protobuf:"bytes,3,opt,name=template,proto3" json:"template,omitempty"`
+	Env         []string               `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty"`
+	Vcpus       float64                `protobuf:"fixed64,5,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	MemoryMb    int64                  `protobuf:"varint,6,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	Policy      *Policy                `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"` // unset: internet allowed
+	// Nodes (host:port) that may hold the snapshot's chunks, tried before the
+	// blob store when the node fetches it.
+	Peers         []string `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -853,6 +875,13 @@ func (x *CreateRequest) GetMemoryMb() int64 {
 func (x *CreateRequest) GetPolicy() *Policy {
 	if x != nil {
 		return x.Policy
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetPeers() []string {
+	if x != nil {
+		return x.Peers
 	}
 	return nil
 }
@@ -1974,6 +2003,102 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
+type UploadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadRequest) Reset() {
+	*x = UploadRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadRequest) ProtoMessage() {}
+
+func (x *UploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
+func (*UploadRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *UploadRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+type UploadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TotalBytes    int64                  `protobuf:"varint,1,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	StoredBytes   int64                  `protobuf:"varint,2,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadResponse) Reset() {
+	*x = UploadResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadResponse) ProtoMessage() {}
+
+func (x *UploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
+func (*UploadResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *UploadResponse) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *UploadResponse) GetStoredBytes() int64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
 type SnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1982,7 +2107,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2119,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2132,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 type SnapshotsResponse struct {
@@ -2019,7 +2144,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2156,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2169,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2064,7 +2189,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2201,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2214,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2114,7 +2239,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2251,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2264,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 type ReconfigureRequest struct {
@@ -2153,7 +2278,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2290,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2303,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2211,7 +2336,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2223,7 +2348,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2236,7 +2361,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2255,7 +2380,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2267,7 +2392,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2280,7 +2405,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2304,7 +2429,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2441,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2454,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2382,7 +2507,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2519,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2532,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 type Event struct {
@@ -2425,7 +2550,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2562,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2575,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Event) GetKind() string {
@@ -2512,7 +2637,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2649,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2662,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2582,7 +2707,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12*\n" +
-	"\x05death\x18\v \x01(\v2\x14.spore.node.v1.DeathR\x05death\"\x9d\x02\n" +
+	"\x05death\x18\v \x01(\v2\x14.spore.node.v1.DeathR\x05death\"\xb1\x02\n" +
 	"\fSnapshotInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\tR\x05names\x12\x12\n" +
@@ -2594,11 +2719,13 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\b \x01(\x03R\tsizeBytes\x12-\n" +
-	"\x06limits\x18\t \x01(\v2\x15.spore.node.v1.LimitsR\x06limits\"5\n" +
+	"\x06limits\x18\t \x01(\v2\x15.spore.node.v1.LimitsR\x06limits\x12\x12\n" +
+	"\x04copy\x18\n" +
+	" \x01(\bR\x04copy\"5\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
-	"\vInfoRequest\"\xb7\x03\n" +
+	"\vInfoRequest\"\xd1\x03\n" +
 	"\fInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x124\n" +
@@ -2611,14 +2738,16 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\ttemplates\x18\b \x03(\tR\ttemplates\x129\n" +
 	"\n" +
 	"overcommit\x18\t \x01(\v2\x19.spore.node.v1.OvercommitR\n" +
-	"overcommit\x1a9\n" +
+	"overcommit\x12\x18\n" +
+	"\adurable\x18\n" +
+	" \x01(\bR\adurable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
 	"\n" +
 	"Overcommit\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x01R\x06memory\x12\x14\n" +
-	"\x05vcpus\x18\x02 \x01(\x01R\x05vcpus\"\xe1\x01\n" +
+	"\x05vcpus\x18\x02 \x01(\x01R\x05vcpus\"\xf7\x01\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
@@ -2627,7 +2756,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03env\x18\x04 \x03(\tR\x03env\x12\x14\n" +
 	"\x05vcpus\x18\x05 \x01(\x01R\x05vcpus\x12\x1b\n" +
 	"\tmemory_mb\x18\x06 \x01(\x03R\bmemoryMb\x12-\n" +
-	"\x06policy\x18\a \x01(\v2\x15.spore.node.v1.PolicyR\x06policy\"B\n" +
+	"\x06policy\x18\a \x01(\v2\x15.spore.node.v1.PolicyR\x06policy\x12\x14\n" +
+	"\x05peers\x18\b \x03(\tR\x05peers\"B\n" +
 	"\x0eCreateResponse\x120\n" +
 	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\x1c\n" +
 	"\n" +
@@ -2682,7 +2812,13 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\")\n" +
 	"\x15DeleteSnapshotRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\x12\n" +
+	"\x16DeleteSnapshotResponse\"!\n" +
+	"\rUploadRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\"T\n" +
+	"\x0eUploadResponse\x12\x1f\n" +
+	"\vtotal_bytes\x18\x01 \x01(\x03R\n" +
+	"totalBytes\x12!\n" +
+	"\fstored_bytes\x18\x02 \x01(\x03R\vstoredBytes\"\x12\n" +
 	"\x10SnapshotsRequest\"N\n" +
 	"\x11SnapshotsResponse\x129\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.spore.node.v1.SnapshotInfoR\tsnapshots\"Q\n" +
@@ -2718,8 +2854,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xbc\n" +
-	"\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\x83\v\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -2737,7 +2872,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\tSnapshots\x12\x1f.spore.node.v1.SnapshotsRequest\x1a .spore.node.v1.SnapshotsResponse\x12N\n" +
 	"\tSetPolicy\x12\x1f.spore.node.v1.SetPolicyRequest\x1a .spore.node.v1.SetPolicyResponse\x12T\n" +
 	"\vReconfigure\x12!.spore.node.v1.ReconfigureRequest\x1a\".spore.node.v1.ReconfigureResponse\x12B\n" +
-	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12G\n" +
+	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12E\n" +
+	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -2752,7 +2888,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -2790,32 +2926,34 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*GetSnapshotResponse)(nil),    // 33: spore.node.v1.GetSnapshotResponse
 	(*DeleteSnapshotRequest)(nil),  // 34: spore.node.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
-	(*SnapshotsRequest)(nil),       // 36: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 37: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 38: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 39: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 40: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 41: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 42: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 43: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 44: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 45: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 46: spore.node.v1.EventsResponse
-	nil,                            // 47: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 48: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 49: google.protobuf.Duration
+	(*UploadRequest)(nil),          // 36: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 37: spore.node.v1.UploadResponse
+	(*SnapshotsRequest)(nil),       // 38: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 39: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 40: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 41: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 42: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 43: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 44: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 45: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 46: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 47: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 48: spore.node.v1.EventsResponse
+	nil,                            // 49: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 50: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 51: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	48, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	50, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	48, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	50, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	48, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	50, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	47, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	49, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -2832,10 +2970,10 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	2,  // 23: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 24: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 25: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	48, // 26: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	49, // 27: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	48, // 28: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	45, // 29: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	50, // 26: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	51, // 27: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	50, // 28: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	47, // 29: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
 	7,  // 30: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
 	10, // 31: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
 	12, // 32: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
@@ -2849,31 +2987,33 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	30, // 40: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
 	32, // 41: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
 	34, // 42: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	36, // 43: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	38, // 44: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	40, // 45: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	42, // 46: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	44, // 47: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 48: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 49: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 50: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 51: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 52: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 53: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 54: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 55: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 56: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 57: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 58: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 59: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 60: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	37, // 61: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	39, // 62: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	41, // 63: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	43, // 64: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	46, // 65: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	48, // [48:66] is the sub-list for method output_type
-	30, // [30:48] is the sub-list for method input_type
+	38, // 43: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	40, // 44: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	42, // 45: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	44, // 46: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	36, // 47: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	46, // 48: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 49: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 50: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 51: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 52: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 53: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 54: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 55: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 56: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 57: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 58: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 59: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 60: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 61: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	39, // 62: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	41, // 63: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	43, // 64: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	45, // 65: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	37, // 66: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	48, // 67: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	49, // [49:68] is the sub-list for method output_type
+	30, // [30:49] is the sub-list for method input_type
 	30, // [30:30] is the sub-list for extension type_name
 	30, // [30:30] is the sub-list for extension extendee
 	0,  // [0:30] is the sub-list for field type_name
@@ -2890,7 +3030,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

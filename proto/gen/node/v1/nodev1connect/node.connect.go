@@ -76,6 +76,8 @@ const (
 	NodeReconfigureProcedure = "/spore.node.v1.Node/Reconfigure"
 	// NodeStatsProcedure is the fully-qualified name of the Node's Stats RPC.
 	NodeStatsProcedure = "/spore.node.v1.Node/Stats"
+	// NodeUploadProcedure is the fully-qualified name of the Node's Upload RPC.
+	NodeUploadProcedure = "/spore.node.v1.Node/Upload"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -99,6 +101,7 @@ type NodeClient interface {
 	SetPolicy(context.Context, *connect.Request[v1.SetPolicyRequest]) (*connect.Response[v1.SetPolicyResponse], error)
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
+	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -218,6 +221,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("Stats")),
 			connect.WithClientOptions(opts...),
 		),
+		upload: connect.NewClient[v1.UploadRequest, v1.UploadResponse](
+			httpClient,
+			baseURL+NodeUploadProcedure,
+			connect.WithSchema(nodeMethods.ByName("Upload")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -246,6 +255,7 @@ type nodeClient struct {
 	setPolicy      *connect.Client[v1.SetPolicyRequest, v1.SetPolicyResponse]
 	reconfigure    *connect.Client[v1.ReconfigureRequest, v1.ReconfigureResponse]
 	stats          *connect.Client[v1.StatsRequest, v1.StatsResponse]
+	upload         *connect.Client[v1.UploadRequest, v1.UploadResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -334,6 +344,11 @@ func (c *nodeClient) Stats(ctx context.Context, req *connect.Request[v1.StatsReq
 	return c.stats.CallUnary(ctx, req)
 }
 
+// Upload calls spore.node.v1.Node.Upload.
+func (c *nodeClient) Upload(ctx context.Context, req *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
+	return c.upload.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -358,6 +373,7 @@ type NodeHandler interface {
 	SetPolicy(context.Context, *connect.Request[v1.SetPolicyRequest]) (*connect.Response[v1.SetPolicyResponse], error)
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
+	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -473,6 +489,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("Stats")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeUploadHandler := connect.NewUnaryHandler(
+		NodeUploadProcedure,
+		svc.Upload,
+		connect.WithSchema(nodeMethods.ByName("Upload")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -515,6 +537,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeReconfigureHandler.ServeHTTP(w, r)
 		case NodeStatsProcedure:
 			nodeStatsHandler.ServeHTTP(w, r)
+		case NodeUploadProcedure:
+			nodeUploadHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -592,6 +616,10 @@ func (UnimplementedNodeHandler) Reconfigure(context.Context, *connect.Request[v1
 
 func (UnimplementedNodeHandler) Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Stats is not implemented"))
+}
+
+func (UnimplementedNodeHandler) Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Upload is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {
