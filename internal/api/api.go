@@ -137,6 +137,7 @@ func (s *Server) table() []route {
 		{"POST /sandboxes/{sandboxID}/fork", s.fork, false},
 		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, false},
 		{"GET /snapshots", s.listSnapshots, false},
+		{"GET /snapshots/{snapshotID}", s.getSnapshot, false},
 		{"GET /templates", s.templates, false},
 		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
 		{"GET /nodes", s.listNodes, false},

@@ -17,6 +17,10 @@ type SnapshotInfo struct {
 	CreatedAt       string   `json:"createdAt"`
 	SizeBytes       int64    `json:"sizeBytes"`
 	Status          string   `json:"status"`
+	// Storage: local, uploading or durable (store.Storage*).
+	Storage     string `json:"storage"`
+	StoredBytes int64  `json:"storedBytes"`
+	NodeID      string `json:"nodeID,omitempty"`
 }
 
 func snapshotInfo(sn store.Snapshot) SnapshotInfo {
@@ -24,7 +28,26 @@ func snapshotInfo(sn store.Snapshot) SnapshotInfo {
 	if names == nil {
 		names = []string{}
 	}
-	return SnapshotInfo{SnapshotID: sn.ID, Names: names, OriginSandboxID: sn.SandboxID, CreatedAt: rfc3339(sn.CreatedAt), SizeBytes: sn.SizeBytes, Status: "ready"}
+	storage := sn.Storage
+	if storage == "" {
+		storage = store.StorageLocal
+	}
+	return SnapshotInfo{SnapshotID: sn.ID, Names: names, OriginSandboxID: sn.SandboxID, CreatedAt: rfc3339(sn.CreatedAt), SizeBytes: sn.SizeBytes,
+		Status: "ready", Storage: storage, StoredBytes: sn.StoredBytes, NodeID: sn.NodeID}
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	ref := r.PathValue("snapshotID")
+	if ids.Validate("snapshot ID", ref) != nil && ids.ValidateName("snapshot name", ref) != nil {
+		s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
+		return
+	}
+	sn, err := s.c.GetSnapshot(r.Context(), ref)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snapshotInfo(sn))
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -83,6 +84,10 @@ type Service struct {
 	// poolWake wakes this instance's pool filler (RunPool), if any.
 	poolWake chan struct{}
 	view     viewCache
+	// uploads are the background snapshot uploads (durable.go).
+	uploads   sync.WaitGroup
+	uploading atomic.Int64
+	uploadSem chan struct{}
 }
 
 // Target is where the proxy sends a sandbox's traffic.
@@ -116,7 +121,8 @@ func New(cfg Config) *Service {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = leaseTTL
 	}
-	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, following: map[string]bool{}}
+	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, following: map[string]bool{},
+		uploadSem: make(chan struct{}, uploadWorkers)}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.ctx, s.stop = ctx, cancel
 	for _, id := range cfg.Nodes.IDs() {
@@ -127,7 +133,10 @@ func New(cfg Config) *Service {
 }
 
 // Close stops following the nodes' events.
-func (s *Service) Close() { s.stop() }
+func (s *Service) Close() {
+	s.stop()
+	s.uploads.Wait()
+}
 
 // Sandbox is the control plane's full view of a sandbox: its store row
 // (token, node and address included).
@@ -277,7 +286,10 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	nodeID, n, err := s.place(ctx, r)
+	source, peers := s.snapshotSource(ctx, r.TemplateID)
+	placed := r
+	placed.TemplateID = source
+	nodeID, n, err := s.place(ctx, placed)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -292,8 +304,8 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if err := s.st.CreateSandbox(ctx, rec); err != nil {
 		return Sandbox{}, err
 	}
-	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: r.TemplateID,
-		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy}
+	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: source,
+		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy, Peers: peers}
 	ns, err := retryNodeCall(ctx, s, "create", rec.ID, func(ctx context.Context) (nodeapi.Sandbox, error) { return n.Create(ctx, req) })
 	if err != nil {
 		s.abandon(ctx, rec)

@@ -373,6 +373,9 @@ func (s *Service) RunReconcile(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			s.ReconcilePass(ctx, 2*interval)
+			if _, err := s.RetryUploads(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("retry snapshot uploads", "err", err)
+			}
 		}
 	}
 }

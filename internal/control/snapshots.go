@@ -51,6 +51,7 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
 	}
+	s.startUpload(sn.ID)
 	return sn, nil
 }
 
@@ -64,9 +65,13 @@ func (s *Service) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]
 	return s.st.ListSnapshots(ctx, f)
 }
 
-// DeleteSnapshot deletes a snapshot or a template by ID (or name) on the
-// node that holds it.
+// DeleteSnapshot deletes a snapshot or a template by ID (or name): on
+// the node that took it, on every node holding a copy, and in the blob
+// store (a node with one removes the durable copy too; its chunks go at
+// the next GC unless another snapshot uses them). A durable snapshot
+// whose node is gone is still deleted from the store.
 func (s *Service) DeleteSnapshot(ctx context.Context, ref string) error {
+	var found *nodeapi.SnapshotInfo
 	var lastErr error = errdefs.NotFoundf("snapshot %s", ref)
 	for _, nodeID := range s.nodes.IDs() {
 		n, _ := s.nodes.Node(nodeID)
@@ -80,22 +85,47 @@ func (s *Service) DeleteSnapshot(ctx context.Context, ref string) error {
 		if m.Kind == nodeapi.KindHibernation {
 			return errdefs.Conflictf("snapshot %s holds a paused sandbox: kill the sandbox instead", m.ID)
 		}
-		if err := n.DeleteSnapshot(ctx, m.ID); err != nil {
+		if found == nil || !m.Copy {
+			found = &m
+		}
+	}
+	id := ""
+	switch {
+	case found != nil:
+		id = found.ID
+	default:
+		// On no node: a durable snapshot (by ID) may still be in the store.
+		sn, err := s.st.GetSnapshot(ctx, ref)
+		if err != nil || sn.Storage != store.StorageDurable {
+			return lastErr
+		}
+		id = sn.ID
+	}
+	deleted := false
+	for _, nodeID := range s.nodes.IDs() {
+		n, _ := s.nodes.Node(nodeID)
+		switch err := n.DeleteSnapshot(ctx, id); {
+		case err == nil:
+			deleted = true
+		case errdefs.IsNotFound(err):
+		default:
 			return err
 		}
-		if err := s.st.DeleteSnapshot(ctx, m.ID); err != nil && !errdefs.IsNotFound(err) {
-			return err
-		}
-		if m.Kind == nodeapi.KindTemplate {
-			for _, name := range m.Names {
-				if err := s.st.DeleteTemplate(ctx, name); err != nil && !errdefs.IsNotFound(err) {
-					return err
-				}
+	}
+	if !deleted {
+		return lastErr
+	}
+	if err := s.st.DeleteSnapshot(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if found != nil && found.Kind == nodeapi.KindTemplate {
+		for _, name := range found.Names {
+			if err := s.st.DeleteTemplate(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+				return err
 			}
 		}
-		return nil
 	}
-	return lastErr
+	return nil
 }
 
 // Templates lists the templates the nodes hold (one per name, the first
@@ -228,6 +258,16 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodea
 	held := map[string]bool{}
 	for _, m := range list {
 		if m.Kind != nodeapi.KindSnapshot {
+			continue
+		}
+		if m.Copy {
+			// A copy fetched from the store: its row is the origin's. One
+			// whose snapshot was deleted (while this node was away) goes.
+			if _, err := s.st.GetSnapshot(ctx, m.ID); errdefs.IsNotFound(err) {
+				if err := n.DeleteSnapshot(ctx, m.ID); err != nil && !errdefs.IsNotFound(err) {
+					return err
+				}
+			}
 			continue
 		}
 		held[m.ID] = true

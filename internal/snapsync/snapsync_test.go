@@ -98,7 +98,7 @@ func TestUploadThenFetchElsewhere(t *testing.T) {
 			}
 		}
 	}})
-	mem := random(8 << 20)
+	mem := random(48 << 20) // chunks average ~768 KiB: a 64 KiB change costs one or two
 	files := map[string][]byte{"pages.img": mem, "state": random(1000), "empty": nil}
 	m := a.take(t, "s1", files)
 

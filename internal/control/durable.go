@@ -1,0 +1,179 @@
+package control
+
+import (
+	"context"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// Durability: a snapshot committed on a node's disk is uploaded to the
+// blob store in the background (the node does the work: nodeapi Upload);
+// its row's Storage goes local → uploading → durable. Once durable, any
+// node can restore it (placement is free to choose; the node fetches it
+// from its peers or the store), and losing its node loses nothing.
+//
+// The row is the truth: an upload whose snapshot was deleted meanwhile
+// removes what it stored; an upload a replica's death interrupted is
+// found by the periodic pass (RetryUploads) and run again (uploads are
+// idempotent and resume where they stopped).
+
+const (
+	uploadTries     = 6
+	uploadBackoff   = time.Second
+	uploadRetryIdle = 2 * time.Minute // the lease of a retry pass over one snapshot
+	uploadWorkers   = 2               // uploads at once per control plane instance
+)
+
+// startUpload makes a snapshot durable in the background.
+func (s *Service) startUpload(id string) {
+	s.uploads.Add(1)
+	s.uploading.Add(1)
+	go func() {
+		defer s.uploads.Done()
+		defer s.uploading.Add(-1)
+		select {
+		case s.uploadSem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		defer func() { <-s.uploadSem }()
+		if err := s.Upload(s.ctx, id); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("snapshot upload (the periodic pass tries again)", "snapshot_id", id, "err", err)
+		}
+	}()
+}
+
+// Upload makes one snapshot durable now: row uploading, the node's
+// upload (retried while the node is unavailable), row durable with the
+// bytes it added. A node without a blob store leaves the row local.
+func (s *Service) Upload(ctx context.Context, id string) error {
+	sn, err := s.st.GetSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sn.Storage == store.StorageDurable {
+		return nil
+	}
+	n, err := s.node(sn.NodeID)
+	if err != nil {
+		return err
+	}
+	if err := s.setStorage(ctx, id, store.StorageUploading, nil); err != nil {
+		return err
+	}
+	var info struct{ total, stored int64 }
+	backoff := uploadBackoff
+	for try := 1; ; try++ {
+		res, err := n.Upload(ctx, id)
+		if err == nil {
+			info.total, info.stored = res.TotalBytes, res.StoredBytes
+			break
+		}
+		switch {
+		case errdefs.IsConflict(err): // no blob store on that node
+			return s.setStorage(ctx, id, store.StorageLocal, nil)
+		case errdefs.IsNotFound(err): // deleted meanwhile
+			return nil
+		case try >= uploadTries || ctx.Err() != nil:
+			return err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff *= 2
+	}
+	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) { x.StoredBytes = info.stored })
+	if errdefs.IsNotFound(err) {
+		// Deleted while it uploaded: what the upload stored goes too.
+		if derr := n.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil && !errdefs.IsNotFound(derr) {
+			s.log.Warn("remove the upload of a deleted snapshot (GC frees its chunks once its manifest goes)", "snapshot_id", id, "err", derr)
+		}
+		return nil
+	}
+	if err == nil {
+		s.log.Info("snapshot durable", "snapshot_id", id, "node_id", sn.NodeID, "bytes", info.total, "stored", info.stored)
+	}
+	return err
+}
+
+// setStorage changes a snapshot row's storage state (and whatever more
+// f sets), if the row still exists.
+func (s *Service) setStorage(ctx context.Context, id, state string, f func(*store.Snapshot)) error {
+	sn, err := s.st.GetSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	sn.Storage = state
+	if f != nil {
+		f(&sn)
+	}
+	return s.st.PutSnapshot(ctx, sn)
+}
+
+// RetryUploads starts again the uploads of snapshots whose row says
+// "uploading" (one instance per pass, by the lease "upload/<id>"): their
+// uploader may have died. An upload still running is joined by the node,
+// one already done answers at once. It returns how many it started.
+func (s *Service) RetryUploads(ctx context.Context) (int, error) {
+	started := 0
+	cursor := ""
+	for {
+		page, next, err := s.st.ListSnapshots(ctx, store.SnapshotFilter{Limit: 500, Cursor: cursor})
+		if err != nil {
+			return started, err
+		}
+		for _, sn := range page {
+			if sn.Storage != store.StorageUploading {
+				continue
+			}
+			if !s.leaseFor(ctx, "upload/"+sn.ID, uploadRetryIdle) {
+				continue // another instance has it
+			}
+			s.startUpload(sn.ID)
+			started++
+		}
+		if next == "" {
+			return started, nil
+		}
+		cursor = next
+	}
+}
+
+// snapshotSource resolves a create's template reference: a user
+// snapshot (by ID or name) is given to the node by its ID, with the
+// address of the node that took it as a peer to fetch chunks from (when
+// durable, any node may restore it). Templates pass as they are.
+func (s *Service) snapshotSource(ctx context.Context, ref string) (string, []string) {
+	sn, err := s.GetSnapshot(ctx, ref)
+	if err != nil {
+		return ref, nil
+	}
+	var peers []string
+	if nr, err := s.st.GetNode(ctx, sn.NodeID); err == nil && nr.Addr != "" && nr.State == store.NodeReady {
+		peers = []string{nr.Addr}
+	}
+	return sn.ID, peers
+}
+
+// GetSnapshot returns a user snapshot's row by ID or name.
+func (s *Service) GetSnapshot(ctx context.Context, ref string) (store.Snapshot, error) {
+	sn, err := s.st.GetSnapshot(ctx, ref)
+	if !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
+		return sn, err
+	}
+	page, _, lerr := s.st.ListSnapshots(ctx, store.SnapshotFilter{Name: ref, Limit: 1})
+	if lerr != nil {
+		return store.Snapshot{}, lerr
+	}
+	if len(page) == 0 {
+		return store.Snapshot{}, errdefs.NotFoundf("snapshot %s", ref)
+	}
+	return page[0], nil
+}
+
+// UploadsIdle says whether no background upload of this instance runs.
+func (s *Service) UploadsIdle() bool { return s.uploading.Load() == 0 }

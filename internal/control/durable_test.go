@@ -1,0 +1,182 @@
+package control_test
+
+import (
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/blob"
+	"github.com/spore-run/spore/internal/blob/local"
+	"github.com/spore-run/spore/internal/chunk"
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/errdefs"
+	lnode "github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/snapsync"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// durableFleet is two fake nodes sharing a blob store (a directory).
+type durableFleet struct {
+	*fleet
+	blobs blob.Store
+}
+
+func newDurableFleet(t *testing.T, c controltest.Config) *durableFleet {
+	t.Helper()
+	st := c.Store(t)
+	blobs, err := local.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := controltest.New(t), controltest.New(t)
+	mk := func(id string, n *controltest.Node) *lnode.Node {
+		cache, err := chunk.OpenCache(filepath.Join(n.Dir, "chunk-cache"), 64<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sy, err := snapsync.New(snapsync.Config{Repo: n.Engine.Snapshots(), Store: blobs, Cache: cache, Runtime: n.Engine.Runtime().Name(), Log: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lnode.New(n.Engine, lnode.Config{ID: id, Sync: sy})
+	}
+	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Now().UTC()}}
+	h.nodes = control.Nodes{"na": c.Node(t, mk("na", a)), "nb": c.Node(t, mk("nb", b))}
+	h.ctl = control.New(control.Config{Store: st, Nodes: h.nodes, Now: h.clk.Now})
+	t.Cleanup(h.ctl.Close)
+	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	return &durableFleet{fleet: &fleet{harness: h, a: a, b: b}, blobs: blobs}
+}
+
+// waitStorage waits for a snapshot row's storage state.
+func (f *durableFleet) waitStorage(id, want string) store.Snapshot {
+	f.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sn, err := f.st.GetSnapshot(ctxFor(f.t), id)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if sn.Storage == want {
+			return sn
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("snapshot %s is %q, want %q", id, sn.Storage, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// blobKeys lists the store's keys under prefix.
+func (f *durableFleet) blobKeys(prefix string) []string {
+	var out []string
+	if err := f.blobs.List(ctxFor(f.t), prefix, func(i blob.Info) error { out = append(out, i.Key); return nil }); err != nil {
+		f.t.Fatal(err)
+	}
+	return out
+}
+
+// A snapshot taken on one node becomes durable in the background (row
+// local → uploading → durable, with the bytes it stored); a create from it
+// (by ID or name) lands on the other node when the first is drained, which
+// fetches it; deleting it removes the origin's copy, the fetched copy and
+// the durable one. Before, the snapshot was pinned to its node: the create
+// could only go there.
+func TestSnapshotDurableAndRestoredElsewhere(t *testing.T) {
+	controltest.Each(t, testSnapshotDurableAndRestoredElsewhere)
+}
+
+func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config) {
+	f := newDurableFleet(t, c)
+	ctx := ctxFor(t)
+	src := f.onNode("na")
+	sn, err := f.ctl.Snapshot(ctx, src.ID, "keep-me", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.waitStorage(sn.ID, store.StorageDurable)
+	if got.StoredBytes <= 0 || got.NodeID != "na" {
+		t.Fatalf("durable row: %+v", got)
+	}
+	if keys := f.blobKeys("manifests/"); len(keys) != 1 || !strings.Contains(keys[0], sn.ID) {
+		t.Fatalf("manifests in the store: %v", keys)
+	}
+	if _, err := f.ctl.Drain(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{sn.ID, "keep-me"} {
+		sb := f.create(control.CreateRequest{TemplateID: ref})
+		if sb.NodeID != "nb" {
+			t.Fatalf("create from %s landed on %s, want nb (na is drained)", ref, sb.NodeID)
+		}
+		if sb.TemplateID != ref {
+			t.Fatalf("the row's template is %q, want what the client named (%q)", sb.TemplateID, ref)
+		}
+	}
+	copyInfo, err := f.b.Local.GetSnapshot(ctx, sn.ID)
+	if err != nil || !copyInfo.Copy {
+		t.Fatalf("nb's copy: %+v %v", copyInfo, err)
+	}
+	// Reconcile catalogs no copy as a snapshot of nb.
+	if err := f.ctl.ReconcileNode(ctx, "nb"); err != nil {
+		t.Fatal(err)
+	}
+	if row, err := f.st.GetSnapshot(ctx, sn.ID); err != nil || row.NodeID != "na" {
+		t.Fatalf("after nb's reconcile the row is %+v, %v", row, err)
+	}
+	if err := f.ctl.DeleteSnapshot(ctx, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	for name, n := range map[string]*controltest.Node{"na": f.a, "nb": f.b} {
+		if _, err := n.Local.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
+			t.Fatalf("%s still holds the deleted snapshot: %v", name, err)
+		}
+	}
+	if keys := f.blobKeys("manifests/"); len(keys) != 0 {
+		t.Fatalf("manifests left after the delete: %v", keys)
+	}
+	if _, err := f.st.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("row after the delete: %v", err)
+	}
+}
+
+// A node without a blob store keeps its snapshots local: the row goes back
+// to local and placement keeps creates from it on that node.
+func TestSnapshotWithoutBlobStoreStaysLocal(t *testing.T) {
+	controltest.Each(t, testSnapshotWithoutBlobStoreStaysLocal)
+}
+
+func testSnapshotWithoutBlobStoreStaysLocal(t *testing.T, _ controltest.Config) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	src := f.onNode("nb")
+	sn, err := f.ctl.Snapshot(ctx, src.ID, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The upload runs in the background and finds no blob store.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		row, err := f.st.GetSnapshot(ctx, sn.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if row.Storage == store.StorageLocal && f.ctl.UploadsIdle() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("row is %q", row.Storage)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 3 {
+		if sb := f.create(control.CreateRequest{TemplateID: sn.ID}); sb.NodeID != "nb" {
+			t.Fatalf("a create from a local snapshot of nb landed on %s", sb.NodeID)
+		}
+	}
+}
