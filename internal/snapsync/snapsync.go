@@ -33,14 +33,14 @@ import (
 
 // Metadata keys of a snapshot's chunk manifest.
 const (
-	MetaRuntime  = "spore.runtime"   // runtime build that wrote the image
-	MetaRootFS   = "spore.rootfs"    // root filesystem name and build, "name@build"
-	MetaCPU      = "spore.cpu"       // CPU features of the node that took it, comma-separated
-	MetaKind     = "spore.kind"      // snapshot, template, hibernation
-	MetaSnapshot = "spore.snapshot"  // the snapshot's ID (the manifest's ID too)
-	manifestName = "manifest.json"   // the snapshot repository's manifest file
-	fetchDir     = ".fetch"          // under the repository: trees being fetched
-	maxDirEntry  = 1 << 20           // bound on a fetched snapshot manifest
+	MetaRuntime  = "spore.runtime"  // runtime build that wrote the image
+	MetaRootFS   = "spore.rootfs"   // root filesystem name and build, "name@build"
+	MetaCPU      = "spore.cpu"      // CPU features of the node that took it, comma-separated
+	MetaKind     = "spore.kind"     // snapshot, template, hibernation
+	MetaSnapshot = "spore.snapshot" // the snapshot's ID (the manifest's ID too)
+	manifestName = "manifest.json"  // the snapshot repository's manifest file
+	fetchDir     = ".fetch"         // under the repository: trees being fetched
+	maxDirEntry  = 1 << 20          // bound on a fetched snapshot manifest
 )
 
 // Config sets a Syncer up.
@@ -337,4 +337,3 @@ func (s *Syncer) Durable(ctx context.Context, id string) (bool, error) {
 	}
 	return false, err
 }
-

@@ -70,12 +70,12 @@ type Snapshot struct {
 	Kind      string    `json:"kind"`
 	CreatedAt time.Time `json:"createdAt"`
 	SizeBytes int64     `json:"sizeBytes"`
-	NodeID    string    `json:"nodeID,omitempty"`   // the node that holds it
-	Storage   string    `json:"storage,omitempty"`  // StorageLocal ("" too), StorageUploading or StorageDurable
+	NodeID    string    `json:"nodeID,omitempty"`  // the node that holds it
+	Storage   string    `json:"storage,omitempty"` // StorageLocal ("" too), StorageUploading or StorageDurable
 	// StoredBytes is what its upload added to the blob store (compressed
 	// chunks no earlier snapshot had); the rest was shared.
-	StoredBytes int64 `json:"storedBytes,omitempty"`
-	Template  string    `json:"template,omitempty"` // the template it belongs to, if any
+	StoredBytes int64  `json:"storedBytes,omitempty"`
+	Template    string `json:"template,omitempty"` // the template it belongs to, if any
 }
 
 // Where a snapshot's bytes are.
