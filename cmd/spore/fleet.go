@@ -86,6 +86,7 @@ runsc); --node-arg adds flags to every ` + "`spore node`" + `.`,
 	f.StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
 	f.IntVar(&cfg.BasePort, "base-port", fleet.DefaultBasePort, "API replica i listens on base-port+i")
 	f.StringVar(&cfg.Prefix, "prefix", fleet.DefaultPrefix, "1-2 letters naming the fleet's namespaces (<prefix>f<K>) and firewall table")
+	f.StringVar(&cfg.BlobStore, "blob-store", "", "the nodes' shared blob store (see spore node --blob-store; default <dir>/blobs; {host} is replaced by each node's gateway address)")
 	f.StringArrayVar(&cfg.NodeArgs, "node-arg", nil, "extra flag for every `spore node` (repeatable; host flags such as --memory-reserve=512)")
 	f.StringArrayVar(&cfg.APIArgs, "api-arg", nil, "extra flag for every `spore api` (repeatable)")
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every process to answer")

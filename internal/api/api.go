@@ -143,6 +143,7 @@ func (s *Server) table() []route {
 		{"GET /nodes", s.listNodes, false},
 		{"POST /nodes/{nodeID}/drain", s.drainNode, false},
 		{"POST /nodes/{nodeID}/undrain", s.undrainNode, false},
+		{"POST /blobs/gc", s.collectGarbage, false},
 		{"GET /debug/stats", s.stats, false},
 		{"GET /debug/pprof/", pprof.Index, false},
 		{"GET /debug/pprof/profile", pprof.Profile, false},

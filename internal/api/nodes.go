@@ -2,15 +2,18 @@ package api
 
 import (
 	"net/http"
+	"time"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/nodeapi"
 )
 
 // NodeInfo is one node of the fleet as GET /nodes shows it.
 type NodeInfo struct {
 	NodeID       string            `json:"nodeID"`
 	Addr         string            `json:"addr"`
-	State        string            `json:"state"` // ready, lost, left
+	State        string            `json:"state"` // ready, joining, lost, left
 	Draining     bool              `json:"draining"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	Sandboxes    int               `json:"sandboxes"`    // running, paused and being created
@@ -98,4 +101,44 @@ func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// GCRequest is POST /blobs/gc.
+type GCRequest struct {
+	// GraceSeconds: chunks written more recently stay (0: 3600).
+	GraceSeconds int64 `json:"graceSeconds"`
+	DryRun       bool  `json:"dryRun"`
+}
+
+// GCResult is what a blob store garbage collection freed and kept.
+type GCResult struct {
+	NodeID        string `json:"nodeID"` // the node that ran it
+	DeletedChunks int64  `json:"deletedChunks"`
+	FreedBytes    int64  `json:"freedBytes"`
+	KeptChunks    int64  `json:"keptChunks"`
+	YoungChunks   int64  `json:"youngChunks"`
+	Snapshots     int64  `json:"snapshots"`
+	DryRun        bool   `json:"dryRun"`
+}
+
+func (s *Server) collectGarbage(w http.ResponseWriter, r *http.Request) {
+	var body GCRequest
+	if !decode(w, r, &body) {
+		return
+	}
+	if body.GraceSeconds < 0 || body.GraceSeconds > 30*24*3600 {
+		s.fail(w, r, errdefs.Invalidf("graceSeconds %d out of range 0..2592000", body.GraceSeconds))
+		return
+	}
+	grace := time.Duration(body.GraceSeconds) * time.Second
+	if grace == 0 {
+		grace = time.Hour
+	}
+	id, rep, err := s.c.CollectGarbage(r.Context(), nodeapi.GCRequest{Grace: grace, DryRun: body.DryRun})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, GCResult{NodeID: id, DeletedChunks: rep.DeletedChunks, FreedBytes: rep.FreedBytes, KeptChunks: rep.KeptChunks,
+		YoungChunks: rep.YoungChunks, Snapshots: rep.Manifests, DryRun: body.DryRun})
 }

@@ -412,6 +412,13 @@ func (c *Client) DrainNode(ctx context.Context, id string) (api.DrainResult, err
 	return out, err
 }
 
+// CollectGarbage frees the blob store's unused chunks.
+func (c *Client) CollectGarbage(ctx context.Context, grace time.Duration, dryRun bool) (api.GCResult, error) {
+	var out api.GCResult
+	_, err := c.do(ctx, "POST", "/blobs/gc", api.GCRequest{GraceSeconds: int64(grace / time.Second), DryRun: dryRun}, &out)
+	return out, err
+}
+
 // UndrainNode lets placements use a node again.
 func (c *Client) UndrainNode(ctx context.Context, id string) error {
 	_, err := c.do(ctx, "POST", "/nodes/"+url.PathEscape(id)+"/undrain", struct{}{}, nil)

@@ -2,9 +2,11 @@ package control
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -177,3 +179,35 @@ func (s *Service) GetSnapshot(ctx context.Context, ref string) (store.Snapshot, 
 
 // UploadsIdle says whether no background upload of this instance runs.
 func (s *Service) UploadsIdle() bool { return s.uploading.Load() == 0 }
+
+// CollectGarbage frees the blob store's chunks no snapshot uses, through
+// the first reachable node that has the store (they share one).
+func (s *Service) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (string, nodeapi.GCReport, error) {
+	var errs []error
+	for _, id := range s.nodes.IDs() {
+		if nr, err := s.st.GetNode(ctx, id); err == nil && nr.State != store.NodeReady {
+			continue
+		}
+		n, _ := s.nodes.Node(id)
+		rep, err := n.CollectGarbage(ctx, req)
+		if err == nil {
+			s.log.Info("blob store garbage collected", "node_id", id, "deleted_chunks", rep.DeletedChunks, "freed_bytes", rep.FreedBytes,
+				"kept_chunks", rep.KeptChunks, "dry_run", req.DryRun)
+			return id, rep, nil
+		}
+		if errdefs.IsInvalidArgument(err) {
+			return "", nodeapi.GCReport{}, err
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return "", nodeapi.GCReport{}, errdefs.Conflictf("no ready node")
+	}
+	all := errors.Join(errs...)
+	for _, e := range errs {
+		if !errdefs.IsConflict(e) {
+			return "", nodeapi.GCReport{}, all
+		}
+	}
+	return "", nodeapi.GCReport{}, errdefs.Conflictf("no node has a blob store (start nodes with --blob-store)")
+}

@@ -3,6 +3,7 @@ package control_test
 import (
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
 	lnode "github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/store"
@@ -106,6 +108,12 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 	if keys := f.blobKeys("manifests/"); len(keys) != 1 || !strings.Contains(keys[0], sn.ID) {
 		t.Fatalf("manifests in the store: %v", keys)
 	}
+	// A second snapshot (kept to the end) shares chunks with the first.
+	sn2, err := f.ctl.Snapshot(ctx, src.ID, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitStorage(sn2.ID, store.StorageDurable)
 	if _, err := f.ctl.Drain(ctx, "na"); err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +137,7 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 	if row, err := f.st.GetSnapshot(ctx, sn.ID); err != nil || row.NodeID != "na" {
 		t.Fatalf("after nb's reconcile the row is %+v, %v", row, err)
 	}
+	chunksBefore := len(f.blobKeys("chunks/"))
 	if err := f.ctl.DeleteSnapshot(ctx, sn.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +146,36 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 			t.Fatalf("%s still holds the deleted snapshot: %v", name, err)
 		}
 	}
-	if keys := f.blobKeys("manifests/"); len(keys) != 0 {
-		t.Fatalf("manifests left after the delete: %v", keys)
+	if keys := f.blobKeys("manifests/"); len(keys) != 1 || !strings.Contains(keys[0], sn2.ID) {
+		t.Fatalf("manifests after the delete: %v, want only %s's", keys, sn2.ID)
 	}
 	if _, err := f.st.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
 		t.Fatalf("row after the delete: %v", err)
 	}
+	// GC frees exactly the chunks only the deleted snapshot used: the
+	// other's manifest names every chunk left, and it still restores.
+	time.Sleep(1200 * time.Millisecond) // past the grace period below
+	_, rep, err := f.ctl.CollectGarbage(ctx, nodeapi.GCRequest{Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := chunk.ReadManifest(ctx, f.blobs, sn2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := f.blobKeys("chunks/")
+	if len(left) != len(m.ChunkIDs()) || int(rep.DeletedChunks) != chunksBefore-len(left) {
+		t.Fatalf("gc: %+v; %d chunks before, %d left, the kept snapshot names %d", rep, chunksBefore, len(left), len(m.ChunkIDs()))
+	}
+	for id := range m.ChunkIDs() {
+		if !slices.Contains(left, id.Key()) {
+			t.Fatalf("gc deleted chunk %s of the kept snapshot", id)
+		}
+	}
+	if sb := f.create(control.CreateRequest{TemplateID: sn2.ID}); sb.NodeID != "nb" {
+		t.Fatalf("create from the kept snapshot landed on %s", sb.NodeID)
+	}
+	t.Logf("gc: %+v", rep)
 }
 
 // A node without a blob store keeps its snapshots local: the row goes back

@@ -232,7 +232,10 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
-	ns, err := n.Rollback(ctx, id, snapshotID)
+	// A user snapshot goes by its ID: a node that does not hold it (it was
+	// taken on another node) fetches it when it is durable.
+	source, _ := s.snapshotSource(ctx, snapshotID)
+	ns, err := n.Rollback(ctx, id, source)
 	if err != nil {
 		return Sandbox{}, err
 	}

@@ -54,6 +54,12 @@ type Config struct {
 	// NodeArgs are extra flags for every `spore node` (--rootfs-dir,
 	// --runsc, ...); APIArgs for every `spore api`.
 	NodeArgs, APIArgs []string
+	// BlobStore is every node's --blob-store, where snapshots are shared
+	// (default: <Dir>/blobs, a directory all the nodes of this host see;
+	// "none": none). "{host}" in it becomes the node's gateway address,
+	// where a server on the host answers it (an S3 server listening on
+	// every address: s3://bucket?endpoint=http://{host}:9000).
+	BlobStore string
 	// NodePort is where each node agent listens on its own link.
 	NodePort int
 	// ReadyTimeout bounds the wait for every process to answer (node
@@ -326,7 +332,12 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 	n := Node{Index: k, ID: ids.New('n'), Netns: ns, Veth: veth, HostAddr: host.String(), Addr: addr.String(),
 		Listen: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.NodePort)), DataDir: dataDir,
 		NetPrefix: ns, APIURL: apiURL}
-	hostArgs := []string{"--data-dir", dataDir, "--net-prefix", n.NetPrefix, "--cgroup-parent", "/spore-fleet-" + ns}
+	blobs := cfg.BlobStore
+	if blobs == "" {
+		blobs = filepath.Join(cfg.Dir, "blobs")
+	}
+	hostArgs := []string{"--data-dir", dataDir, "--net-prefix", n.NetPrefix, "--cgroup-parent", "/spore-fleet-" + ns,
+		"--blob-store", strings.ReplaceAll(blobs, "{host}", host.String())}
 	n.PurgeArgs = append(append([]string{}, hostArgs...), cfg.NodeArgs...)
 	st.Nodes = append(st.Nodes, n)
 	return st.save()

@@ -118,6 +118,26 @@ type Node interface {
 	// (idempotent: one already there stores nothing more). A node
 	// without a blob store answers ErrConflict.
 	Upload(ctx context.Context, ref string) (UploadInfo, error)
+	// CollectGarbage deletes the blob store's chunks that no snapshot
+	// uses and that are older than the request's grace (safe beside
+	// uploads in flight: see package chunk). ErrConflict without a blob
+	// store.
+	CollectGarbage(ctx context.Context, req GCRequest) (GCReport, error)
+}
+
+// GCRequest asks for a garbage collection of the blob store.
+type GCRequest struct {
+	Grace  time.Duration // chunks written more recently stay (0: an hour)
+	DryRun bool          // report only
+}
+
+// GCReport is what a collection freed and kept.
+type GCReport struct {
+	DeletedChunks int64
+	FreedBytes    int64
+	KeptChunks    int64 // named by a snapshot, or young
+	YoungChunks   int64 // unnamed but within the grace period
+	Manifests     int64 // snapshots in the store
 }
 
 // UploadInfo describes an upload.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +53,9 @@ type S3Server struct {
 	Dir string
 	PID int
 
+	Port int
+
+	listen  string // the host part of versitygw's --port
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	stopped sync.Once
@@ -78,7 +82,14 @@ func VersitygwBin(t testing.TB) string {
 
 // S3 starts versitygw on a free loopback port with a new bucket; t's
 // cleanup stops it (by its PID) and its files go with t.TempDir.
-func S3(t testing.TB) *S3Server {
+func S3(t testing.TB) *S3Server { return s3Server(t, "127.0.0.1") }
+
+// S3AllInterfaces is S3 listening on every address of the host (network
+// namespaces reach it at their gateway: a fleet's nodes); Endpoint and
+// Addr still name loopback.
+func S3AllInterfaces(t testing.TB) *S3Server { return s3Server(t, "0.0.0.0") }
+
+func s3Server(t testing.TB, listen string) *S3Server {
 	t.Helper()
 	bin := VersitygwBin(t)
 	dir := t.TempDir()
@@ -91,6 +102,7 @@ func S3(t testing.TB) *S3Server {
 		Bucket:        "t-" + hex.EncodeToString(key[:6]),
 		VirtualDomain: "localhost",
 		Dir:           filepath.Join(dir, "data"),
+		listen:        listen,
 	}
 	if err := os.Mkdir(s.Dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -124,13 +136,19 @@ func (s *S3Server) start(t testing.TB, bin, dir, addr string) error {
 	}
 	s.Addr = addr
 	s.Endpoint = "http://" + s.Addr
+	_, p, _ := net.SplitHostPort(addr)
+	s.Port, _ = strconv.Atoi(p)
+	listen := s.Addr
+	if s.listen != "" {
+		listen = net.JoinHostPort(s.listen, p)
+	}
 	logPath := filepath.Join(dir, "versitygw.log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "--port", s.Addr, "--access", s.AccessKey, "--secret", s.SecretKey,
+	cmd := exec.Command(bin, "--port", listen, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--region", s.Region, "--virtual-domain", s.VirtualDomain, "--health", "/health", "--quiet",
 		"posix", s.Dir)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -20,7 +20,7 @@ import (
 // upFleet starts a fleet of nodes node agents and one API replica under
 // prefix p with `spore fleet up`, removed with `spore fleet down` when t
 // ends (and checked to leave nothing behind).
-func upFleet(t *testing.T, nodes int, p string) *harness {
+func upFleet(t *testing.T, nodes int, p string, extra ...string) *harness {
 	t.Helper()
 	testenv.RequireRoot(t)
 	rootfs, runsc := testenv.RootFSDir(t), testenv.Runsc(t)
@@ -39,11 +39,12 @@ func upFleet(t *testing.T, nodes int, p string) *harness {
 	b, _ := os.ReadFile("run.mjs")
 	os.WriteFile(filepath.Join(h.js, "run.mjs"), b, 0o644)
 	t0 := time.Now()
-	out, err := h.spore("fleet", "up", "--nodes", strconv.Itoa(nodes), "--replicas", "1", "--dir", h.dir,
-		"--base-port", strconv.Itoa(basePort(t)), "--prefix", p, "--node-arg=--rootfs-dir="+rootfs, "--node-arg=--runsc="+runsc,
+	args := []string{"fleet", "up", "--nodes", strconv.Itoa(nodes), "--replicas", "1", "--dir", h.dir,
+		"--base-port", strconv.Itoa(basePort(t)), "--prefix", p, "--node-arg=--rootfs-dir=" + rootfs, "--node-arg=--runsc=" + runsc,
 		// No warm pool: its sandboxes have no user-visible rows, and the
 		// test accounts for every sandbox a node holds.
-		"--api-arg=--pool=0")
+		"--api-arg=--pool=0"}
+	out, err := h.spore(append(args, extra...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			h.dumpLogs()

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -437,4 +438,17 @@ func toNetPolicy(p *nodeapi.Policy) *netns.Policy {
 		return nil
 	}
 	return &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny}
+}
+
+// CollectGarbage runs a GC over the node's blob store.
+func (n *Node) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodeapi.GCReport, error) {
+	if n.cfg.Sync == nil {
+		return nodeapi.GCReport{}, errdefs.Conflictf("node %s has no blob store", n.cfg.ID)
+	}
+	rep, err := chunk.GC(ctx, n.cfg.Sync.Store(), chunk.GCOptions{Grace: req.Grace, DryRun: req.DryRun})
+	if err != nil {
+		return nodeapi.GCReport{}, err
+	}
+	return nodeapi.GCReport{DeletedChunks: int64(rep.Deleted), FreedBytes: rep.FreedBytes, KeptChunks: int64(rep.Kept),
+		YoungChunks: int64(rep.Young), Manifests: int64(rep.Manifests)}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -241,6 +242,16 @@ func (c *Client) Upload(ctx context.Context, ref string) (nodeapi.UploadInfo, er
 		return nodeapi.UploadInfo{}, err
 	}
 	return nodeapi.UploadInfo{TotalBytes: res.GetTotalBytes(), StoredBytes: res.GetStoredBytes()}, nil
+}
+
+// CollectGarbage runs a GC over the node's blob store.
+func (c *Client) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodeapi.GCReport, error) {
+	res, err := call(ctx, c.c.CollectGarbage, &nodev1.CollectGarbageRequest{Grace: durationpb.New(req.Grace), DryRun: req.DryRun})
+	if err != nil {
+		return nodeapi.GCReport{}, err
+	}
+	return nodeapi.GCReport{DeletedChunks: res.GetDeletedChunks(), FreedBytes: res.GetFreedBytes(), KeptChunks: res.GetKeptChunks(),
+		YoungChunks: res.GetYoungChunks(), Manifests: res.GetManifests()}, nil
 }
 
 // Snapshots lists what the node holds.

@@ -309,6 +309,15 @@ func (s *server) Upload(ctx context.Context, req *connect.Request[nodev1.UploadR
 	return ok(&nodev1.UploadResponse{TotalBytes: res.TotalBytes, StoredBytes: res.StoredBytes})
 }
 
+func (s *server) CollectGarbage(ctx context.Context, req *connect.Request[nodev1.CollectGarbageRequest]) (*connect.Response[nodev1.CollectGarbageResponse], error) {
+	rep, err := s.node.CollectGarbage(ctx, nodeapi.GCRequest{Grace: req.Msg.GetGrace().AsDuration(), DryRun: req.Msg.GetDryRun()})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.CollectGarbageResponse{DeletedChunks: rep.DeletedChunks, FreedBytes: rep.FreedBytes, KeptChunks: rep.KeptChunks,
+		YoungChunks: rep.YoungChunks, Manifests: rep.Manifests})
+}
+
 func (s *server) Snapshots(ctx context.Context, _ *connect.Request[nodev1.SnapshotsRequest]) (*connect.Response[nodev1.SnapshotsResponse], error) {
 	list, err := s.node.Snapshots(ctx)
 	if err != nil {

@@ -39,6 +39,9 @@ func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 func (s *stubNode) Upload(context.Context, string) (nodeapi.UploadInfo, error) {
 	return nodeapi.UploadInfo{}, s.hit()
 }
+func (s *stubNode) CollectGarbage(context.Context, nodeapi.GCRequest) (nodeapi.GCReport, error) {
+	return nodeapi.GCReport{}, s.hit()
+}
 func (s *stubNode) Snapshot(context.Context, string, nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
 	return nodeapi.SnapshotInfo{}, s.hit()
 }

@@ -2099,6 +2099,136 @@ func (x *UploadResponse) GetStoredBytes() int64 {
 	return 0
 }
 
+// CollectGarbage frees the blob store's chunks no snapshot uses (older
+// than grace); dry_run only reports.
+type CollectGarbageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grace         *durationpb.Duration   `protobuf:"bytes,1,opt,name=grace,proto3" json:"grace,omitempty"`
+	DryRun        bool                   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectGarbageRequest) Reset() {
+	*x = CollectGarbageRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageRequest) ProtoMessage() {}
+
+func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
+func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+func (x *CollectGarbageRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type CollectGarbageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeletedChunks int64                  `protobuf:"varint,1,opt,name=deleted_chunks,json=deletedChunks,proto3" json:"deleted_chunks,omitempty"`
+	FreedBytes    int64                  `protobuf:"varint,2,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	KeptChunks    int64                  `protobuf:"varint,3,opt,name=kept_chunks,json=keptChunks,proto3" json:"kept_chunks,omitempty"`
+	YoungChunks   int64                  `protobuf:"varint,4,opt,name=young_chunks,json=youngChunks,proto3" json:"young_chunks,omitempty"`
+	Manifests     int64                  `protobuf:"varint,5,opt,name=manifests,proto3" json:"manifests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CollectGarbageResponse) Reset() {
+	*x = CollectGarbageResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectGarbageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectGarbageResponse) ProtoMessage() {}
+
+func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
+func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
+	if x != nil {
+		return x.DeletedChunks
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetKeptChunks() int64 {
+	if x != nil {
+		return x.KeptChunks
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetYoungChunks() int64 {
+	if x != nil {
+		return x.YoungChunks
+	}
+	return 0
+}
+
+func (x *CollectGarbageResponse) GetManifests() int64 {
+	if x != nil {
+		return x.Manifests
+	}
+	return 0
+}
+
 type SnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2107,7 +2237,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2249,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2262,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 type SnapshotsResponse struct {
@@ -2144,7 +2274,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2286,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2299,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2189,7 +2319,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2331,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2344,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2239,7 +2369,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2381,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2394,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 type ReconfigureRequest struct {
@@ -2278,7 +2408,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2420,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2433,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2336,7 +2466,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2478,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2491,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2380,7 +2510,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2522,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2535,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2429,7 +2559,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2571,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2584,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2507,7 +2637,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2649,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2662,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 type Event struct {
@@ -2550,7 +2680,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2692,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2705,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Event) GetKind() string {
@@ -2637,7 +2767,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2779,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2792,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2818,7 +2948,18 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x0eUploadResponse\x12\x1f\n" +
 	"\vtotal_bytes\x18\x01 \x01(\x03R\n" +
 	"totalBytes\x12!\n" +
-	"\fstored_bytes\x18\x02 \x01(\x03R\vstoredBytes\"\x12\n" +
+	"\fstored_bytes\x18\x02 \x01(\x03R\vstoredBytes\"a\n" +
+	"\x15CollectGarbageRequest\x12/\n" +
+	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xc2\x01\n" +
+	"\x16CollectGarbageResponse\x12%\n" +
+	"\x0edeleted_chunks\x18\x01 \x01(\x03R\rdeletedChunks\x12\x1f\n" +
+	"\vfreed_bytes\x18\x02 \x01(\x03R\n" +
+	"freedBytes\x12\x1f\n" +
+	"\vkept_chunks\x18\x03 \x01(\x03R\n" +
+	"keptChunks\x12!\n" +
+	"\fyoung_chunks\x18\x04 \x01(\x03R\vyoungChunks\x12\x1c\n" +
+	"\tmanifests\x18\x05 \x01(\x03R\tmanifests\"\x12\n" +
 	"\x10SnapshotsRequest\"N\n" +
 	"\x11SnapshotsResponse\x129\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.spore.node.v1.SnapshotInfoR\tsnapshots\"Q\n" +
@@ -2854,7 +2995,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\x83\v\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xe2\v\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -2873,7 +3014,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\tSetPolicy\x12\x1f.spore.node.v1.SetPolicyRequest\x1a .spore.node.v1.SetPolicyResponse\x12T\n" +
 	"\vReconfigure\x12!.spore.node.v1.ReconfigureRequest\x1a\".spore.node.v1.ReconfigureResponse\x12B\n" +
 	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12E\n" +
-	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12G\n" +
+	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12]\n" +
+	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -2888,7 +3030,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -2928,32 +3070,34 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
 	(*UploadRequest)(nil),          // 36: spore.node.v1.UploadRequest
 	(*UploadResponse)(nil),         // 37: spore.node.v1.UploadResponse
-	(*SnapshotsRequest)(nil),       // 38: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 39: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 40: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 41: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 42: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 43: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 44: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 45: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 46: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 47: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 48: spore.node.v1.EventsResponse
-	nil,                            // 49: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 50: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 51: google.protobuf.Duration
+	(*CollectGarbageRequest)(nil),  // 38: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 39: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 40: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 41: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 42: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 43: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 44: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 45: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 46: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 47: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 48: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 49: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 50: spore.node.v1.EventsResponse
+	nil,                            // 51: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 52: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 53: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	50, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	52, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	50, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	52, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	50, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	52, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	49, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	51, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -2966,57 +3110,60 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	28, // 19: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
 	4,  // 20: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	5,  // 21: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	5,  // 22: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 23: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 24: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 25: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	50, // 26: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	51, // 27: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	50, // 28: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	47, // 29: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 30: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 31: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 32: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 33: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 34: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 35: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 36: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 37: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 38: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 39: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 40: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 41: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 42: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	38, // 43: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	40, // 44: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	42, // 45: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	44, // 46: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	36, // 47: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	46, // 48: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 49: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 50: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 51: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 52: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 53: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 54: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 55: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 56: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 57: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 58: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 59: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 60: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 61: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	39, // 62: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	41, // 63: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	43, // 64: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	45, // 65: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	37, // 66: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	48, // 67: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	49, // [49:68] is the sub-list for method output_type
-	30, // [30:49] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	53, // 22: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	5,  // 23: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 24: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 25: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 26: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	52, // 27: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	53, // 28: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	52, // 29: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	49, // 30: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	7,  // 31: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 32: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 33: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 34: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 35: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 36: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 37: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 38: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 39: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 40: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 41: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 42: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 43: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	40, // 44: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	42, // 45: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	44, // 46: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	46, // 47: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	36, // 48: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	38, // 49: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	48, // 50: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 51: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 52: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 53: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 54: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 55: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 56: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 57: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 58: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 59: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 60: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 61: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 62: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 63: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	41, // 64: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	43, // 65: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	45, // 66: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	47, // 67: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	37, // 68: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	39, // 69: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	50, // 70: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -3030,7 +3177,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   50,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

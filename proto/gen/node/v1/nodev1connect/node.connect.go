@@ -78,6 +78,8 @@ const (
 	NodeStatsProcedure = "/spore.node.v1.Node/Stats"
 	// NodeUploadProcedure is the fully-qualified name of the Node's Upload RPC.
 	NodeUploadProcedure = "/spore.node.v1.Node/Upload"
+	// NodeCollectGarbageProcedure is the fully-qualified name of the Node's CollectGarbage RPC.
+	NodeCollectGarbageProcedure = "/spore.node.v1.Node/CollectGarbage"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -102,6 +104,7 @@ type NodeClient interface {
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -227,6 +230,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("Upload")),
 			connect.WithClientOptions(opts...),
 		),
+		collectGarbage: connect.NewClient[v1.CollectGarbageRequest, v1.CollectGarbageResponse](
+			httpClient,
+			baseURL+NodeCollectGarbageProcedure,
+			connect.WithSchema(nodeMethods.ByName("CollectGarbage")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -256,6 +265,7 @@ type nodeClient struct {
 	reconfigure    *connect.Client[v1.ReconfigureRequest, v1.ReconfigureResponse]
 	stats          *connect.Client[v1.StatsRequest, v1.StatsResponse]
 	upload         *connect.Client[v1.UploadRequest, v1.UploadResponse]
+	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -349,6 +359,11 @@ func (c *nodeClient) Upload(ctx context.Context, req *connect.Request[v1.UploadR
 	return c.upload.CallUnary(ctx, req)
 }
 
+// CollectGarbage calls spore.node.v1.Node.CollectGarbage.
+func (c *nodeClient) CollectGarbage(ctx context.Context, req *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return c.collectGarbage.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -374,6 +389,7 @@ type NodeHandler interface {
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
+	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -495,6 +511,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("Upload")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeCollectGarbageHandler := connect.NewUnaryHandler(
+		NodeCollectGarbageProcedure,
+		svc.CollectGarbage,
+		connect.WithSchema(nodeMethods.ByName("CollectGarbage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -539,6 +561,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeStatsHandler.ServeHTTP(w, r)
 		case NodeUploadProcedure:
 			nodeUploadHandler.ServeHTTP(w, r)
+		case NodeCollectGarbageProcedure:
+			nodeCollectGarbageHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -620,6 +644,10 @@ func (UnimplementedNodeHandler) Stats(context.Context, *connect.Request[v1.Stats
 
 func (UnimplementedNodeHandler) Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Upload is not implemented"))
+}
+
+func (UnimplementedNodeHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.CollectGarbage is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {

@@ -1,0 +1,200 @@
+package fleet
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/testenv"
+)
+
+// snapshotView is GET /snapshots/{id}.
+type snapshotView struct {
+	SnapshotID  string `json:"snapshotID"`
+	Storage     string `json:"storage"`
+	StoredBytes int64  `json:"storedBytes"`
+	SizeBytes   int64  `json:"sizeBytes"`
+	NodeID      string `json:"nodeID"`
+}
+
+func (h *harness) snapshotInfo(base, id string) (int, snapshotView) {
+	code, b := h.rest(base, "GET", "/snapshots/"+id, "")
+	var v snapshotView
+	json.Unmarshal(b, &v)
+	return code, v
+}
+
+// nodeIndex is the 1-based index of the node with this ID.
+func (h *harness) nodeIndex(id string) int {
+	for i, n := range h.st.Nodes {
+		if n.ID == id {
+			return i + 1
+		}
+	}
+	h.t.Fatalf("no node %s", id)
+	return 0
+}
+
+// fetchLog returns the last "snapshot fetched" line of node k's log for
+// snapshot id, and its from_peer and from_store counts.
+func (h *harness) fetchLog(k int, id string) (line string, peer, store int) {
+	b, _ := os.ReadFile(filepath.Join(h.dir, "logs", fmt.Sprintf("node-%d.log", k)))
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `msg="snapshot fetched"`) && strings.Contains(l, "snapshot_id="+id) {
+			line = l
+		}
+	}
+	num := func(key string) int {
+		m := regexp.MustCompile(key + `=(\d+)`).FindStringSubmatch(line)
+		if m == nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return line, num("from_peer"), num("from_store")
+}
+
+// counter reads the sandbox's counter file twice, 1 s apart.
+func (h *harness) counter(base, id string) (int, int) {
+	h.t.Helper()
+	read := func() int {
+		out := h.run(base, id, "cat /tmp/count")
+		n, err := strconv.Atoi(strings.TrimSpace(out))
+		if err != nil {
+			h.t.Fatalf("counter of %s: %q", id, out)
+		}
+		return n
+	}
+	a := read()
+	time.Sleep(time.Second)
+	return a, read()
+}
+
+// A snapshot is usable on every node of a fleet whose nodes share an S3
+// bucket (versitygw, a real S3-compatible server): taken on node 1 it
+// becomes durable (GET /snapshots/{id}: storage durable, bytes stored);
+// with node 1 drained, a create from it lands on another node, which
+// fetches its chunks from node 1 (the peer tier); a rollback on the third
+// node fetches it from S3. In each, the file written before the snapshot
+// is there and the counting process kept its memory: the count goes on
+// from where it was, it does not restart. Then node 1 is killed and its
+// data directory wiped: the snapshot is still durable and restorable.
+func TestSnapshotsAcrossNodes(t *testing.T) {
+	s3 := testenv.S3AllInterfaces(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", s3.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3.SecretKey)
+	t.Setenv("AWS_REGION", s3.Region)
+	h := upFleet(t, 3, "d", fmt.Sprintf("--blob-store=s3://%s/fleet?endpoint=http://{host}:%d", s3.Bucket, s3.Port))
+	api := h.st.APIURLs[0]
+
+	src := h.onNode(api, 1)
+	h.run(api, src.SandboxID, "echo kept-across-nodes > /home/user/kept.txt; "+
+		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
+	before, _ := h.counter(api, src.SandboxID)
+	code, b := h.rest(api, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{"name":"across"}`)
+	if code != 201 {
+		t.Fatalf("snapshot: %d %s", code, b)
+	}
+	var sn snapshotView
+	json.Unmarshal(b, &sn)
+	t.Logf("snapshot %s of %s on node 1 (counter was %d just before)", sn.SnapshotID, src.SandboxID, before)
+	if !waitFor(2*time.Minute, func() bool { _, v := h.snapshotInfo(api, sn.SnapshotID); return v.Storage == "durable" }) {
+		_, v := h.snapshotInfo(api, sn.SnapshotID)
+		t.Fatalf("snapshot not durable: %+v", v)
+	}
+	_, info := h.snapshotInfo(api, sn.SnapshotID)
+	if info.StoredBytes <= 0 || info.NodeID != h.st.Nodes[0].ID {
+		t.Fatalf("durable snapshot: %+v", info)
+	}
+	t.Logf("durable: %d bytes, %d stored in S3", info.SizeBytes, info.StoredBytes)
+	objects := 0
+	filepath.Walk(filepath.Join(s3.Dir, s3.Bucket), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			objects++
+		}
+		return nil
+	})
+	if objects == 0 {
+		t.Fatal("nothing in the S3 bucket")
+	}
+
+	// Node 1 drained: the create goes elsewhere, and that node fetches.
+	if code, b := h.rest(api, "POST", "/nodes/"+h.st.Nodes[0].ID+"/drain", ""); code != 200 {
+		t.Fatalf("drain node 1: %d %s", code, b)
+	}
+	code, b = h.rest(api, "POST", "/sandboxes", `{"templateID":"across","timeout":1800}`)
+	if code != 201 {
+		t.Fatalf("create from the snapshot: %d %s", code, b)
+	}
+	var moved sandbox
+	json.Unmarshal(b, &moved)
+	kb := h.nodeIndex(moved.ClientID)
+	if kb == 1 {
+		t.Fatal("the create landed on the drained node")
+	}
+	if got := h.run(api, moved.SandboxID, "cat /home/user/kept.txt"); got != "kept-across-nodes" {
+		t.Fatalf("file on node %d: %q", kb, got)
+	}
+	c1, c2 := h.counter(api, moved.SandboxID)
+	if c1 < before || c2 <= c1 {
+		t.Fatalf("counter on node %d: %d then %d, was %d before the snapshot: the process did not continue", kb, c1, c2, before)
+	}
+	line, peer, _ := h.fetchLog(kb, sn.SnapshotID)
+	if peer <= 0 {
+		t.Fatalf("node %d did not fetch from its peer: %q", kb, line)
+	}
+	t.Logf("node %d: counter %d → %d (was %d); %s", kb, c1, c2, before, line)
+
+	// Rollback on the third node to the snapshot taken on node 1: fetched
+	// from S3 (a rollback names no peer).
+	kc := 5 - kb // the node neither 1 nor kb
+	other := h.onNode(api, kc)
+	code, b = h.rest(api, "POST", "/sandboxes/"+other.SandboxID+"/rollback", fmt.Sprintf(`{"snapshotID":%q}`, sn.SnapshotID))
+	if code != 200 {
+		t.Fatalf("rollback on node %d: %d %s", kc, code, b)
+	}
+	if got := h.run(api, other.SandboxID, "cat /home/user/kept.txt"); got != "kept-across-nodes" {
+		t.Fatalf("file after the rollback on node %d: %q", kc, got)
+	}
+	c1, c2 = h.counter(api, other.SandboxID)
+	if c1 < before || c2 <= c1 {
+		t.Fatalf("counter after the rollback on node %d: %d then %d, was %d", kc, c1, c2, before)
+	}
+	line, _, fromStore := h.fetchLog(kc, sn.SnapshotID)
+	if fromStore <= 0 {
+		t.Fatalf("node %d did not fetch from S3: %q", kc, line)
+	}
+	t.Logf("node %d (rollback): counter %d → %d; %s", kc, c1, c2, line)
+
+	// Node 1 dies and its disk is lost: nothing of the snapshot is.
+	p := h.proc("node-1")
+	syscall.Kill(p.PID, syscall.SIGKILL)
+	if !waitFor(30*time.Second, func() bool { return h.nodes(api)[h.st.Nodes[0].ID] == "lost" }) {
+		t.Fatalf("node 1 not lost: %v", h.nodes(api))
+	}
+	for _, e := range []string{"snapshots", "chunk-cache"} {
+		if err := os.RemoveAll(filepath.Join(h.st.Nodes[0].DataDir, e)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, v := h.snapshotInfo(api, sn.SnapshotID); code != 200 || v.Storage != "durable" {
+		t.Fatalf("after node 1's loss: %d %+v", code, v)
+	}
+	code, b = h.rest(api, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":1800}`, sn.SnapshotID))
+	if code != 201 {
+		t.Fatalf("create after node 1's loss: %d %s", code, b)
+	}
+	var again sandbox
+	json.Unmarshal(b, &again)
+	if got := h.run(api, again.SandboxID, "cat /home/user/kept.txt"); got != "kept-across-nodes" {
+		t.Fatalf("file after node 1's loss: %q", got)
+	}
+}
