@@ -400,11 +400,19 @@ func (s *Service) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-		return err
+		// A hibernated sandbox whose image is durable lives on in the
+		// blob store while its node is away: it can go from there (the
+		// node's copy goes at its reconcile, when it is back).
+		if !(rec.State == store.StateHibernated && rec.HibernationDurable && errdefs.IsUnavailable(err)) {
+			return err
+		}
 	}
 	s.dropTarget(id)
 	if err := s.st.DeleteSandbox(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
+	}
+	if rec.HibernationDurable && rec.Hibernation != "" {
+		s.dropDurable(ctx, rec.Hibernation)
 	}
 	return nil
 }

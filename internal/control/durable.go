@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -210,4 +211,138 @@ func (s *Service) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (st
 		}
 	}
 	return "", nodeapi.GCReport{}, errdefs.Conflictf("no node has a blob store (start nodes with --blob-store)")
+}
+
+// startHibernationUpload makes a hibernated sandbox's image durable in
+// the background, so that it can resume on another node; the row says
+// so once it is (HibernationDurable), if it still names that image.
+func (s *Service) startHibernationUpload(id, hib string) {
+	s.uploads.Add(1)
+	s.uploading.Add(1)
+	go func() {
+		defer s.uploads.Done()
+		defer s.uploading.Add(-1)
+		select {
+		case s.uploadSem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		defer func() { <-s.uploadSem }()
+		if err := s.uploadHibernation(s.ctx, id, hib); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("hibernation upload (it resumes on its own node only)", "sandbox_id", id, "snapshot_id", hib, "err", err)
+		}
+	}()
+}
+
+func (s *Service) uploadHibernation(ctx context.Context, id, hib string) error {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil || rec.Hibernation != hib {
+		return nil // gone or woken meanwhile
+	}
+	n, err := s.node(rec.NodeID)
+	if err != nil {
+		return err
+	}
+	backoff := uploadBackoff
+	for try := 1; ; try++ {
+		_, err = n.Upload(ctx, hib)
+		if err == nil || errdefs.IsConflict(err) || errdefs.IsNotFound(err) || try >= uploadTries || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff *= 2
+	}
+	switch {
+	case errdefs.IsConflict(err), errdefs.IsNotFound(err):
+		return nil // no blob store there; or woken and consumed meanwhile
+	case err != nil:
+		return err
+	}
+	still := false
+	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		if x.Hibernation == hib && x.State == store.StateHibernated {
+			x.HibernationDurable, still = true, true
+		}
+		return nil
+	})
+	if errdefs.IsNotFound(err) || (err == nil && !still) {
+		// Killed or woken while it uploaded: the durable copy is not wanted.
+		s.dropDurable(context.WithoutCancel(ctx), hib)
+		return nil
+	}
+	if err == nil {
+		s.log.Info("hibernation durable", "sandbox_id", id, "snapshot_id", hib, "node_id", rec.NodeID)
+	}
+	return err
+}
+
+// dropDurable removes a snapshot's durable copy from the blob store,
+// through the first node that can.
+func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
+	for _, id := range s.nodes.IDs() {
+		if nr, err := s.st.GetNode(ctx, id); err == nil && nr.State != store.NodeReady {
+			continue
+		}
+		n, _ := s.nodes.Node(id)
+		err := n.DeleteSnapshot(ctx, snapshotID)
+		if err == nil || errdefs.IsNotFound(err) {
+			return
+		}
+		s.log.Warn("remove a durable snapshot (GC leaves its chunks until its manifest goes)", "snapshot_id", snapshotID, "node_id", id, "err", err)
+	}
+}
+
+// resumeElsewhere moves a hibernated sandbox to another node when its
+// own cannot take it back (lost, left, draining) and its hibernation is
+// durable: the target node adopts it (fetching the image from its peers
+// or the store) and the row names the target; the caller then resumes
+// it there. ok false: it stays where it is (its node is fine, or the
+// image is only on that node's disk).
+func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store.Sandbox, bool, error) {
+	origin, err := s.st.GetNode(ctx, rec.NodeID)
+	if err == nil && origin.State == store.NodeReady && !origin.Draining {
+		if _, ok := s.nodes.Node(rec.NodeID); ok {
+			return rec, false, nil
+		}
+	}
+	if !rec.HibernationDurable || rec.Hibernation == "" {
+		return rec, false, nil
+	}
+	target, n, err := s.place(ctx, CreateRequest{TemplateID: rec.Hibernation, MemoryMB: rec.MemoryMB, CPUCount: rec.CPUCount})
+	if err != nil {
+		return rec, false, err
+	}
+	if target == rec.NodeID {
+		return rec, false, nil
+	}
+	var peers []string
+	if origin.State == store.NodeReady && origin.Addr != "" {
+		peers = []string{origin.Addr}
+	}
+	allow := rec.AllowInternet
+	policy, err := ParsePolicy(&allow, rec.AllowOut, rec.DenyOut)
+	if err != nil {
+		return rec, false, err
+	}
+	if _, err := n.Adopt(ctx, nodeapi.AdoptRequest{SandboxID: rec.ID, Hibernation: rec.Hibernation, Policy: &policy, Peers: peers}); err != nil {
+		return rec, false, fmt.Errorf("sandbox %s: take it over on node %s: %w", rec.ID, target, err)
+	}
+	from := rec.NodeID
+	rec, err = s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
+		if x.State != store.StateHibernated || x.Hibernation != rec.Hibernation {
+			return errdefs.Conflictf("sandbox %s changed while it moved", rec.ID)
+		}
+		x.NodeID = target
+		return nil
+	})
+	if err != nil {
+		s.killOnNode(ctx, target, rec.ID)
+		return rec, false, err
+	}
+	s.log.Info("hibernated sandbox moved", "sandbox_id", rec.ID, "from", from, "to", target, "snapshot_id", rec.Hibernation)
+	return rec, true, nil
 }

@@ -146,8 +146,12 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 			t.Fatalf("%s still holds the deleted snapshot: %v", name, err)
 		}
 	}
-	if keys := f.blobKeys("manifests/"); len(keys) != 1 || !strings.Contains(keys[0], sn2.ID) {
-		t.Fatalf("manifests after the delete: %v, want only %s's", keys, sn2.ID)
+	// Left: the kept snapshot's manifest, and the hibernation of src (the
+	// drain hibernated it, and its image became durable too).
+	for _, k := range f.blobKeys("manifests/") {
+		if strings.Contains(k, sn.ID) || !(strings.Contains(k, sn2.ID) || strings.HasPrefix(k, "manifests/h")) {
+			t.Fatalf("manifest %s after the delete", k)
+		}
 	}
 	if _, err := f.st.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
 		t.Fatalf("row after the delete: %v", err)
@@ -159,17 +163,23 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := chunk.ReadManifest(ctx, f.blobs, sn2.ID)
-	if err != nil {
-		t.Fatal(err)
+	named := map[string]bool{}
+	for _, k := range f.blobKeys("manifests/") {
+		m, err := chunk.ReadManifest(ctx, f.blobs, strings.TrimSuffix(strings.TrimPrefix(k, "manifests/"), ".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id := range m.ChunkIDs() {
+			named[id.Key()] = true
+		}
 	}
 	left := f.blobKeys("chunks/")
-	if len(left) != len(m.ChunkIDs()) || int(rep.DeletedChunks) != chunksBefore-len(left) {
-		t.Fatalf("gc: %+v; %d chunks before, %d left, the kept snapshot names %d", rep, chunksBefore, len(left), len(m.ChunkIDs()))
+	if len(left) != len(named) || int(rep.DeletedChunks) != chunksBefore-len(left) || rep.DeletedChunks == 0 {
+		t.Fatalf("gc: %+v; %d chunks before, %d left, the manifests left name %d", rep, chunksBefore, len(left), len(named))
 	}
-	for id := range m.ChunkIDs() {
-		if !slices.Contains(left, id.Key()) {
-			t.Fatalf("gc deleted chunk %s of the kept snapshot", id)
+	for k := range named {
+		if !slices.Contains(left, k) {
+			t.Fatalf("gc deleted chunk %s of a snapshot kept", k)
 		}
 	}
 	if sb := f.create(control.CreateRequest{TemplateID: sn2.ID}); sb.NodeID != "nb" {
@@ -211,5 +221,71 @@ func testSnapshotWithoutBlobStoreStaysLocal(t *testing.T, _ controltest.Config) 
 		if sb := f.create(control.CreateRequest{TemplateID: sn.ID}); sb.NodeID != "nb" {
 			t.Fatalf("a create from a local snapshot of nb landed on %s", sb.NodeID)
 		}
+	}
+}
+
+// A hibernated sandbox whose node is lost resumes on another node once
+// its image is durable: the other node adopts it (fetching the image),
+// the row names that node, the sandbox runs and is routed there; when the
+// lost node comes back its stale copy is killed at its reconcile, and the
+// durable image is gone (consumed). Before, it could only wait for its
+// node.
+func TestHibernatedSandboxResumesElsewhere(t *testing.T) {
+	controltest.Each(t, testHibernatedSandboxResumesElsewhere)
+}
+
+func testHibernatedSandboxResumesElsewhere(t *testing.T, c controltest.Config) {
+	f := newDurableFleet(t, c)
+	ctx := ctxFor(t)
+	sb := f.onNode("na")
+	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for f.row(sb.ID).HibernationDurable == false {
+		if time.Now().After(deadline) {
+			t.Fatalf("hibernation never durable: %+v", f.row(sb.ID))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	hib := f.row(sb.ID).Hibernation
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.nodeRow("na").State; s != store.NodeLost {
+		t.Fatalf("na is %s", s)
+	}
+	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resumed || got.NodeID != "nb" || got.State != store.StateRunning || got.Hibernation != "" {
+		t.Fatalf("after connect: resumed %v, %+v", resumed, got.Sandbox)
+	}
+	if es, err := f.b.Engine.Get(ctx, sb.ID); err != nil || es.State != "running" || es.Run.AccessToken != sb.EnvdAccessToken {
+		t.Fatalf("on nb: %+v %v", es, err)
+	}
+	if _, running, _, _ := f.ctl.Lookup(sb.ID); !running {
+		t.Fatal("the moved sandbox is not routed")
+	}
+	for _, k := range f.blobKeys("manifests/") {
+		if strings.Contains(k, hib) {
+			t.Fatalf("the consumed hibernation is still durable: %s", k)
+		}
+	}
+	// na comes back: its copy goes.
+	if _, err := f.a.Engine.Get(ctx, sb.ID); err != nil {
+		t.Fatalf("na's copy before its return: %v", err)
+	}
+	f.beat("na")
+	if _, err := f.a.Engine.Get(ctx, sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("na's stale copy after its reconcile: %v", err)
+	}
+	if r := f.row(sb.ID); r.NodeID != "nb" || r.State != store.StateRunning {
+		t.Fatalf("row after na's return: %+v", r)
 	}
 }

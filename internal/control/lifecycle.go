@@ -52,7 +52,17 @@ func (s *Service) Hibernate(ctx context.Context, id string) error {
 		return err
 	}
 	s.dropTarget(id)
-	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State, x.Addr = store.StateHibernated, ""; return nil })
+	hib := ""
+	if ns, err := n.Get(ctx, id); err == nil {
+		hib = ns.Hibernation
+	}
+	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		x.State, x.Addr, x.Hibernation, x.HibernationDurable = store.StateHibernated, "", hib, false
+		return nil
+	})
+	if err == nil && hib != "" {
+		s.startHibernationUpload(id, hib)
+	}
 	return err
 }
 
@@ -75,6 +85,14 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	if rec.State == store.StateCreating {
 		return Sandbox{}, false, errdefs.Conflictf("sandbox %s is being created", id)
 	}
+	if rec.State == store.StateHibernated {
+		if moved, ok, err := s.resumeElsewhere(ctx, rec); ok || err != nil {
+			if err != nil {
+				return Sandbox{}, false, err
+			}
+			rec = moved
+		}
+	}
 	n, err := s.nodeOf(rec)
 	if err != nil {
 		return Sandbox{}, false, err
@@ -95,8 +113,10 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	hib, durable := rec.Hibernation, rec.HibernationDurable
 	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
 		x.State, x.Addr = store.StateRunning, addr
+		x.Hibernation, x.HibernationDurable = "", false // consumed by the wake
 		if end := s.now().Add(timeout); end.After(x.EndAt) {
 			x.EndAt = end
 		}
@@ -104,6 +124,9 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	})
 	if err != nil {
 		return Sandbox{}, false, err
+	}
+	if resumed && durable && hib != "" {
+		s.dropDurable(ctx, hib)
 	}
 	s.setTarget(id, rec.Addr, rec.State)
 	return Sandbox{rec}, resumed, nil
@@ -218,6 +241,9 @@ func (s *Service) reapKill(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	s.dropTarget(sb.ID)
+	if sb.HibernationDurable && sb.Hibernation != "" {
+		s.dropDurable(ctx, sb.Hibernation)
+	}
 	n, err := s.nodeOf(sb)
 	if err != nil {
 		return err
@@ -337,8 +363,17 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 		if inStore[id] {
 			continue
 		}
-		if _, err := s.st.GetSandbox(ctx, id); err == nil {
-			continue // its row was written after the rows were read: a create's
+		if now, err := s.st.GetSandbox(ctx, id); err == nil {
+			if now.NodeID == nodeID || now.NodeID == "" {
+				continue // its row was written after the rows were read: a create's
+			}
+			// Its row names another node: it was taken over there (it
+			// resumed elsewhere while this node was away); this copy goes.
+			s.log.Warn("reconcile: killing a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID, "now_on", now.NodeID)
+			if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+				return err
+			}
+			continue
 		} else if !errdefs.IsNotFound(err) {
 			return err
 		}

@@ -120,6 +120,8 @@ type Sandbox struct {
 	Addr   netip.Addr   `json:"addr,omitzero"`
 	Policy netns.Policy `json:"policy"`
 	Death  *Death       `json:"death,omitempty"` // why and when a dead sandbox died
+	// Hibernation is the snapshot holding it while hibernated.
+	Hibernation string `json:"hibernation,omitempty"`
 }
 
 func (r *record) view() Sandbox {
@@ -130,7 +132,7 @@ func (r *record) view() Sandbox {
 		}
 	}
 	return Sandbox{ID: r.ID, State: st, Template: r.Template, Parent: r.Parent, RootFS: r.RootFS,
-		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy, Death: r.Death}
+		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy, Death: r.Death, Hibernation: r.Hibernation}
 }
 
 func (e *Engine) recordPath(id string) string {

@@ -118,6 +118,12 @@ type Node interface {
 	// (idempotent: one already there stores nothing more). A node
 	// without a blob store answers ErrConflict.
 	Upload(ctx context.Context, ref string) (UploadInfo, error)
+	// Adopt takes over a sandbox hibernated on another node (gone, full
+	// or drained) from its durable hibernation snapshot: fetched (peers
+	// first, then the blob store) and recorded here under the same ID,
+	// hibernated; Resume then wakes it. Idempotent for the same snapshot;
+	// ErrConflict without a blob store.
+	Adopt(ctx context.Context, req AdoptRequest) (Sandbox, error)
 	// CollectGarbage deletes the blob store's chunks that no snapshot
 	// uses and that are older than the request's grace (safe beside
 	// uploads in flight: see package chunk). ErrConflict without a blob
@@ -138,6 +144,14 @@ type GCReport struct {
 	KeptChunks    int64 // named by a snapshot, or young
 	YoungChunks   int64 // unnamed but within the grace period
 	Manifests     int64 // snapshots in the store
+}
+
+// AdoptRequest names a hibernated sandbox to take over.
+type AdoptRequest struct {
+	SandboxID   string
+	Hibernation string // its hibernation snapshot (durable)
+	Policy      *Policy
+	Peers       []string // nodes (host:port) that may hold its chunks
 }
 
 // UploadInfo describes an upload.
@@ -248,6 +262,8 @@ type Sandbox struct {
 	Env         []string // environment added for its commands
 	CreatedAt   time.Time
 	Death       *Death // set when State is dead
+	// Hibernation is the snapshot holding it while hibernated ("" else).
+	Hibernation string
 }
 
 // CreateRequest asks for a new sandbox.

@@ -60,6 +60,11 @@ type Sandbox struct {
 	// limit) or "crashed"; ReasonDetail explains it in words.
 	Reason       string `json:"reason,omitempty"`
 	ReasonDetail string `json:"reasonDetail,omitempty"`
+	// Hibernation is the snapshot holding a hibernated sandbox (on its
+	// node); HibernationDurable says it is in the blob store too, so the
+	// sandbox can resume on another node.
+	Hibernation        string `json:"hibernation,omitempty"`
+	HibernationDurable bool   `json:"hibernationDurable,omitempty"`
 }
 
 // Snapshot is the control plane's record of a snapshot.

@@ -412,7 +412,7 @@ func Sandbox(es engine.Sandbox) nodeapi.Sandbox {
 	sb := nodeapi.Sandbox{ID: es.ID, State: string(es.State), Template: es.Template, Parent: es.Parent,
 		AccessToken: es.Run.AccessToken, Limits: limits(es.Run.Limits.VCPUs, es.Run.Limits.MemoryMB, es.Run.Limits.DiskMB, es.Run.Limits.MaxProcs),
 		Policy: nodeapi.Policy{Internet: es.Policy.Internet, Allow: es.Policy.Allow, Deny: es.Policy.Deny},
-		Env:    es.Run.Env, CreatedAt: es.CreatedAt}
+		Env:    es.Run.Env, CreatedAt: es.CreatedAt, Hibernation: es.Hibernation}
 	if es.Addr.IsValid() {
 		sb.Addr = es.Addr.String()
 	}
@@ -451,4 +451,30 @@ func (n *Node) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodea
 	}
 	return nodeapi.GCReport{DeletedChunks: int64(rep.Deleted), FreedBytes: rep.FreedBytes, KeptChunks: int64(rep.Kept),
 		YoungChunks: int64(rep.Young), Manifests: int64(rep.Manifests)}, nil
+}
+
+// Adopt takes over a sandbox hibernated on another node.
+func (n *Node) Adopt(ctx context.Context, req nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
+	if n.cfg.Sync == nil {
+		return nodeapi.Sandbox{}, errdefs.Conflictf("node %s has no blob store: it cannot take over sandboxes of other nodes", n.cfg.ID)
+	}
+	if err := ids.Validate("sandbox ID", req.SandboxID); err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	if err := ids.Validate("snapshot ID", req.Hibernation); err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	if err := n.ensure(ctx, req.Hibernation, req.Peers); err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	p := netns.Policy{Internet: true}
+	if req.Policy != nil {
+		p = *toNetPolicy(req.Policy)
+	}
+	es, err := n.eng.Adopt(ctx, req.SandboxID, req.Hibernation, p)
+	n.opDone("adopt", req.SandboxID, err)
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
 }

@@ -127,6 +127,16 @@ func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi
 	return sandbox(res.GetSandbox())
 }
 
+// Adopt takes over a sandbox hibernated on another node.
+func (c *Client) Adopt(ctx context.Context, req nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
+	res, err := call(ctx, c.c.Adopt, &nodev1.AdoptRequest{SandboxId: req.SandboxID, Hibernation: req.Hibernation,
+		Policy: policyOrNil(req.Policy), Peers: req.Peers})
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return sandbox(res.GetSandbox())
+}
+
 // Get returns one sandbox.
 func (c *Client) Get(ctx context.Context, id string) (nodeapi.Sandbox, error) {
 	res, err := call(ctx, c.c.Get, &nodev1.GetRequest{Id: id})

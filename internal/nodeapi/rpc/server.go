@@ -200,6 +200,19 @@ func (s *server) Create(ctx context.Context, req *connect.Request[nodev1.CreateR
 	return ok(&nodev1.CreateResponse{Sandbox: sandboxPB(sb)})
 }
 
+func (s *server) Adopt(ctx context.Context, req *connect.Request[nodev1.AdoptRequest]) (*connect.Response[nodev1.AdoptResponse], error) {
+	m := req.Msg
+	p, err := policy(m.GetPolicy())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	sb, err := s.node.Adopt(ctx, nodeapi.AdoptRequest{SandboxID: m.GetSandboxId(), Hibernation: m.GetHibernation(), Policy: p, Peers: m.GetPeers()})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.AdoptResponse{Sandbox: sandboxPB(sb)})
+}
+
 func (s *server) Get(ctx context.Context, req *connect.Request[nodev1.GetRequest]) (*connect.Response[nodev1.GetResponse], error) {
 	sb, err := s.node.Get(ctx, req.Msg.GetId())
 	if err != nil {

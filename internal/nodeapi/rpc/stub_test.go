@@ -36,6 +36,9 @@ func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error   { 
 func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 	return nodeapi.Stats{}, s.hit()
 }
+func (s *stubNode) Adopt(context.Context, nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
+	return nodeapi.Sandbox{}, s.hit()
+}
 func (s *stubNode) Upload(context.Context, string) (nodeapi.UploadInfo, error) {
 	return nodeapi.UploadInfo{}, s.hit()
 }

@@ -293,7 +293,8 @@ type Sandbox struct {
 	Policy        *Policy                `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
 	Env           []string               `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Death         *Death                 `protobuf:"bytes,11,opt,name=death,proto3" json:"death,omitempty"` // set when state is "dead"
+	Death         *Death                 `protobuf:"bytes,11,opt,name=death,proto3" json:"death,omitempty"`             // set when state is "dead"
+	Hibernation   string                 `protobuf:"bytes,12,opt,name=hibernation,proto3" json:"hibernation,omitempty"` // the snapshot holding it while hibernated
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -403,6 +404,13 @@ func (x *Sandbox) GetDeath() *Death {
 		return x.Death
 	}
 	return nil
+}
+
+func (x *Sandbox) GetHibernation() string {
+	if x != nil {
+		return x.Hibernation
+	}
+	return ""
 }
 
 type SnapshotInfo struct {
@@ -2003,6 +2011,121 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
+// Adopt takes over a sandbox hibernated on another node: its durable
+// hibernation snapshot is fetched (peers first) and the sandbox recorded
+// here, hibernated; Resume wakes it.
+type AdoptRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Hibernation   string                 `protobuf:"bytes,2,opt,name=hibernation,proto3" json:"hibernation,omitempty"`
+	Policy        *Policy                `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	Peers         []string               `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptRequest) Reset() {
+	*x = AdoptRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptRequest) ProtoMessage() {}
+
+func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
+func (*AdoptRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AdoptRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *AdoptRequest) GetHibernation() string {
+	if x != nil {
+		return x.Hibernation
+	}
+	return ""
+}
+
+func (x *AdoptRequest) GetPolicy() *Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *AdoptRequest) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+type AdoptResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptResponse) Reset() {
+	*x = AdoptResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptResponse) ProtoMessage() {}
+
+func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
+func (*AdoptResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AdoptResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type UploadRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -2012,7 +2135,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2147,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2160,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2057,7 +2180,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2192,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2205,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2111,7 +2234,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2123,7 +2246,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2136,7 +2259,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2166,7 +2289,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2301,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2314,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2237,7 +2360,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2372,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2385,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 type SnapshotsResponse struct {
@@ -2274,7 +2397,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2409,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2422,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2319,7 +2442,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2454,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2467,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2369,7 +2492,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2504,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2517,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 type ReconfigureRequest struct {
@@ -2408,7 +2531,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2543,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2556,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2466,7 +2589,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2601,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2614,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2510,7 +2633,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2645,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2658,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2559,7 +2682,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2694,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2707,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2637,7 +2760,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2772,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2785,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 type Event struct {
@@ -2680,7 +2803,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2692,7 +2815,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2705,7 +2828,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Event) GetKind() string {
@@ -2767,7 +2890,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2902,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +2915,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -2823,7 +2946,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Death\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf1\x02\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x93\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -2837,7 +2960,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12*\n" +
-	"\x05death\x18\v \x01(\v2\x14.spore.node.v1.DeathR\x05death\"\xb1\x02\n" +
+	"\x05death\x18\v \x01(\v2\x14.spore.node.v1.DeathR\x05death\x12 \n" +
+	"\vhibernation\x18\f \x01(\tR\vhibernation\"\xb1\x02\n" +
 	"\fSnapshotInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\tR\x05names\x12\x12\n" +
@@ -2942,7 +3066,15 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\")\n" +
 	"\x15DeleteSnapshotRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"!\n" +
+	"\x16DeleteSnapshotResponse\"\x94\x01\n" +
+	"\fAdoptRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12 \n" +
+	"\vhibernation\x18\x02 \x01(\tR\vhibernation\x12-\n" +
+	"\x06policy\x18\x03 \x01(\v2\x15.spore.node.v1.PolicyR\x06policy\x12\x14\n" +
+	"\x05peers\x18\x04 \x03(\tR\x05peers\"A\n" +
+	"\rAdoptResponse\x120\n" +
+	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"!\n" +
 	"\rUploadRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"T\n" +
 	"\x0eUploadResponse\x12\x1f\n" +
@@ -2995,7 +3127,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xe2\v\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xa6\f\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3014,7 +3146,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\tSetPolicy\x12\x1f.spore.node.v1.SetPolicyRequest\x1a .spore.node.v1.SetPolicyResponse\x12T\n" +
 	"\vReconfigure\x12!.spore.node.v1.ReconfigureRequest\x1a\".spore.node.v1.ReconfigureResponse\x12B\n" +
 	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12E\n" +
-	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12]\n" +
+	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12B\n" +
+	"\x05Adopt\x12\x1b.spore.node.v1.AdoptRequest\x1a\x1c.spore.node.v1.AdoptResponse\x12]\n" +
 	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
@@ -3030,7 +3163,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -3068,36 +3201,38 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*GetSnapshotResponse)(nil),    // 33: spore.node.v1.GetSnapshotResponse
 	(*DeleteSnapshotRequest)(nil),  // 34: spore.node.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
-	(*UploadRequest)(nil),          // 36: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 37: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 38: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 39: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 40: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 41: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 42: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 43: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 44: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 45: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 46: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 47: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 48: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 49: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 50: spore.node.v1.EventsResponse
-	nil,                            // 51: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 52: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 53: google.protobuf.Duration
+	(*AdoptRequest)(nil),           // 36: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 37: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 38: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 39: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 40: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 41: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 42: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 43: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 44: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 45: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 46: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 47: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 48: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 49: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 50: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 51: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 52: spore.node.v1.EventsResponse
+	nil,                            // 53: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 55: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	52, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	54, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	52, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	54, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	52, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	54, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	51, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	53, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -3110,60 +3245,64 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	28, // 19: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
 	4,  // 20: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	5,  // 21: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	53, // 22: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
-	5,  // 23: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 24: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 25: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 26: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	52, // 27: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	53, // 28: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	52, // 29: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	49, // 30: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 31: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 32: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 33: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 34: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 35: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 36: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 37: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 38: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 39: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 40: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 41: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 42: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 43: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	40, // 44: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	42, // 45: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	44, // 46: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	46, // 47: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	36, // 48: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	38, // 49: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	48, // 50: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 51: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 52: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 53: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 54: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 55: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 56: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 57: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 58: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 59: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 60: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 61: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 62: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 63: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	41, // 64: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	43, // 65: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	45, // 66: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	47, // 67: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	37, // 68: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	39, // 69: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	50, // 70: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	2,  // 22: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 23: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	55, // 24: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	5,  // 25: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 26: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 27: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 28: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	54, // 29: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	55, // 30: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	54, // 31: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	51, // 32: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	7,  // 33: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 34: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 35: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 36: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 37: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 38: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 39: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 40: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 41: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 42: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 43: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 44: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 45: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	42, // 46: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	44, // 47: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	46, // 48: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	48, // 49: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	38, // 50: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	36, // 51: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	40, // 52: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	50, // 53: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 54: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 55: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 56: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 57: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 58: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 59: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 60: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 61: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 62: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 63: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 64: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 65: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 66: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	43, // 67: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	45, // 68: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	47, // 69: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	49, // 70: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	39, // 71: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	37, // 72: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	41, // 73: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	52, // 74: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	54, // [54:75] is the sub-list for method output_type
+	33, // [33:54] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -3177,7 +3316,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -78,6 +78,8 @@ const (
 	NodeStatsProcedure = "/spore.node.v1.Node/Stats"
 	// NodeUploadProcedure is the fully-qualified name of the Node's Upload RPC.
 	NodeUploadProcedure = "/spore.node.v1.Node/Upload"
+	// NodeAdoptProcedure is the fully-qualified name of the Node's Adopt RPC.
+	NodeAdoptProcedure = "/spore.node.v1.Node/Adopt"
 	// NodeCollectGarbageProcedure is the fully-qualified name of the Node's CollectGarbage RPC.
 	NodeCollectGarbageProcedure = "/spore.node.v1.Node/CollectGarbage"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
@@ -104,6 +106,7 @@ type NodeClient interface {
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
+	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
@@ -230,6 +233,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("Upload")),
 			connect.WithClientOptions(opts...),
 		),
+		adopt: connect.NewClient[v1.AdoptRequest, v1.AdoptResponse](
+			httpClient,
+			baseURL+NodeAdoptProcedure,
+			connect.WithSchema(nodeMethods.ByName("Adopt")),
+			connect.WithClientOptions(opts...),
+		),
 		collectGarbage: connect.NewClient[v1.CollectGarbageRequest, v1.CollectGarbageResponse](
 			httpClient,
 			baseURL+NodeCollectGarbageProcedure,
@@ -265,6 +274,7 @@ type nodeClient struct {
 	reconfigure    *connect.Client[v1.ReconfigureRequest, v1.ReconfigureResponse]
 	stats          *connect.Client[v1.StatsRequest, v1.StatsResponse]
 	upload         *connect.Client[v1.UploadRequest, v1.UploadResponse]
+	adopt          *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
@@ -359,6 +369,11 @@ func (c *nodeClient) Upload(ctx context.Context, req *connect.Request[v1.UploadR
 	return c.upload.CallUnary(ctx, req)
 }
 
+// Adopt calls spore.node.v1.Node.Adopt.
+func (c *nodeClient) Adopt(ctx context.Context, req *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error) {
+	return c.adopt.CallUnary(ctx, req)
+}
+
 // CollectGarbage calls spore.node.v1.Node.CollectGarbage.
 func (c *nodeClient) CollectGarbage(ctx context.Context, req *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
 	return c.collectGarbage.CallUnary(ctx, req)
@@ -389,6 +404,7 @@ type NodeHandler interface {
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
+	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
@@ -511,6 +527,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("Upload")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeAdoptHandler := connect.NewUnaryHandler(
+		NodeAdoptProcedure,
+		svc.Adopt,
+		connect.WithSchema(nodeMethods.ByName("Adopt")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeCollectGarbageHandler := connect.NewUnaryHandler(
 		NodeCollectGarbageProcedure,
 		svc.CollectGarbage,
@@ -561,6 +583,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeStatsHandler.ServeHTTP(w, r)
 		case NodeUploadProcedure:
 			nodeUploadHandler.ServeHTTP(w, r)
+		case NodeAdoptProcedure:
+			nodeAdoptHandler.ServeHTTP(w, r)
 		case NodeCollectGarbageProcedure:
 			nodeCollectGarbageHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
@@ -644,6 +668,10 @@ func (UnimplementedNodeHandler) Stats(context.Context, *connect.Request[v1.Stats
 
 func (UnimplementedNodeHandler) Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Upload is not implemented"))
+}
+
+func (UnimplementedNodeHandler) Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Adopt is not implemented"))
 }
 
 func (UnimplementedNodeHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
