@@ -50,8 +50,11 @@ type SandboxDetail struct {
 	State      string `json:"state"`      // running | paused
 	SporeState string `json:"sporeState"` // running | paused | hibernated | error
 	// SporeReason says why a sandbox in state error died: oom | crashed.
-	SporeReason         string            `json:"sporeReason,omitempty"`
-	SporeReasonDetail   string            `json:"sporeReasonDetail,omitempty"`
+	SporeReason       string `json:"sporeReason,omitempty"`
+	SporeReasonDetail string `json:"sporeReasonDetail,omitempty"`
+	// SporeHibernation says where a hibernated sandbox's image is: local
+	// (it resumes on its node) or durable (on any node).
+	SporeHibernation    string            `json:"sporeHibernation,omitempty"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
 	DiskSizeMB          int               `json:"diskSizeMB"`
@@ -90,6 +93,12 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Metadata: md,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, AllowInternetAccess: sb.AllowInternet,
 		Lifecycle: Lifecycle{OnTimeout: "kill"},
+	}
+	if sb.State == store.StateHibernated {
+		d.SporeHibernation = store.StorageLocal
+		if sb.HibernationDurable {
+			d.SporeHibernation = store.StorageDurable
+		}
 	}
 	if sb.AutoPause {
 		d.Lifecycle.OnTimeout = "pause"

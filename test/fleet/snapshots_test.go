@@ -174,6 +174,15 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	}
 	t.Logf("node %d (rollback): counter %d → %d; %s", kc, c1, c2, line)
 
+	// The drain hibernated src on node 1; its image became durable.
+	if !waitFor(time.Minute, func() bool {
+		_, b := h.rest(api, "GET", "/sandboxes/"+src.SandboxID, "")
+		return strings.Contains(string(b), `"sporeHibernation":"durable"`)
+	}) {
+		_, b := h.rest(api, "GET", "/sandboxes/"+src.SandboxID, "")
+		t.Fatalf("src's hibernation never durable: %s", b)
+	}
+
 	// Node 1 dies and its disk is lost: nothing of the snapshot is.
 	p := h.proc("node-1")
 	syscall.Kill(p.PID, syscall.SIGKILL)
@@ -197,4 +206,16 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	if got := h.run(api, again.SandboxID, "cat /home/user/kept.txt"); got != "kept-across-nodes" {
 		t.Fatalf("file after node 1's loss: %q", got)
 	}
+
+	// src, hibernated on the lost node, resumes on another one (connect
+	// through the stock SDK) with its memory: the count goes on.
+	c1, c2 = h.counter(api, src.SandboxID)
+	code, moved2 := h.get(api, src.SandboxID)
+	if code != 200 || moved2.SporeState != "running" || moved2.ClientID == h.st.Nodes[0].ID {
+		t.Fatalf("src after connect: %d %+v", code, moved2)
+	}
+	if c1 < before || c2 <= c1 {
+		t.Fatalf("src's counter on node %d: %d then %d, was %d", h.nodeIndex(moved2.ClientID), c1, c2, before)
+	}
+	t.Logf("src resumed on node %d after node 1's loss: counter %d → %d (was %d)", h.nodeIndex(moved2.ClientID), c1, c2, before)
 }
