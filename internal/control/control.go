@@ -286,7 +286,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	source, peers := s.snapshotSource(ctx, r.TemplateID)
+	source, peers, fromSnapshot := s.snapshotSourceOf(ctx, r.TemplateID)
 	placed := r
 	placed.TemplateID = source
 	nodeID, n, err := s.place(ctx, placed)
@@ -310,6 +310,9 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if err != nil {
 		s.abandon(ctx, rec)
 		return Sandbox{}, err
+	}
+	if fromSnapshot {
+		s.noteCopy(ctx, source, nodeID)
 	}
 	return s.commitCreated(ctx, rec, ns)
 }

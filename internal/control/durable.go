@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -151,15 +153,22 @@ func (s *Service) RetryUploads(ctx context.Context) (int, error) {
 // address of the node that took it as a peer to fetch chunks from (when
 // durable, any node may restore it). Templates pass as they are.
 func (s *Service) snapshotSource(ctx context.Context, ref string) (string, []string) {
+	src, peers, _ := s.snapshotSourceOf(ctx, ref)
+	return src, peers
+}
+
+// snapshotSourceOf is snapshotSource, also saying whether ref is a user
+// snapshot.
+func (s *Service) snapshotSourceOf(ctx context.Context, ref string) (string, []string, bool) {
 	sn, err := s.GetSnapshot(ctx, ref)
 	if err != nil {
-		return ref, nil
+		return ref, nil, false
 	}
 	var peers []string
 	if nr, err := s.st.GetNode(ctx, sn.NodeID); err == nil && nr.Addr != "" && nr.State == store.NodeReady {
 		peers = []string{nr.Addr}
 	}
-	return sn.ID, peers
+	return sn.ID, peers, true
 }
 
 // GetSnapshot returns a user snapshot's row by ID or name.
@@ -312,7 +321,15 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store
 	if !rec.HibernationDurable || rec.Hibernation == "" {
 		return rec, false, nil
 	}
-	target, n, err := s.place(ctx, CreateRequest{TemplateID: rec.Hibernation, MemoryMB: rec.MemoryMB, CPUCount: rec.CPUCount})
+	// Only a node that can restore the image: the origin's runtime build
+	// and CPU features.
+	placed, err := s.placeN(ctx, scheduler.Request{Count: 1, Source: rec.Hibernation, Each: sizeOf(rec.MemoryMB, rec.CPUCount),
+		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures})
+	if err != nil {
+		return rec, false, err
+	}
+	target := placed[0]
+	n, err := s.node(target)
 	if err != nil {
 		return rec, false, err
 	}
@@ -345,4 +362,17 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store
 	}
 	s.log.Info("hibernated sandbox moved", "sandbox_id", rec.ID, "from", from, "to", target, "snapshot_id", rec.Hibernation)
 	return rec, true, nil
+}
+
+// noteCopy records that a node now holds a copy of a durable snapshot
+// (it fetched it), so placement prefers it; best effort.
+func (s *Service) noteCopy(ctx context.Context, snapshotID, nodeID string) {
+	sn, err := s.st.GetSnapshot(ctx, snapshotID)
+	if err != nil || sn.Storage != store.StorageDurable || sn.NodeID == nodeID || slices.Contains(sn.Copies, nodeID) {
+		return
+	}
+	sn.Copies = append(sn.Copies, nodeID)
+	if err := s.st.PutSnapshot(ctx, sn); err != nil {
+		s.log.Warn("note a snapshot's copy", "snapshot_id", snapshotID, "node_id", nodeID, "err", err)
+	}
 }

@@ -1,6 +1,7 @@
 package control_test
 
 import (
+	"bytes"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
 	lnode "github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/store"
 )
@@ -27,6 +29,12 @@ type durableFleet struct {
 }
 
 func newDurableFleet(t *testing.T, c controltest.Config) *durableFleet {
+	return newDurableFleetOf(t, c, nodeapi.Resources{})
+}
+
+// newDurableFleetOf is newDurableFleet with nodes of this capacity (and
+// no overcommit), when given.
+func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Resources) *durableFleet {
 	t.Helper()
 	st := c.Store(t)
 	blobs, err := local.Open(t.TempDir())
@@ -43,7 +51,11 @@ func newDurableFleet(t *testing.T, c controltest.Config) *durableFleet {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return lnode.New(n.Engine, lnode.Config{ID: id, Sync: sy})
+		cfg := lnode.Config{ID: id, Sync: sy}
+		if capacity != (nodeapi.Resources{}) {
+			cfg.Capacity, cfg.Overcommit = capacity, nodeapi.Overcommit{Memory: 1, VCPUs: 1}
+		}
+		return lnode.New(n.Engine, cfg)
 	}
 	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Now().UTC()}}
 	h.nodes = control.Nodes{"na": c.Node(t, mk("na", a)), "nb": c.Node(t, mk("nb", b))}
@@ -287,5 +299,67 @@ func testHibernatedSandboxResumesElsewhere(t *testing.T, c controltest.Config) {
 	}
 	if r := f.row(sb.ID); r.NodeID != "nb" || r.State != store.StateRunning {
 		t.Fatalf("row after na's return: %+v", r)
+	}
+}
+
+// A fork bigger than its parent's node spills: the children that do not
+// fit there are made on the other node from a durable snapshot of the
+// parent taken for them (served by the parent's node as a peer), each
+// with the parent's memory; the snapshot is gone afterwards (no catalog
+// row, no copy on either node, no manifest). Before, every child had to
+// fit on the parent's node.
+func TestForkSpillsToAnotherNode(t *testing.T) {
+	controltest.Each(t, testForkSpillsToAnotherNode)
+}
+
+func testForkSpillsToAnotherNode(t *testing.T, c controltest.Config) {
+	// Room for 3 default sandboxes (1 GiB, 2 vCPUs) per node.
+	f := newDurableFleetOf(t, c, nodeapi.Resources{MemoryMB: 3 * 1024, VCPUs: 6, Sandboxes: 100})
+	ctx := ctxFor(t)
+	parent := f.onNode("na")
+	exec := func(n *controltest.Node, id string, args ...string) string {
+		var out bytes.Buffer
+		if code, err := n.Engine.Exec(ctx, id, runtime.ExecSpec{Args: args, Stdout: &out}); err != nil || code != 0 {
+			t.Fatalf("exec %v in %s: %d %v", args, id, code, err)
+		}
+		return strings.TrimSpace(out.String())
+	}
+	exec(f.a, parent.ID, "set", "k", "the-parent's")
+	kids, err := f.ctl.Fork(ctx, parent.ID, 4, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]int{}
+	for i, k := range kids {
+		if k.Err != nil {
+			t.Fatalf("child %d: %v", i, k.Err)
+		}
+		on[k.Sandbox.NodeID]++
+		n := map[string]*controltest.Node{"na": f.a, "nb": f.b}[k.Sandbox.NodeID]
+		es, err := n.Engine.Get(ctx, k.Sandbox.ID)
+		if err != nil || es.State != "running" || es.Run.AccessToken != k.Sandbox.EnvdAccessToken {
+			t.Fatalf("child %d on %s: %+v %v", i, k.Sandbox.NodeID, es, err)
+		}
+		if v := exec(n, k.Sandbox.ID, "get", "k"); v != "the-parent's" {
+			t.Fatalf("child %d on %s: memory %q", i, k.Sandbox.NodeID, v)
+		}
+	}
+	if on["na"] != 2 || on["nb"] != 2 {
+		t.Fatalf("children per node: %v, want 2 on the parent's node (its room) and 2 spilled", on)
+	}
+	// The snapshot the spill was made from is gone everywhere.
+	page, _, err := f.st.ListSnapshots(ctx, store.SnapshotFilter{Limit: 100})
+	if err != nil || len(page) != 0 {
+		t.Fatalf("snapshot rows left: %v %v", page, err)
+	}
+	for name, n := range map[string]*controltest.Node{"na": f.a, "nb": f.b} {
+		for _, m := range n.Engine.Snapshots().List() {
+			if m.Kind == "snapshot" {
+				t.Fatalf("%s holds snapshot %s after the fork", name, m.ID)
+			}
+		}
+	}
+	if keys := f.blobKeys("manifests/"); len(keys) != 0 {
+		t.Fatalf("manifests left: %v", keys)
 	}
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -136,41 +137,74 @@ type viewCache struct {
 
 // place picks the node for a create.
 func (s *Service) place(ctx context.Context, r CreateRequest) (string, nodeapi.Node, error) {
-	req := scheduler.Request{Count: 1, Source: r.TemplateID,
-		Each: scheduler.Resources{MemoryMB: int64(r.MemoryMB), VCPUs: float64(r.CPUCount)}}
-	if req.Each.MemoryMB == 0 {
-		req.Each.MemoryMB = defaultMemoryMB
+	req := scheduler.Request{Count: 1, Source: r.TemplateID, Each: sizeOf(r.MemoryMB, r.CPUCount)}
+	nodes, err := s.placeN(ctx, req)
+	if err != nil {
+		return "", nil, err
 	}
-	if req.Each.VCPUs == 0 {
-		req.Each.VCPUs = defaultVCPUs
+	n, err := s.node(nodes[0])
+	return nodes[0], n, err
+}
+
+// sizeOf is a sandbox's size for placement (0s: the defaults).
+func sizeOf(memoryMB, cpus int) scheduler.Resources {
+	each := scheduler.Resources{MemoryMB: int64(memoryMB), VCPUs: float64(cpus)}
+	if each.MemoryMB == 0 {
+		each.MemoryMB = defaultMemoryMB
 	}
-	// A snapshot's bytes are on the node that took it.
-	if sn, err := s.st.GetSnapshot(ctx, r.TemplateID); err == nil && sn.NodeID != "" && sn.Storage != store.StorageDurable {
-		req.Hint = sn.NodeID
+	if each.VCPUs == 0 {
+		each.VCPUs = defaultVCPUs
+	}
+	return each
+}
+
+// placeN places req's items from the cached view (refreshed every
+// viewTTL) and counts them in it. A source that is a user snapshot adds
+// what the snapshot row knows: a snapshot only on its node's disk pins
+// the items there; a durable one admits only nodes that can restore it
+// (the runtime build and CPU features it was taken with) and prefers the
+// nodes that hold a copy.
+func (s *Service) placeN(ctx context.Context, req scheduler.Request) ([]string, error) {
+	var holders []string
+	if sn, err := s.st.GetSnapshot(ctx, req.Source); err == nil && sn.NodeID != "" {
+		if sn.Storage != store.StorageDurable {
+			req.Hint = sn.NodeID // its bytes are on that node only
+		} else {
+			req.RunscBuild, req.CPUFeatures = sn.RunscBuild, sn.CPUFeatures
+			holders = append([]string{sn.NodeID}, sn.Copies...)
+		}
 	}
 	s.view.mu.Lock()
 	defer s.view.mu.Unlock()
 	if s.view.view.Nodes == nil || s.now().Sub(s.view.at) > viewTTL || s.now().Before(s.view.at) {
 		v, err := s.buildView(ctx)
 		if err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		s.view.view, s.view.at = v, s.now()
 	}
-	p, err := scheduler.Place(s.view.view, req)
-	if err != nil {
-		return "", nil, err
-	}
-	id := p.Nodes[0]
 	for i := range s.view.view.Nodes {
-		if nv := &s.view.view.Nodes[i]; nv.ID == id {
-			nv.Used.MemoryMB += req.Each.MemoryMB
-			nv.Used.VCPUs += req.Each.VCPUs
-			nv.Used.Sandboxes++
+		if nv := &s.view.view.Nodes[i]; slices.Contains(holders, nv.ID) {
+			if nv.Cached == nil {
+				nv.Cached = map[string]bool{}
+			}
+			nv.Cached[req.Source] = true
 		}
 	}
-	n, err := s.node(id)
-	return id, n, err
+	p, err := scheduler.Place(s.view.view, req)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range p.Nodes {
+		for i := range s.view.view.Nodes {
+			if nv := &s.view.view.Nodes[i]; nv.ID == id {
+				nv.Used.MemoryMB += req.Each.MemoryMB
+				nv.Used.VCPUs += req.Each.VCPUs
+				nv.Used.Sandboxes++
+			}
+		}
+	}
+	return p.Nodes, nil
 }
 
 // buildView reads the fleet from the store: nodes, and what their

@@ -3,11 +3,13 @@ package control
 import (
 	"context"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -42,6 +44,9 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		return store.Snapshot{}, err
 	}
 	sn := snapshotRecord(info, rec.NodeID)
+	if nr, err := s.st.GetNode(ctx, rec.NodeID); err == nil {
+		sn.RunscBuild, sn.CPUFeatures = nr.RunscBuild, nr.CPUFeatures
+	}
 	if template {
 		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID}}); err != nil {
 			return store.Snapshot{}, err
@@ -157,10 +162,14 @@ type ForkResult struct {
 	Err     error
 }
 
-// Fork makes count copies of a running sandbox on its node; each child
-// has the parent's metadata and template, its own identity and token
-// (minted here, rows written first as for a create), and its own
-// timeout.
+// Fork makes count copies of a running sandbox; each child has the
+// parent's metadata and template, its own identity and token (minted
+// here, rows written first as for a create), and its own timeout.
+// Placement puts the children on the parent's node while it has room
+// (one capture there, restored locally); the rest spill to other nodes,
+// which restore a durable snapshot of the parent taken for them (and
+// removed once they are made). Without a blob store every child goes to
+// the parent's node.
 func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
 	parent, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -179,13 +188,17 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err != nil {
 		return nil, err
 	}
+	where, err := s.placeFork(ctx, parent, count)
+	if err != nil {
+		return nil, err
+	}
 	now := s.now()
 	rows := make([]store.Sandbox, count)
-	req := nodeapi.ForkRequest{Children: make([]nodeapi.ForkChildSpec, count)}
 	for i := range rows {
 		rec := parent
 		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
-		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", parent.NodeID, "", ""
+		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", where[i], "", ""
+		rec.Hibernation, rec.HibernationDurable = "", false
 		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
 		if err := s.st.CreateSandbox(ctx, rec); err != nil {
 			for _, done := range rows[:i] {
@@ -194,25 +207,163 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 			return nil, err
 		}
 		rows[i] = rec
-		req.Children[i] = nodeapi.ForkChildSpec{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken}
-	}
-	fr, err := retryNodeCall(ctx, s, "fork", id, func(ctx context.Context) (nodeapi.ForkResult, error) { return n.Fork(ctx, id, req) })
-	if err != nil {
-		for _, rec := range rows {
-			s.abandon(ctx, rec)
-		}
-		return nil, err
 	}
 	out := make([]ForkResult, count)
-	for i, ch := range fr.Children {
-		if ch.Err != nil {
-			s.abandon(ctx, rows[i])
-			out[i].Err = ch.Err
-			continue
+	var local, spill []int
+	for i, nodeID := range where {
+		if nodeID == parent.NodeID {
+			local = append(local, i)
+		} else {
+			spill = append(spill, i)
 		}
-		out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], ch.Sandbox)
 	}
+	var wg sync.WaitGroup
+	if len(spill) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.forkElsewhere(ctx, parent, n, rows, spill, out)
+		}()
+	}
+	if len(local) > 0 {
+		req := nodeapi.ForkRequest{Children: make([]nodeapi.ForkChildSpec, len(local))}
+		for k, i := range local {
+			req.Children[k] = nodeapi.ForkChildSpec{SandboxID: rows[i].ID, AccessToken: rows[i].EnvdAccessToken}
+		}
+		fr, err := retryNodeCall(ctx, s, "fork", id, func(ctx context.Context) (nodeapi.ForkResult, error) { return n.Fork(ctx, id, req) })
+		for k, i := range local {
+			switch {
+			case err != nil:
+				s.abandon(ctx, rows[i])
+				out[i].Err = err
+			case fr.Children[k].Err != nil:
+				s.abandon(ctx, rows[i])
+				out[i].Err = fr.Children[k].Err
+			default:
+				out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], fr.Children[k].Sandbox)
+			}
+		}
+		wg.Wait()
+		if err != nil && len(spill) == 0 {
+			return nil, err // nothing was made: the fork failed as a whole
+		}
+	}
+	wg.Wait()
 	return out, nil
+}
+
+// placeFork decides each child's node: the parent's while it has room,
+// then others (Origin in the scheduler's rules). Placement that finds no
+// room at all is ErrResourceLimit.
+func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int) ([]string, error) {
+	req := scheduler.Request{Count: count, Origin: parent.NodeID, Each: sizeOf(parent.MemoryMB, parent.CPUCount)}
+	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil {
+		req.RunscBuild, req.CPUFeatures = nr.RunscBuild, nr.CPUFeatures // the children restore the parent's image
+	}
+	where, err := s.placeN(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return where, nil
+}
+
+// forkElsewhere makes the children at idx on other nodes: a snapshot of
+// the parent, made durable, restored by each child's node (the parent's
+// node serves the chunks as a peer); the snapshot goes afterwards. A node
+// without a blob store cannot share the image: those children are made
+// on the parent's node instead.
+func (s *Service) forkElsewhere(ctx context.Context, parent store.Sandbox, origin nodeapi.Node, rows []store.Sandbox, idx []int, out []ForkResult) {
+	snapID := ids.New('s')
+	fail := func(err error) {
+		for _, i := range idx {
+			s.abandon(ctx, rows[i])
+			out[i].Err = err
+		}
+	}
+	if _, err := retryNodeCall(ctx, s, "snapshot", snapID, func(ctx context.Context) (nodeapi.SnapshotInfo, error) {
+		return origin.Snapshot(ctx, parent.ID, nodeapi.SnapshotRequest{SnapshotID: snapID})
+	}); err != nil {
+		fail(err)
+		return
+	}
+	defer s.dropForkImage(context.WithoutCancel(ctx), snapID)
+	if _, err := origin.Upload(ctx, snapID); err != nil {
+		if !errdefs.IsConflict(err) { // Conflict: no blob store; the parent's node makes them
+			fail(err)
+			return
+		}
+		s.forkOnOrigin(ctx, parent, origin, rows, idx, out)
+		return
+	}
+	var peers []string
+	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil && nr.Addr != "" {
+		peers = []string{nr.Addr}
+	}
+	allow := parent.AllowInternet
+	policy, err := ParsePolicy(&allow, parent.AllowOut, parent.DenyOut)
+	if err != nil {
+		fail(err)
+		return
+	}
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			rec := rows[i]
+			n, err := s.node(rec.NodeID)
+			if err == nil {
+				req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: snapID,
+					VCPUs: float64(rec.CPUCount), MemoryMB: int64(rec.MemoryMB), Policy: &policy, Peers: peers}
+				var ns nodeapi.Sandbox
+				ns, err = retryNodeCall(ctx, s, "create", rec.ID, func(ctx context.Context) (nodeapi.Sandbox, error) { return n.Create(ctx, req) })
+				if err == nil {
+					out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rec, ns)
+					return
+				}
+			}
+			s.abandon(ctx, rec)
+			out[i].Err = err
+		}()
+	}
+	wg.Wait()
+}
+
+// forkOnOrigin makes the children at idx on the parent's node after all
+// (their rows are moved there first).
+func (s *Service) forkOnOrigin(ctx context.Context, parent store.Sandbox, origin nodeapi.Node, rows []store.Sandbox, idx []int, out []ForkResult) {
+	req := nodeapi.ForkRequest{Children: make([]nodeapi.ForkChildSpec, len(idx))}
+	for k, i := range idx {
+		rec, err := s.st.UpdateSandbox(ctx, rows[i].ID, func(x *store.Sandbox) error { x.NodeID = parent.NodeID; return nil })
+		if err == nil {
+			rows[i] = rec
+		}
+		req.Children[k] = nodeapi.ForkChildSpec{SandboxID: rows[i].ID, AccessToken: rows[i].EnvdAccessToken}
+	}
+	fr, err := retryNodeCall(ctx, s, "fork", parent.ID, func(ctx context.Context) (nodeapi.ForkResult, error) { return origin.Fork(ctx, parent.ID, req) })
+	for k, i := range idx {
+		switch {
+		case err != nil:
+			s.abandon(ctx, rows[i])
+			out[i].Err = err
+		case fr.Children[k].Err != nil:
+			s.abandon(ctx, rows[i])
+			out[i].Err = fr.Children[k].Err
+		default:
+			out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], fr.Children[k].Sandbox)
+		}
+	}
+}
+
+// dropForkImage removes the snapshot a spilled fork was made from: on
+// every node holding it and in the blob store.
+func (s *Service) dropForkImage(ctx context.Context, snapID string) {
+	if err := s.DeleteSnapshot(ctx, snapID); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Warn("remove a fork's image (reconcile catalogs it as a snapshot; delete it by hand)", "snapshot_id", snapID, "err", err)
+	}
 }
 
 // Rollback puts a sandbox back to a snapshot in place (same ID). A paused
@@ -236,6 +387,9 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	// taken on another node) fetches it when it is durable.
 	source, _ := s.snapshotSource(ctx, snapshotID)
 	ns, err := n.Rollback(ctx, id, source)
+	if err == nil {
+		s.noteCopy(ctx, source, rec.NodeID)
+	}
 	if err != nil {
 		return Sandbox{}, err
 	}

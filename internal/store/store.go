@@ -79,8 +79,15 @@ type Snapshot struct {
 	Storage   string    `json:"storage,omitempty"` // StorageLocal ("" too), StorageUploading or StorageDurable
 	// StoredBytes is what its upload added to the blob store (compressed
 	// chunks no earlier snapshot had); the rest was shared.
-	StoredBytes int64  `json:"storedBytes,omitempty"`
-	Template    string `json:"template,omitempty"` // the template it belongs to, if any
+	StoredBytes int64 `json:"storedBytes,omitempty"`
+	// RunscBuild and CPUFeatures are those of the node that took it: a
+	// node restores it only with the same build and all those features.
+	RunscBuild  string   `json:"runscBuild,omitempty"`
+	CPUFeatures []string `json:"cpuFeatures,omitempty"`
+	// Copies are other nodes known to hold a copy (fetched for a create,
+	// rollback or fork): placement prefers them.
+	Copies   []string `json:"copies,omitempty"`
+	Template string   `json:"template,omitempty"` // the template it belongs to, if any
 }
 
 // Where a snapshot's bytes are.
