@@ -219,3 +219,55 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	}
 	t.Logf("src resumed on node %d after node 1's loss: counter %d → %d (was %d)", h.nodeIndex(moved2.ClientID), c1, c2, before)
 }
+
+// A fork bigger than its parent's node spreads over the fleet: nodes that
+// promise only a quarter of their memory (--memory-overcommit=0.25) hold a
+// few default sandboxes each, so of 10 children some go to the parent's
+// node and the rest to the two others, restored from a durable snapshot of
+// the parent (S3, with the parent's node as a peer). Every child has the
+// parent's file and its counting process, whose count goes on from the
+// fork; the fork's snapshot is gone afterwards.
+func TestForkAcrossNodes(t *testing.T) {
+	s3 := testenv.S3AllInterfaces(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", s3.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3.SecretKey)
+	t.Setenv("AWS_REGION", s3.Region)
+	h := upFleet(t, 3, "g", fmt.Sprintf("--blob-store=s3://%s?endpoint=http://{host}:%d", s3.Bucket, s3.Port),
+		"--node-arg=--memory-overcommit=0.25")
+	api := h.st.APIURLs[0]
+	parent := h.onNode(api, 1)
+	h.run(api, parent.SandboxID, "echo from-the-parent > /home/user/kept.txt; "+
+		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
+	before, _ := h.counter(api, parent.SandboxID)
+	t0 := time.Now()
+	kids, code, body := h.fork(api, parent.SandboxID, 10)
+	if code != 201 || len(kids) != 10 {
+		t.Fatalf("fork of 10: %d, %d made: %s", code, len(kids), body)
+	}
+	t.Logf("fork of 10 in %v", time.Since(t0).Round(time.Millisecond))
+	per := map[int]int{}
+	for _, id := range kids {
+		_, sb := h.get(api, id)
+		per[h.nodeIndex(sb.ClientID)]++
+	}
+	t.Logf("children per node: %v", per)
+	if len(per) != 3 || per[1] == 0 {
+		t.Fatalf("children per node %v: want some on the parent's node and the rest over the two others", per)
+	}
+	for _, id := range kids {
+		if got := h.run(api, id, "cat /home/user/kept.txt"); got != "from-the-parent" {
+			t.Fatalf("child %s: file %q", id, got)
+		}
+		v := strings.TrimSpace(h.run(api, id, "cat /tmp/count"))
+		if n, err := strconv.Atoi(v); err != nil || n < before {
+			t.Fatalf("child %s: counter %q, was %d before the fork", id, v, before)
+		}
+	}
+	c1, c2 := h.counter(api, kids[len(kids)-1])
+	if c2 <= c1 {
+		t.Fatalf("a child's counter does not go on: %d then %d", c1, c2)
+	}
+	if code, b := h.rest(api, "GET", "/snapshots", ""); code != 200 || string(b) != "[]\n" {
+		t.Fatalf("snapshots after the fork: %d %s", code, b)
+	}
+}

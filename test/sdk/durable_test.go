@@ -1,0 +1,97 @@
+package sdk
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// snapshotRow is GET /snapshots/{id}.
+type snapshotRow struct {
+	SnapshotID  string `json:"snapshotID"`
+	Storage     string `json:"storage"`
+	SizeBytes   int64  `json:"sizeBytes"`
+	StoredBytes int64  `json:"storedBytes"`
+}
+
+func (s *server) durableSnapshot(id string) snapshotRow {
+	s.t.Helper()
+	code, b := s.rest("POST", "/sandboxes/"+id+"/snapshots", `{}`)
+	if code != 201 {
+		s.t.Fatalf("snapshot: %d %s", code, b)
+	}
+	var sn snapshotRow
+	json.Unmarshal(b, &sn)
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		code, b := s.rest("GET", "/snapshots/"+sn.SnapshotID, "")
+		json.Unmarshal(b, &sn)
+		if code == 200 && sn.Storage == "durable" {
+			return sn
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("snapshot %s never durable: %d %s", sn.SnapshotID, code, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// `spore up` keeps snapshots in its embedded blob store (a directory):
+// each becomes durable in the background, reporting what it stored. A
+// sandbox holding 256 MiB of random memory is snapshotted, 1 MiB is
+// written, and it is snapshotted again: the second stores under 10 % of
+// the first's bytes (content-defined chunks shared). The first is deleted
+// and `spore gc` frees its chunks; the second still restores, with the
+// file and the memory.
+func TestSnapshotDedupeAndGC(t *testing.T) {
+	s := newServer(t, "--pool", "0")
+	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	var sb sandboxResp
+	json.Unmarshal(b, &sb)
+	s.ok("exec", sb.SandboxID, "--", `nohup python3 -c "import os,time
+b=bytearray(os.urandom(256<<20))
+open('/tmp/held','w').write(str(len(b)))
+time.sleep(100000)" >/dev/null 2>&1 &
+for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`)
+	first := s.durableSnapshot(sb.SandboxID)
+	if first.StoredBytes < 200<<20 {
+		t.Fatalf("first snapshot stored %d bytes, want the 256 MiB of random memory", first.StoredBytes)
+	}
+	s.ok("exec", sb.SandboxID, "--", "head -c 1048576 /dev/urandom > /home/user/one-mib && sync")
+	second := s.durableSnapshot(sb.SandboxID)
+	ratio := float64(second.StoredBytes) / float64(first.StoredBytes)
+	t.Logf("first snapshot: %d bytes, %d stored; second: %d bytes, %d stored (%.1f %%)",
+		first.SizeBytes, first.StoredBytes, second.SizeBytes, second.StoredBytes, 100*ratio)
+	if ratio >= 0.10 {
+		t.Fatalf("the second snapshot stored %.1f %% of the first's bytes, want under 10 %%", 100*ratio)
+	}
+	// Delete the first; GC frees what only it used.
+	if code, b := s.rest("DELETE", "/templates/"+first.SnapshotID, ""); code != 204 {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	out := s.ok("gc", "--grace", "1s")
+	t.Logf("spore gc: %s", out)
+	var freed int
+	if _, err := fmt.Sscanf(out, "freed %d chunks", &freed); err != nil || freed == 0 {
+		t.Fatalf("gc freed nothing: %q", out)
+	}
+	code, b = s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, second.SnapshotID))
+	if code != 201 {
+		t.Fatalf("create from the kept snapshot: %d %s", code, b)
+	}
+	var again sandboxResp
+	json.Unmarshal(b, &again)
+	if got := s.ok("exec", again.SandboxID, "--", "wc -c < /home/user/one-mib; cat /tmp/held"); !strings.Contains(got, "1048576") || !strings.Contains(got, "268435456") {
+		t.Fatalf("restored from the kept snapshot: %q", got)
+	}
+	for _, id := range []string{sb.SandboxID, again.SandboxID} {
+		s.rest("DELETE", "/sandboxes/"+id, "")
+	}
+	s.rest("DELETE", "/templates/"+second.SnapshotID, "")
+}
