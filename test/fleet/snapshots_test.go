@@ -62,6 +62,42 @@ func (h *harness) fetchLog(k int, id string) (line string, peer, store int) {
 	return line, num("from_peer"), num("from_store")
 }
 
+// largestFile returns the biggest regular file under dir.
+func largestFile(t *testing.T, dir string) string {
+	t.Helper()
+	var best string
+	var size int64
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() && fi.Size() > size {
+			best, size = p, fi.Size()
+		}
+		return nil
+	})
+	if best == "" {
+		t.Fatalf("no file under %s", dir)
+	}
+	return best
+}
+
+// flipByte flips one byte in the middle of a file and returns the undo.
+func flipByte(t *testing.T, path string) func() {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := append([]byte(nil), b...)
+	b[len(b)/2] ^= 0x5a
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := os.WriteFile(path, orig, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // counter reads the sandbox's counter file twice, 1 s apart.
 func (h *harness) counter(base, id string) (int, int) {
 	h.t.Helper()
@@ -126,6 +162,10 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 		t.Fatal("nothing in the S3 bucket")
 	}
 
+	// A byte flipped in a chunk of node 1's cache: the peer serves it
+	// corrupt, the fetching node catches it and takes that chunk from S3.
+	flipByte(t, largestFile(t, filepath.Join(h.st.Nodes[0].DataDir, "chunk-cache")))
+
 	// Node 1 drained: the create goes elsewhere, and that node fetches.
 	if code, b := h.rest(api, "POST", "/nodes/"+h.st.Nodes[0].ID+"/drain", ""); code != 200 {
 		t.Fatalf("drain node 1: %d %s", code, b)
@@ -147,9 +187,18 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	if c1 < before || c2 <= c1 {
 		t.Fatalf("counter on node %d: %d then %d, was %d before the snapshot: the process did not continue", kb, c1, c2, before)
 	}
-	line, peer, _ := h.fetchLog(kb, sn.SnapshotID)
-	if peer <= 0 {
-		t.Fatalf("node %d did not fetch from its peer: %q", kb, line)
+	line, peer, fromStore := h.fetchLog(kb, sn.SnapshotID)
+	if peer <= 0 || fromStore != 1 {
+		t.Fatalf("node %d: want the chunks from its peer but the corrupt one from S3: %q", kb, line)
+	}
+	logs, _ := filepath.Glob(filepath.Join(h.dir, "logs", "node-*.log"))
+	reported := false
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		reported = reported || strings.Contains(string(b), "corrupt copy")
+	}
+	if !reported {
+		t.Fatal("no node reported the corrupt copy")
 	}
 	t.Logf("node %d: counter %d → %d (was %d); %s", kb, c1, c2, before, line)
 
@@ -157,6 +206,20 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	// from S3 (a rollback names no peer).
 	kc := 5 - kb // the node neither 1 nor kb
 	other := h.onNode(api, kc)
+	// A byte flipped in S3 first: the only copy the rollback can use is
+	// corrupt, so it fails, clearly, and leaves the sandbox as it was.
+	undo := flipByte(t, largestFile(t, filepath.Join(s3.Dir, s3.Bucket, "fleet", "chunks")))
+	code, b = h.rest(api, "POST", "/sandboxes/"+other.SandboxID+"/rollback", fmt.Sprintf(`{"snapshotID":%q}`, sn.SnapshotID))
+	if code < 500 {
+		t.Fatalf("rollback to a snapshot corrupt in S3: %d %s", code, b)
+	}
+	if lc, _ := os.ReadFile(filepath.Join(h.dir, "logs", fmt.Sprintf("node-%d.log", kc))); !strings.Contains(string(lc), "data loss") {
+		t.Fatalf("node %d's log does not name the data loss", kc)
+	}
+	if got := h.run(api, other.SandboxID, "ls /home/user/kept.txt 2>&1; echo rc=$?"); !strings.Contains(got, "rc=2") {
+		t.Fatalf("the sandbox changed after a failed rollback: %q", got)
+	}
+	undo()
 	code, b = h.rest(api, "POST", "/sandboxes/"+other.SandboxID+"/rollback", fmt.Sprintf(`{"snapshotID":%q}`, sn.SnapshotID))
 	if code != 200 {
 		t.Fatalf("rollback on node %d: %d %s", kc, code, b)
@@ -168,7 +231,7 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	if c1 < before || c2 <= c1 {
 		t.Fatalf("counter after the rollback on node %d: %d then %d, was %d", kc, c1, c2, before)
 	}
-	line, _, fromStore := h.fetchLog(kc, sn.SnapshotID)
+	line, _, fromStore = h.fetchLog(kc, sn.SnapshotID)
 	if fromStore <= 0 {
 		t.Fatalf("node %d did not fetch from S3: %q", kc, line)
 	}
