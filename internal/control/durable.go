@@ -27,7 +27,7 @@ import (
 const (
 	uploadTries     = 6
 	uploadBackoff   = time.Second
-	uploadRetryIdle = 2 * time.Minute // the lease of a retry pass over one snapshot
+	uploadRetryIdle = ReconcileEvery // the lease of a retry pass over one snapshot (a dead holder's lapses by the next pass)
 	uploadWorkers   = 2               // uploads at once per control plane instance
 )
 

@@ -395,6 +395,10 @@ const ReconcileEvery = 30 * time.Second
 // and renewed each pass, so one instance reconciles a node and another
 // takes over within two intervals when it stops.
 func (s *Service) RunReconcile(ctx context.Context, interval time.Duration) {
+	// Uploads a crash interrupted start again at once.
+	if _, err := s.RetryUploads(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("retry snapshot uploads", "err", err)
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	defer func() {

@@ -95,3 +95,65 @@ for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/hel
 	}
 	s.rest("DELETE", "/templates/"+second.SnapshotID, "")
 }
+
+// `spore up` SIGKILLed while a snapshot of 256 MiB uploads: after the
+// restart the upload starts again and finishes (the snapshot becomes
+// durable, nothing half-visible meanwhile: it stays restorable from the
+// node's disk), and a sandbox restored from it has its memory.
+func TestUploadSurvivesSIGKILL(t *testing.T) {
+	s := newServer(t, "--pool", "0")
+	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	var sb sandboxResp
+	json.Unmarshal(b, &sb)
+	s.ok("exec", sb.SandboxID, "--", `nohup python3 -c "import os,time
+b=bytearray(os.urandom(256<<20))
+open('/tmp/held','w').write(str(len(b)))
+time.sleep(100000)" >/dev/null 2>&1 &
+for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`)
+	code, b = s.rest("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`)
+	if code != 201 {
+		t.Fatalf("snapshot: %d %s", code, b)
+	}
+	var sn snapshotRow
+	json.Unmarshal(b, &sn)
+	_, b = s.rest("GET", "/snapshots/"+sn.SnapshotID, "")
+	s.kill9()
+	t.Logf("killed with the snapshot at %s", b)
+	s.start()
+	code, b = s.rest("GET", "/snapshots/"+sn.SnapshotID, "")
+	if code != 200 {
+		t.Fatalf("after the restart: %d %s", code, b)
+	}
+	t.Logf("after the restart: %s", b)
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		_, b := s.rest("GET", "/snapshots/"+sn.SnapshotID, "")
+		json.Unmarshal(b, &sn)
+		if sn.Storage == "durable" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never durable after the restart: %s", b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sn.StoredBytes <= 0 {
+		t.Fatalf("durable: %+v", sn)
+	}
+	code, b = s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, sn.SnapshotID))
+	if code != 201 {
+		t.Fatalf("create from it: %d %s", code, b)
+	}
+	var again sandboxResp
+	json.Unmarshal(b, &again)
+	if got := s.ok("exec", again.SandboxID, "--", "cat /tmp/held"); got != "268435456" {
+		t.Fatalf("restored: %q", got)
+	}
+	for _, id := range []string{sb.SandboxID, again.SandboxID} {
+		s.rest("DELETE", "/sandboxes/"+id, "")
+	}
+	s.rest("DELETE", "/templates/"+sn.SnapshotID, "")
+}
