@@ -125,6 +125,9 @@ type CreateRequest struct {
 	Network             *NetworkRequest   `json:"network"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
+	// SporeNodeID places the sandbox on that node (an operator's choice,
+	// for maintenance and benchmarks): 409 when it cannot take it.
+	SporeNodeID string `json:"sporeNodeID,omitempty"`
 
 	AutoPauseMemory *bool             `json:"autoPauseMemory,omitempty"`
 	AutoResume      *AutoResume       `json:"autoResume,omitempty"`
@@ -173,6 +176,7 @@ func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 	cr := control.CreateRequest{
 		TemplateID: req.TemplateID, Timeout: timeout, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AutoPause: req.AutoPause, AllowInternet: req.AllowInternetAccess, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB,
+		NodeID: req.SporeNodeID,
 	}
 	if req.Network != nil {
 		cr.AllowOut, cr.DenyOut = req.Network.AllowOut, req.Network.DenyOut

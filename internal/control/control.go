@@ -156,6 +156,10 @@ type CreateRequest struct {
 	DenyOut       []string
 	CPUCount      int
 	MemoryMB      int
+	// NodeID, when set, is the node the sandbox must go to (operator
+	// only): ErrNotFound for an unknown node, ErrResourceLimit or
+	// ErrConflict when it cannot take it.
+	NodeID string
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC() }
@@ -239,6 +243,11 @@ func Validate(r CreateRequest) error {
 	}
 	if r.CPUCount < 0 || r.CPUCount > 64 || r.MemoryMB < 0 || r.MemoryMB > 1<<20 {
 		return errdefs.Invalidf("cpuCount (0-64) or memoryMB out of range")
+	}
+	if r.NodeID != "" {
+		if err := ids.Validate("node ID", r.NodeID); err != nil {
+			return err
+		}
 	}
 	_, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut)
 	return err

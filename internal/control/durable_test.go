@@ -234,6 +234,10 @@ func testSnapshotWithoutBlobStoreStaysLocal(t *testing.T, _ controltest.Config) 
 			t.Fatalf("a create from a local snapshot of nb landed on %s", sb.NodeID)
 		}
 	}
+	// An operator cannot send it to another node either.
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: sn.ID, NodeID: "na", Timeout: time.Minute}); !errdefs.IsConflict(err) {
+		t.Fatalf("a local snapshot of nb sent to na: %v, want a conflict", err)
+	}
 }
 
 // A hibernated sandbox whose node is lost resumes on another node once
@@ -361,5 +365,32 @@ func testForkSpillsToAnotherNode(t *testing.T, c controltest.Config) {
 	}
 	if keys := f.blobKeys("manifests/"); len(keys) != 0 {
 		t.Fatalf("manifests left: %v", keys)
+	}
+}
+
+// An operator's node choice (sporeNodeID) places a create there; an
+// unknown node is NotFound; a durable snapshot goes to the node chosen
+// (one only on another node's disk cannot: TestSnapshotWithoutBlobStoreStaysLocal).
+func TestCreateOnChosenNode(t *testing.T) { controltest.Each(t, testCreateOnChosenNode) }
+
+func testCreateOnChosenNode(t *testing.T, c controltest.Config) {
+	f := newDurableFleet(t, c)
+	ctx := ctxFor(t)
+	for _, want := range []string{"na", "nb", "na"} {
+		if sb := f.create(control.CreateRequest{NodeID: want}); sb.NodeID != want {
+			t.Fatalf("created on %s, asked for %s", sb.NodeID, want)
+		}
+	}
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{NodeID: "nx", Timeout: time.Minute}); !errdefs.IsNotFound(err) {
+		t.Fatalf("unknown node: %v", err)
+	}
+	src := f.create(control.CreateRequest{NodeID: "na"})
+	sn, err := f.ctl.Snapshot(ctx, src.ID, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitStorage(sn.ID, store.StorageDurable)
+	if sb := f.create(control.CreateRequest{TemplateID: sn.ID, NodeID: "nb"}); sb.NodeID != "nb" {
+		t.Fatalf("durable snapshot on nb: landed on %s", sb.NodeID)
 	}
 }

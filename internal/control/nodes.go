@@ -137,7 +137,7 @@ type viewCache struct {
 
 // place picks the node for a create.
 func (s *Service) place(ctx context.Context, r CreateRequest) (string, nodeapi.Node, error) {
-	req := scheduler.Request{Count: 1, Source: r.TemplateID, Each: sizeOf(r.MemoryMB, r.CPUCount)}
+	req := scheduler.Request{Count: 1, Source: r.TemplateID, Each: sizeOf(r.MemoryMB, r.CPUCount), Hint: r.NodeID}
 	nodes, err := s.placeN(ctx, req)
 	if err != nil {
 		return "", nil, err
@@ -168,6 +168,9 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request) ([]string, 
 	var holders []string
 	if sn, err := s.st.GetSnapshot(ctx, req.Source); err == nil && sn.NodeID != "" {
 		if sn.Storage != store.StorageDurable {
+			if req.Hint != "" && req.Hint != sn.NodeID {
+				return nil, errdefs.Conflictf("snapshot %s is only on node %s until it is durable (storage %q), not on %s", sn.ID, sn.NodeID, sn.Storage, req.Hint)
+			}
 			req.Hint = sn.NodeID // its bytes are on that node only
 		} else {
 			req.RunscBuild, req.CPUFeatures = sn.RunscBuild, sn.CPUFeatures
