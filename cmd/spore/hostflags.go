@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"os"
 
 	"github.com/spf13/pflag"
 
@@ -37,7 +38,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringSliceVar(&egressDeny, "egress-deny", nil, "more destinations (CIDRs) added to the egress floor")
 	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
 	var cacheMiB int64
-	f.StringVar(&cfg.BlobStore, "blob-store", "", "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: <data-dir>/blobs for spore up, none for spore node)")
+	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")
 	f.Int64Var(&cacheMiB, "chunk-cache-size", 0, "MiB of snapshot chunks the node keeps in <data-dir>/chunk-cache for restores and peers (0: 10240)")
 	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
 	return func() error {

@@ -31,7 +31,7 @@ import (
 const prefix = "e" // namespaces ef1..ef3, table spore-fleet-e
 
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string
 	dir  string
 	st   *fleet.State
@@ -40,7 +40,7 @@ type harness struct {
 	http *http.Client
 }
 
-func buildBinaries(t *testing.T) string {
+func buildBinaries(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, b := range []struct{ out, pkg string }{{"spore", "./cmd/spore"}, {"spore-envd", "./cmd/spore-envd"}} {
@@ -55,7 +55,7 @@ func buildBinaries(t *testing.T) string {
 }
 
 // basePort finds two consecutive free ports (the replicas').
-func basePort(t *testing.T) int {
+func basePort(t testing.TB) int {
 	for i := 0; i < 50; i++ {
 		l, err := net.Listen("tcp", ":0")
 		if err != nil {

@@ -20,7 +20,7 @@ import (
 // upFleet starts a fleet of nodes node agents and one API replica under
 // prefix p with `spore fleet up`, removed with `spore fleet down` when t
 // ends (and checked to leave nothing behind).
-func upFleet(t *testing.T, nodes int, p string, extra ...string) *harness {
+func upFleet(t testing.TB, nodes int, p string, extra ...string) *harness {
 	t.Helper()
 	testenv.RequireRoot(t)
 	rootfs, runsc := testenv.RootFSDir(t), testenv.Runsc(t)

@@ -273,8 +273,8 @@ func TestHelmTemplateFullValues(t *testing.T) {
 		t.Errorf("pdb: %v", pdb["spec"])
 	}
 	cm := find(t, objs, "ConfigMap", "sandboxes")
-	for k, v := range map[string]string{"SPORE_S3_ENDPOINT": "https://s3.example.com",
-		"SPORE_S3_BUCKET": "spore-snapshots", "SPORE_S3_FORCE_PATH_STYLE": "false", "SPORE_EXTRA": "yes", "SPORE_POOL": "4"} {
+	for k, v := range map[string]string{"SPORE_BLOB_STORE": "s3://spore-snapshots?endpoint=https%3A%2F%2Fs3.example.com&region=eu-west-1&path-style=false",
+		"SPORE_EXTRA": "yes", "SPORE_POOL": "4"} {
 		if got := str(cm, "data", k); got != v {
 			t.Errorf("ConfigMap %s = %q, want %q", k, got, v)
 		}

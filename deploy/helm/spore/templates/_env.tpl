@@ -40,3 +40,12 @@
 checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
 checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha256sum }}
 {{- end -}}
+
+{{/* The s3 values as a --blob-store URL: s3://bucket?endpoint=...&region=...&path-style=... */}}
+{{- define "spore.blobStoreURL" -}}
+{{- $q := list -}}
+{{- with .Values.s3.endpoint }}{{ $q = append $q (printf "endpoint=%s" (. | urlquery)) }}{{ end -}}
+{{- with .Values.s3.region }}{{ $q = append $q (printf "region=%s" (. | urlquery)) }}{{ end -}}
+{{- $q = append $q (printf "path-style=%t" .Values.s3.forcePathStyle) -}}
+s3://{{ .Values.s3.bucket }}?{{ join "&" $q }}
+{{- end -}}
