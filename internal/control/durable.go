@@ -28,7 +28,7 @@ const (
 	uploadTries     = 6
 	uploadBackoff   = time.Second
 	uploadRetryIdle = ReconcileEvery // the lease of a retry pass over one snapshot (a dead holder's lapses by the next pass)
-	uploadWorkers   = 2               // uploads at once per control plane instance
+	uploadWorkers   = 2              // uploads at once per control plane instance
 )
 
 // startUpload makes a snapshot durable in the background.
