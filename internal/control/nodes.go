@@ -104,7 +104,7 @@ func (s *Service) register(ctx context.Context, id string, n nodeapi.Node) error
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: info.Addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Heartbeat: s.now(), State: store.NodeReady})
+		CPUFeatures: info.CPUFeatures, Durable: info.Durable, Heartbeat: s.now(), State: store.NodeReady})
 	return err
 }
 
@@ -167,9 +167,13 @@ func sizeOf(memoryMB, cpus int) scheduler.Resources {
 func (s *Service) placeN(ctx context.Context, req scheduler.Request) ([]string, error) {
 	var holders []string
 	if sn, err := s.st.GetSnapshot(ctx, req.Source); err == nil && sn.NodeID != "" {
-		if sn.Storage != store.StorageDurable {
+		origin, oerr := s.st.GetNode(ctx, sn.NodeID)
+		// Its node serves it to peers (a blob store and ready), or the
+		// store has it: any node that can restore it may take the item.
+		shared := sn.Storage == store.StorageDurable || (oerr == nil && origin.Durable && origin.State == store.NodeReady)
+		if !shared {
 			if req.Hint != "" && req.Hint != sn.NodeID {
-				return nil, errdefs.Conflictf("snapshot %s is only on node %s until it is durable (storage %q), not on %s", sn.ID, sn.NodeID, sn.Storage, req.Hint)
+				return nil, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it (storage %q), not on %s", sn.ID, sn.NodeID, sn.Storage, req.Hint)
 			}
 			req.Hint = sn.NodeID // its bytes are on that node only
 		} else {

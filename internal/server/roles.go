@@ -17,6 +17,7 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/chunk"
+	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
@@ -245,13 +246,19 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return err
 		}
 		// A request naming a sandbox goes to it, whatever its path.
+		manifests := n.Sync.ManifestHandler(cfg.ClusterToken)
 		node := h
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Header.Get("E2b-Sandbox-Id") == "" && strings.HasPrefix(r.URL.Path, chunk.PeerPath) {
+			switch {
+			case r.Header.Get("E2b-Sandbox-Id") != "":
+				node.ServeHTTP(w, r)
+			case strings.HasPrefix(r.URL.Path, chunk.PeerPath):
 				ch.ServeHTTP(w, r)
-				return
+			case strings.HasPrefix(r.URL.Path, snapsync.ManifestPath):
+				manifests.ServeHTTP(w, r)
+			default:
+				node.ServeHTTP(w, r)
 			}
-			node.ServeHTTP(w, r)
 		})
 	}
 	return serve(ctx, hc.Listen, h, log, func(addr string) {

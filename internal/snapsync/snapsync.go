@@ -14,8 +14,13 @@ package snapsync
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -207,6 +212,16 @@ func (s *Syncer) Ensure(ctx context.Context, id string, peers []string) (FetchRe
 func (s *Syncer) fetch(ctx context.Context, id string, peers []string) (FetchResult, error) {
 	start := time.Now()
 	cm, err := chunk.ReadManifest(ctx, s.cfg.Store, id)
+	if err != nil && len(peers) > 0 && (errdefs.IsNotFound(err) || errdefs.IsUnavailable(err)) {
+		// Not durable yet (its upload runs), or the store is away: the
+		// node that took it serves its manifest and chunks.
+		var perr error
+		if cm, perr = s.peerManifest(ctx, id, peers); perr != nil {
+			err = fmt.Errorf("%w; from its peers: %w", err, perr)
+		} else {
+			err = nil
+		}
+	}
 	if err != nil {
 		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
 	}
@@ -336,4 +351,121 @@ func (s *Syncer) Durable(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	return false, err
+}
+
+// ManifestPath is where a node serves, to its peers, the chunk manifest
+// of a snapshot it holds: <ManifestPath><id> (cluster token as Bearer).
+const ManifestPath = "/internal/snapshot-manifests/"
+
+// Manifest returns the chunk manifest of a snapshot this node holds: the
+// store's once it is durable, else one made from the local copy (its
+// chunks put in the node cache, so peers can fetch them). Concurrent
+// calls for one snapshot index it once.
+func (s *Syncer) Manifest(ctx context.Context, id string) (*chunk.Manifest, error) {
+	if err := ids.Validate("snapshot ID", id); err != nil {
+		return nil, err
+	}
+	m, err := s.cfg.Repo.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if cm, err := chunk.ReadManifest(ctx, s.cfg.Store, id); err == nil {
+		return cm, nil
+	}
+	if s.cfg.Cache == nil {
+		return nil, errdefs.Conflictf("snapshot %s: this node has no chunk cache to serve it from", id)
+	}
+	var cm *chunk.Manifest
+	err = s.once(ctx, "index/"+id, func() error {
+		var err error
+		cm, err = chunk.Index(ctx, filepath.Join(s.cfg.Repo.Dir(), m.ID), s.cfg.Cache, chunk.IndexOptions{ID: m.ID, Metadata: s.metadata(m)})
+		return err
+	})
+	if err == nil && cm == nil {
+		// Indexed by a concurrent call: again, now from the cache.
+		cm, err = chunk.Index(ctx, filepath.Join(s.cfg.Repo.Dir(), m.ID), s.cfg.Cache, chunk.IndexOptions{ID: m.ID, Metadata: s.metadata(m)})
+	}
+	return cm, err
+}
+
+// ManifestHandler serves Manifest to peers (token compared in constant
+// time, as the chunk handler does).
+func (s *Syncer) ManifestHandler(token string) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		g := sha256.Sum256([]byte(got))
+		if !ok || token == "" || subtle.ConstantTimeCompare(g[:], want[:]) != 1 {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		if r.Method != http.MethodGet {
+			http.Error(w, "GET only", http.StatusMethodNotAllowed)
+			return
+		}
+		id := strings.TrimPrefix(r.URL.Path, ManifestPath)
+		cm, err := s.Manifest(r.Context(), id)
+		switch {
+		case errdefs.IsInvalidArgument(err):
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		case errdefs.IsNotFound(err):
+			http.Error(w, "no such snapshot here", http.StatusNotFound)
+			return
+		case err != nil:
+			s.log.Warn("serve a snapshot manifest to a peer", "snapshot_id", id, "err", err)
+			http.Error(w, "cannot serve it now", http.StatusServiceUnavailable)
+			return
+		}
+		b, err := chunk.EncodeManifest(cm)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
+	})
+}
+
+// peerManifest asks the peers, in turn, for a snapshot's manifest.
+func (s *Syncer) peerManifest(ctx context.Context, id string, peers []string) (*chunk.Manifest, error) {
+	var errs []error
+	for _, base := range peers {
+		cm, err := s.peerManifestFrom(ctx, strings.TrimSuffix(base, "/")+ManifestPath+id, id)
+		if err == nil {
+			return cm, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (s *Syncer) peerManifestFrom(ctx context.Context, url, id string) (*chunk.Manifest, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // the peer may index the snapshot first
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.cfg.PeerToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%w: %s: %s", errdefs.ErrUnavailable, url, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	cm, err := chunk.DecodeManifest(b)
+	if err != nil {
+		return nil, err
+	}
+	if cm.ID != id {
+		return nil, fmt.Errorf("%w: a peer answered manifest %q for %s", errdefs.ErrDataLoss, cm.ID, id)
+	}
+	return cm, nil
 }

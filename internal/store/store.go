@@ -143,7 +143,10 @@ type Node struct {
 	Overcommit  Overcommit `json:"overcommit"`
 	RunscBuild  string     `json:"runscBuild,omitempty"`
 	CPUFeatures []string   `json:"cpuFeatures,omitempty"`
-	Heartbeat   time.Time  `json:"heartbeat"`
+	// Durable: the node has a blob store (it uploads its snapshots, fetches
+	// others', and serves its own to peers).
+	Durable   bool      `json:"durable,omitempty"`
+	Heartbeat time.Time `json:"heartbeat"`
 	// Draining is an operator's decision: UpsertNode (a node registering
 	// or heart-beating) keeps the stored value; only UpdateNode changes it.
 	Draining bool      `json:"draining"`
