@@ -334,3 +334,64 @@ func TestForkAcrossNodes(t *testing.T) {
 		t.Fatalf("snapshots after the fork: %d %s", code, b)
 	}
 }
+
+// With S3 down, a snapshot cannot become durable, but another node can
+// already restore it: the node that took it serves the chunk manifest
+// (indexed from its disk into its cache) and the chunks. Once S3 is back
+// the upload completes.
+func TestPeerFetchWhileS3IsDown(t *testing.T) {
+	s3 := testenv.S3AllInterfaces(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", s3.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3.SecretKey)
+	t.Setenv("AWS_REGION", s3.Region)
+	h := upFleet(t, 2, "p", fmt.Sprintf("--blob-store=s3://%s?endpoint=http://{host}:%d", s3.Bucket, s3.Port))
+	api := h.st.APIURLs[0]
+	n1, n2 := h.st.Nodes[0].ID, h.st.Nodes[1].ID
+	code, b := h.rest(api, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":900,"sporeNodeID":%q}`, n1))
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	var src sandbox
+	json.Unmarshal(b, &src)
+	h.run(api, src.SandboxID, "echo peer-only > /home/user/kept.txt; "+
+		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
+	before, _ := h.counter(api, src.SandboxID)
+
+	s3.Stop()
+	code, b = h.rest(api, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{}`)
+	if code != 201 {
+		t.Fatalf("snapshot with S3 down: %d %s", code, b)
+	}
+	var sn snapshotView
+	json.Unmarshal(b, &sn)
+	if _, v := h.snapshotInfo(api, sn.SnapshotID); v.Storage == "durable" {
+		t.Fatalf("durable with S3 down: %+v", v)
+	}
+	code, b = h.rest(api, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":900,"sporeNodeID":%q}`, sn.SnapshotID, n2))
+	if code != 201 {
+		t.Fatalf("create on node 2 with S3 down: %d %s", code, b)
+	}
+	var moved sandbox
+	json.Unmarshal(b, &moved)
+	if got := h.run(api, moved.SandboxID, "cat /home/user/kept.txt"); got != "peer-only" {
+		t.Fatalf("file on node 2: %q", got)
+	}
+	c1, c2 := h.counter(api, moved.SandboxID)
+	if c1 < before || c2 <= c1 {
+		t.Fatalf("counter on node 2: %d then %d, was %d", c1, c2, before)
+	}
+	line, peer, fromStore := h.fetchLog(2, sn.SnapshotID)
+	if peer <= 0 || fromStore != 0 {
+		t.Fatalf("node 2 did not fetch from its peer alone: %q", line)
+	}
+	if _, v := h.snapshotInfo(api, sn.SnapshotID); v.Storage == "durable" {
+		t.Fatalf("durable with S3 still down: %+v", v)
+	}
+	t.Logf("with S3 down: %s", line)
+
+	s3.Restart(t)
+	if !waitFor(3*time.Minute, func() bool { _, v := h.snapshotInfo(api, sn.SnapshotID); return v.Storage == "durable" }) {
+		_, v := h.snapshotInfo(api, sn.SnapshotID)
+		t.Fatalf("not durable after S3 came back: %+v", v)
+	}
+}

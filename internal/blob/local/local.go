@@ -353,6 +353,9 @@ func (s *Store) walk(ctx context.Context, dir, keyDir, prefix string, fn func(bl
 	}
 	entries, err := d.ReadDir(-1)
 	d.Close()
+	if errors.Is(err, fs.ErrNotExist) && dir != objectsDir {
+		return nil // removed by a concurrent Delete after the Open (readdir of a removed directory)
+	}
 	if err != nil {
 		return fmt.Errorf("blob list %q: %w", prefix, err)
 	}

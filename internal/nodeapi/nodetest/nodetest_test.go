@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	bloblocal "github.com/spore-run/spore/internal/blob/local"
+	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -18,6 +20,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/nodeapi/nodetest"
 	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -36,6 +39,48 @@ func fakeTarget(t *testing.T) nodetest.Target {
 }
 
 func TestConformanceLocalFake(t *testing.T) { nodetest.Run(t, fakeTarget) }
+
+// durableTarget is two fake nodes sharing a blob store (a directory).
+func durableTarget(t *testing.T, wrap func(*testing.T, nodeapi.Node) nodeapi.Node) nodetest.Target {
+	blobs, err := bloblocal.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(id string) (*controltest.Node, nodeapi.Node) {
+		n := controltest.New(t)
+		cache, err := chunk.OpenCache(filepath.Join(n.Dir, "chunk-cache"), 64<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sy, err := snapsync.New(snapsync.Config{Repo: n.Engine.Snapshots(), Store: blobs, Cache: cache, Runtime: n.Engine.Runtime().Name(),
+			Log: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n, wrap(t, local.New(n.Engine, local.Config{ID: id, Sync: sy}))
+	}
+	a, na := mk("na")
+	_, nb := mk("nb")
+	return nodetest.Target{Node: na, Peer: nb, Template: controltest.Templates[0], Die: func(ctx context.Context, id string) error {
+		sb, err := a.Engine.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		return a.Runtime.Die(sb.Instance, runtime.ExitCrashed, "nodetest: made to die")
+	}}
+}
+
+func TestConformanceLocalFakeDurable(t *testing.T) {
+	nodetest.Run(t, func(t *testing.T) nodetest.Target {
+		return durableTarget(t, func(_ *testing.T, n nodeapi.Node) nodeapi.Node { return n })
+	})
+}
+
+func TestConformanceRPCFakeDurable(t *testing.T) {
+	nodetest.Run(t, func(t *testing.T) nodetest.Target {
+		return durableTarget(t, func(t *testing.T, n nodeapi.Node) nodeapi.Node { return controltest.Remote(t, n) })
+	})
+}
 
 func TestConformanceRPCFake(t *testing.T) {
 	nodetest.Run(t, func(t *testing.T) nodetest.Target {
