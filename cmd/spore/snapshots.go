@@ -55,9 +55,10 @@ func newSnapshotCmd(f *cliFlags) *cobra.Command {
 			}
 			var rows [][]string
 			for _, s := range list {
-				rows = append(rows, []string{s.SnapshotID, strings.Join(s.Names, ","), s.OriginSandboxID, ago(s.CreatedAt), strconv.FormatInt(s.SizeBytes>>20, 10)})
+				rows = append(rows, []string{s.SnapshotID, strings.Join(s.Names, ","), s.OriginSandboxID, ago(s.CreatedAt), strconv.FormatInt(s.SizeBytes>>20, 10),
+					s.Storage, strconv.FormatInt(s.StoredBytes>>20, 10)})
 			}
-			table(cmd.OutOrStdout(), "SNAPSHOT\tNAMES\tFROM SANDBOX\tCREATED\tSIZE MB", rows)
+			table(cmd.OutOrStdout(), "SNAPSHOT\tNAMES\tFROM SANDBOX\tCREATED\tSIZE MB\tSTORAGE\tSTORED MB", rows)
 			return nil
 		},
 	}
