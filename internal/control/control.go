@@ -295,10 +295,13 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
 	}
-	source, peers, fromSnapshot := s.snapshotSourceOf(ctx, r.TemplateID)
-	placed := r
-	placed.TemplateID = source
-	nodeID, n, err := s.place(ctx, placed)
+	src := s.sourceOf(ctx, r.TemplateID)
+	source := src.sourceID(r.TemplateID)
+	var peers []string
+	if src != nil {
+		peers = src.peers
+	}
+	nodeID, n, err := s.place(ctx, r, src)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -320,8 +323,8 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		s.abandon(ctx, rec)
 		return Sandbox{}, err
 	}
-	if fromSnapshot {
-		s.noteCopy(ctx, source, nodeID)
+	if src != nil {
+		s.noteCopy(ctx, src, nodeID)
 	}
 	return s.commitCreated(ctx, rec, ns)
 }

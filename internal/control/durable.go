@@ -148,27 +148,46 @@ func (s *Service) RetryUploads(ctx context.Context) (int, error) {
 	}
 }
 
-// snapshotSource resolves a create's template reference: a user
-// snapshot (by ID or name) is given to the node by its ID, with the
-// address of the node that took it as a peer to fetch chunks from (when
-// durable, any node may restore it). Templates pass as they are.
-func (s *Service) snapshotSource(ctx context.Context, ref string) (string, []string) {
-	src, peers, _ := s.snapshotSourceOf(ctx, ref)
-	return src, peers
+// sourceInfo is what placement and the node need to know of what a
+// sandbox is restored from, when it is a user snapshot or a user
+// template (a template built on every node, such as base, has none).
+type sourceInfo struct {
+	id       string // the snapshot's ID: what the node is given
+	snapshot bool   // a user snapshot (its row records copies), not a template
+	origin   string // the node that took it
+	durable  bool
+	runsc    string
+	cpu      []string
+	holders  []string // origin and known copies
+	peers    []string // the origin's address, when it is ready
 }
 
-// snapshotSourceOf is snapshotSource, also saying whether ref is a user
-// snapshot.
-func (s *Service) snapshotSourceOf(ctx context.Context, ref string) (string, []string, bool) {
-	sn, err := s.GetSnapshot(ctx, ref)
-	if err != nil {
-		return ref, nil, false
+// sourceOf resolves a create's or rollback's reference: a user snapshot
+// by ID or name, or a template made from a sandbox (`template: true`),
+// by name. nil: a template every node builds (passed on by name).
+func (s *Service) sourceOf(ctx context.Context, ref string) *sourceInfo {
+	var src sourceInfo
+	if sn, err := s.GetSnapshot(ctx, ref); err == nil {
+		src = sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
+			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...)}
+	} else if tp, err := s.st.GetTemplate(ctx, ref); err == nil && tp.SnapshotID != "" && len(tp.NodeIDs) > 0 {
+		src = sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
+			runsc: tp.RunscBuild, cpu: tp.CPUFeatures, holders: tp.NodeIDs}
+	} else {
+		return nil
 	}
-	var peers []string
-	if nr, err := s.st.GetNode(ctx, sn.NodeID); err == nil && nr.Addr != "" && nr.State == store.NodeReady {
-		peers = []string{nr.Addr}
+	if nr, err := s.st.GetNode(ctx, src.origin); err == nil && nr.Addr != "" && nr.State == store.NodeReady {
+		src.peers = []string{nr.Addr}
 	}
-	return sn.ID, peers, true
+	return &src
+}
+
+// sourceID is what the node is given for ref.
+func (src *sourceInfo) sourceID(ref string) string {
+	if src == nil {
+		return ref
+	}
+	return src.id
 }
 
 // GetSnapshot returns a user snapshot's row by ID or name.
@@ -324,7 +343,7 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store
 	// Only a node that can restore the image: the origin's runtime build
 	// and CPU features.
 	placed, err := s.placeN(ctx, scheduler.Request{Count: 1, Source: rec.Hibernation, Each: sizeOf(rec.MemoryMB, rec.CPUCount),
-		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures})
+		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures}, nil)
 	if err != nil {
 		return rec, false, err
 	}
@@ -365,14 +384,101 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store
 }
 
 // noteCopy records that a node now holds a copy of a durable snapshot
-// (it fetched it), so placement prefers it; best effort.
-func (s *Service) noteCopy(ctx context.Context, snapshotID, nodeID string) {
-	sn, err := s.st.GetSnapshot(ctx, snapshotID)
-	if err != nil || sn.Storage != store.StorageDurable || sn.NodeID == nodeID || slices.Contains(sn.Copies, nodeID) {
+// or template (it fetched it), so placement prefers it; best effort.
+func (s *Service) noteCopy(ctx context.Context, src *sourceInfo, nodeID string) {
+	if src == nil || src.origin == nodeID || slices.Contains(src.holders, nodeID) {
 		return
 	}
-	sn.Copies = append(sn.Copies, nodeID)
-	if err := s.st.PutSnapshot(ctx, sn); err != nil {
-		s.log.Warn("note a snapshot's copy", "snapshot_id", snapshotID, "node_id", nodeID, "err", err)
+	var err error
+	if src.snapshot {
+		var sn store.Snapshot
+		if sn, err = s.st.GetSnapshot(ctx, src.id); err == nil && !slices.Contains(sn.Copies, nodeID) {
+			sn.Copies = append(sn.Copies, nodeID)
+			err = s.st.PutSnapshot(ctx, sn)
+		}
+	} else {
+		tp, terr := s.templateOf(ctx, src.id)
+		if err = terr; err == nil && !slices.Contains(tp.NodeIDs, nodeID) {
+			tp.NodeIDs = append(tp.NodeIDs, nodeID)
+			_, err = s.st.PutTemplate(ctx, tp)
+		}
 	}
+	if err != nil && !errdefs.IsNotFound(err) {
+		s.log.Warn("note a copy", "snapshot_id", src.id, "node_id", nodeID, "err", err)
+	}
+}
+
+// templateOf finds the template row naming snapshot id.
+func (s *Service) templateOf(ctx context.Context, id string) (store.Template, error) {
+	list, err := s.st.ListTemplates(ctx)
+	if err != nil {
+		return store.Template{}, err
+	}
+	for _, tp := range list {
+		if tp.SnapshotID == id {
+			return tp, nil
+		}
+	}
+	return store.Template{}, errdefs.NotFoundf("template of snapshot %s", id)
+}
+
+// startTemplateUpload makes a template made from a sandbox durable in
+// the background: every node can then create from it (fetching it).
+func (s *Service) startTemplateUpload(name, snapID string) {
+	s.uploads.Add(1)
+	s.uploading.Add(1)
+	go func() {
+		defer s.uploads.Done()
+		defer s.uploading.Add(-1)
+		select {
+		case s.uploadSem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		defer func() { <-s.uploadSem }()
+		if err := s.uploadTemplate(s.ctx, name, snapID); err != nil && s.ctx.Err() == nil {
+			s.log.Warn("template upload (it stays on its node)", "template_id", name, "snapshot_id", snapID, "err", err)
+		}
+	}()
+}
+
+func (s *Service) uploadTemplate(ctx context.Context, name, snapID string) error {
+	tp, err := s.st.GetTemplate(ctx, name)
+	if err != nil || tp.SnapshotID != snapID || len(tp.NodeIDs) == 0 {
+		return nil // replaced or deleted meanwhile
+	}
+	n, err := s.node(tp.NodeIDs[0])
+	if err != nil {
+		return err
+	}
+	backoff := uploadBackoff
+	for try := 1; ; try++ {
+		_, err = n.Upload(ctx, snapID)
+		if err == nil || errdefs.IsConflict(err) || errdefs.IsNotFound(err) || try >= uploadTries || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff *= 2
+	}
+	switch {
+	case errdefs.IsConflict(err), errdefs.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	tp, err = s.st.GetTemplate(ctx, name)
+	if err != nil || tp.SnapshotID != snapID {
+		s.dropDurable(context.WithoutCancel(ctx), snapID) // replaced while it uploaded
+		return nil
+	}
+	tp.Storage = store.StorageDurable
+	if _, err := s.st.PutTemplate(ctx, tp); err != nil {
+		return err
+	}
+	s.log.Info("template durable", "template_id", name, "snapshot_id", snapID)
+	return nil
 }

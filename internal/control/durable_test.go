@@ -394,3 +394,82 @@ func testCreateOnChosenNode(t *testing.T, c controltest.Config) {
 		t.Fatalf("durable snapshot on nb: landed on %s", sb.NodeID)
 	}
 }
+
+// A template made from a sandbox on one node becomes durable and every
+// node can create from it by name (fetching it; the row records the
+// copy); replacing it removes the old one from every node and the store;
+// deleting it leaves nothing. Before, a create from it on another node
+// failed: only the node that made it held it.
+func TestTemplateOnEveryNode(t *testing.T) { controltest.Each(t, testTemplateOnEveryNode) }
+
+func testTemplateOnEveryNode(t *testing.T, c controltest.Config) {
+	f := newDurableFleet(t, c)
+	ctx := ctxFor(t)
+	src := f.create(control.CreateRequest{NodeID: "na"})
+	first, err := f.ctl.Snapshot(ctx, src.ID, "agent-tpl", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTemplate := func(id string) {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			tp, err := f.st.GetTemplate(ctx, "agent-tpl")
+			if err == nil && tp.SnapshotID == id && tp.Storage == store.StorageDurable {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("template not durable: %+v %v", tp, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitTemplate(first.ID)
+	sb := f.create(control.CreateRequest{TemplateID: "agent-tpl", NodeID: "nb"})
+	if sb.NodeID != "nb" || sb.TemplateID != "agent-tpl" {
+		t.Fatalf("create from the template on nb: %+v", sb.Sandbox)
+	}
+	if tp, _ := f.st.GetTemplate(ctx, "agent-tpl"); !slices.Contains(tp.NodeIDs, "nb") {
+		t.Fatalf("the template row does not record nb's copy: %+v", tp)
+	}
+	// Replaced: the old one goes from both nodes and the store.
+	second, err := f.ctl.Snapshot(ctx, src.ID, "agent-tpl", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTemplate(second.ID)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, ea := f.a.Engine.Snapshots().Get(first.ID)
+		_, eb := f.b.Engine.Snapshots().Get(first.ID)
+		gone := errdefs.IsNotFound(ea) && errdefs.IsNotFound(eb)
+		for _, k := range f.blobKeys("manifests/") {
+			gone = gone && !strings.Contains(k, first.ID)
+		}
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced template is left: na %v, nb %v, manifests %v", ea, eb, f.blobKeys("manifests/"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if sb := f.create(control.CreateRequest{TemplateID: "agent-tpl", NodeID: "nb"}); sb.NodeID != "nb" {
+		t.Fatalf("create from the new template on nb: %+v", sb.Sandbox)
+	}
+	if err := f.ctl.DeleteSnapshot(ctx, "agent-tpl"); err != nil {
+		t.Fatal(err)
+	}
+	for name, n := range map[string]*controltest.Node{"na": f.a, "nb": f.b} {
+		if _, err := n.Engine.Snapshots().Get(second.ID); !errdefs.IsNotFound(err) {
+			t.Fatalf("%s still holds the deleted template: %v", name, err)
+		}
+	}
+	for _, k := range f.blobKeys("manifests/") {
+		if strings.Contains(k, second.ID) {
+			t.Fatalf("the deleted template is still durable: %s", k)
+		}
+	}
+	if _, err := f.st.GetTemplate(ctx, "agent-tpl"); !errdefs.IsNotFound(err) {
+		t.Fatalf("template row after the delete: %v", err)
+	}
+}

@@ -135,10 +135,11 @@ type viewCache struct {
 	view scheduler.View
 }
 
-// place picks the node for a create.
-func (s *Service) place(ctx context.Context, r CreateRequest) (string, nodeapi.Node, error) {
-	req := scheduler.Request{Count: 1, Source: r.TemplateID, Each: sizeOf(r.MemoryMB, r.CPUCount), Hint: r.NodeID}
-	nodes, err := s.placeN(ctx, req)
+// place picks the node for a create from src (nil: a template every
+// node builds).
+func (s *Service) place(ctx context.Context, r CreateRequest, src *sourceInfo) (string, nodeapi.Node, error) {
+	req := scheduler.Request{Count: 1, Source: src.sourceID(r.TemplateID), Each: sizeOf(r.MemoryMB, r.CPUCount), Hint: r.NodeID}
+	nodes, err := s.placeN(ctx, req, src)
 	if err != nil {
 		return "", nil, err
 	}
@@ -159,26 +160,24 @@ func sizeOf(memoryMB, cpus int) scheduler.Resources {
 }
 
 // placeN places req's items from the cached view (refreshed every
-// viewTTL) and counts them in it. A source that is a user snapshot adds
-// what the snapshot row knows: a snapshot only on its node's disk pins
-// the items there; a durable one admits only nodes that can restore it
-// (the runtime build and CPU features it was taken with) and prefers the
-// nodes that hold a copy.
-func (s *Service) placeN(ctx context.Context, req scheduler.Request) ([]string, error) {
+// viewTTL) and counts them in it. A source (a user snapshot or template)
+// adds what its row knows: one only on its node's disk pins the items
+// there; one durable, or whose node has a blob store and can serve it,
+// admits only nodes that can restore it (the runtime build and CPU
+// features it was taken with) and prefers the nodes that hold a copy.
+func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *sourceInfo) ([]string, error) {
 	var holders []string
-	if sn, err := s.st.GetSnapshot(ctx, req.Source); err == nil && sn.NodeID != "" {
-		origin, oerr := s.st.GetNode(ctx, sn.NodeID)
-		// Its node serves it to peers (a blob store and ready), or the
-		// store has it: any node that can restore it may take the item.
-		shared := sn.Storage == store.StorageDurable || (oerr == nil && origin.Durable && origin.State == store.NodeReady)
+	if src != nil && src.origin != "" {
+		origin, oerr := s.st.GetNode(ctx, src.origin)
+		shared := src.durable || (oerr == nil && origin.Durable && origin.State == store.NodeReady)
 		if !shared {
-			if req.Hint != "" && req.Hint != sn.NodeID {
-				return nil, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it (storage %q), not on %s", sn.ID, sn.NodeID, sn.Storage, req.Hint)
+			if req.Hint != "" && req.Hint != src.origin {
+				return nil, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it, not on %s", src.id, src.origin, req.Hint)
 			}
-			req.Hint = sn.NodeID // its bytes are on that node only
+			req.Hint = src.origin // its bytes are on that node only
 		} else {
-			req.RunscBuild, req.CPUFeatures = sn.RunscBuild, sn.CPUFeatures
-			holders = append([]string{sn.NodeID}, sn.Copies...)
+			req.RunscBuild, req.CPUFeatures = src.runsc, src.cpu
+			holders = src.holders
 		}
 	}
 	s.view.mu.Lock()

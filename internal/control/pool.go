@@ -124,7 +124,7 @@ func (s *Service) addPooled(ctx context.Context, cfg PoolConfig, template string
 	if nodeID != "" {
 		n, err = s.node(nodeID)
 	} else {
-		nodeID, n, err = s.place(ctx, CreateRequest{TemplateID: template})
+		nodeID, n, err = s.place(ctx, CreateRequest{TemplateID: template}, s.sourceOf(ctx, template))
 	}
 	if err != nil {
 		return err

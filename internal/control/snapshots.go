@@ -48,9 +48,17 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		sn.RunscBuild, sn.CPUFeatures = nr.RunscBuild, nr.CPUFeatures
 	}
 	if template {
-		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID}}); err != nil {
+		old, oerr := s.st.GetTemplate(ctx, name)
+		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID},
+			Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures}); err != nil {
 			return store.Snapshot{}, err
 		}
+		if oerr == nil && old.SnapshotID != "" && old.SnapshotID != info.ID {
+			// The template it replaces goes (its node deleted it; copies
+			// elsewhere and the durable one go too).
+			go s.dropEverywhere(context.WithoutCancel(ctx), old.SnapshotID)
+		}
+		s.startTemplateUpload(name, info.ID)
 		return sn, nil // templates are listed from the nodes, not the snapshot catalog
 	}
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
@@ -260,7 +268,7 @@ func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int
 	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil {
 		req.RunscBuild, req.CPUFeatures = nr.RunscBuild, nr.CPUFeatures // the children restore the parent's image
 	}
-	where, err := s.placeN(ctx, req)
+	where, err := s.placeN(ctx, req, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -358,6 +366,17 @@ func (s *Service) forkOnOrigin(ctx context.Context, parent store.Sandbox, origin
 	}
 }
 
+// dropEverywhere removes a snapshot from every node that holds it and
+// from the blob store (a node with the store removes the durable copy).
+func (s *Service) dropEverywhere(ctx context.Context, snapID string) {
+	for _, id := range s.nodes.IDs() {
+		n, _ := s.nodes.Node(id)
+		if err := n.DeleteSnapshot(ctx, snapID); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("remove a replaced snapshot", "snapshot_id", snapID, "node_id", id, "err", err)
+		}
+	}
+}
+
 // dropForkImage removes the snapshot a spilled fork was made from: on
 // every node holding it and in the blob store.
 func (s *Service) dropForkImage(ctx context.Context, snapID string) {
@@ -385,10 +404,10 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	}
 	// A user snapshot goes by its ID: a node that does not hold it (it was
 	// taken on another node) fetches it when it is durable.
-	source, _ := s.snapshotSource(ctx, snapshotID)
-	ns, err := n.Rollback(ctx, id, source)
+	src := s.sourceOf(ctx, snapshotID)
+	ns, err := n.Rollback(ctx, id, src.sourceID(snapshotID))
 	if err == nil {
-		s.noteCopy(ctx, source, rec.NodeID)
+		s.noteCopy(ctx, src, rec.NodeID)
 	}
 	if err != nil {
 		return Sandbox{}, err

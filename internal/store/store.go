@@ -100,12 +100,17 @@ const (
 // Template is a named, buildable sandbox image: the snapshot it starts
 // from, its build spec and the nodes that hold a copy.
 type Template struct {
-	Name       string    `json:"name"`
-	SnapshotID string    `json:"snapshotID,omitempty"`
-	Spec       []byte    `json:"spec,omitempty"` // opaque JSON
-	NodeIDs    []string  `json:"nodeIDs,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"` // kept from the first PutTemplate
-	UpdatedAt  time.Time `json:"updatedAt"` // set by the store on every write
+	Name       string   `json:"name"`
+	SnapshotID string   `json:"snapshotID,omitempty"`
+	Spec       []byte   `json:"spec,omitempty"`    // opaque JSON
+	NodeIDs    []string `json:"nodeIDs,omitempty"` // the node that made it first, then nodes holding a copy
+	// Storage, RunscBuild, CPUFeatures: as for a Snapshot (a template made
+	// from a sandbox is a snapshot that takes over a name).
+	Storage     string    `json:"storage,omitempty"`
+	RunscBuild  string    `json:"runscBuild,omitempty"`
+	CPUFeatures []string  `json:"cpuFeatures,omitempty"`
+	CreatedAt   time.Time `json:"createdAt"` // kept from the first PutTemplate
+	UpdatedAt   time.Time `json:"updatedAt"` // set by the store on every write
 }
 
 // Node states.
