@@ -17,7 +17,6 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/chunk"
-	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
@@ -25,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/nodeapi/rpc"
 	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/postgres"
 	"github.com/spore-run/spore/internal/store/sqlite"
