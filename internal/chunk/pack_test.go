@@ -197,7 +197,7 @@ func TestUnpackFailureLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(seed(t), 5))
 	dir := filepath.Join(t.TempDir(), "img")
-	writeFile(t, filepath.Join(dir, "pages.img"), randBytes(r, 3<<20))
+	writeFile(t, filepath.Join(dir, "pages.img"), randBytes(r, 12<<20)) // at least 3 chunks (at most 4 MiB each), whatever the seed
 	store := newStore(t)
 	m, _, err := Pack(ctx, dir, store, PackOptions{ID: "s"})
 	if err != nil {

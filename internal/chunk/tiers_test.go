@@ -118,7 +118,7 @@ func packed(t *testing.T, seedv uint64) (*Manifest, string, *local.Store) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seedv, 7))
 	dir := filepath.Join(t.TempDir(), "img")
-	writeFile(t, filepath.Join(dir, "pages.img"), randBytes(r, 5<<20))
+	writeFile(t, filepath.Join(dir, "pages.img"), randBytes(r, 16<<20)) // at least 4 chunks (at most 4 MiB each), whatever the seed
 	store := newStore(t)
 	m, _, err := Pack(context.Background(), dir, store, PackOptions{ID: "s"})
 	if err != nil {

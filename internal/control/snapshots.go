@@ -121,6 +121,12 @@ func (s *Service) DeleteSnapshot(ctx context.Context, ref string) error {
 		case err == nil:
 			deleted = true
 		case errdefs.IsNotFound(err):
+		case errdefs.IsUnavailable(err) && !s.nodeReady(ctx, nodeID):
+			// A node that is away keeps its copy: a fetched copy goes at
+			// its reconcile when it is back (no row names it); the copy of
+			// the node that took it is catalogued again then (delete it
+			// again).
+			s.log.Warn("delete snapshot: a node holding it is away", "snapshot_id", id, "node_id", nodeID, "err", err)
 		default:
 			return err
 		}
@@ -364,6 +370,12 @@ func (s *Service) forkOnOrigin(ctx context.Context, parent store.Sandbox, origin
 			out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], fr.Children[k].Sandbox)
 		}
 	}
+}
+
+// nodeReady says whether the store counts a node ready.
+func (s *Service) nodeReady(ctx context.Context, id string) bool {
+	nr, err := s.st.GetNode(ctx, id)
+	return err == nil && nr.State == store.NodeReady
 }
 
 // dropEverywhere removes a snapshot from every node that holds it and

@@ -281,6 +281,40 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 		t.Fatalf("src's counter on node %d: %d then %d, was %d", h.nodeIndex(moved2.ClientID), c1, c2, before)
 	}
 	t.Logf("src resumed on node %d after node 1's loss: counter %d → %d (was %d)", h.nodeIndex(moved2.ClientID), c1, c2, before)
+
+	// Delete the snapshot: nothing names a chunk any more (the consumed
+	// hibernation was dropped), and GC empties the bucket's chunks.
+	if code, b := h.rest(api, "DELETE", "/templates/"+sn.SnapshotID, ""); code != 204 {
+		t.Fatalf("delete the snapshot: %d %s", code, b)
+	}
+	chunks := func() int {
+		n := 0
+		filepath.Walk(filepath.Join(s3.Dir, s3.Bucket, "fleet", "chunks"), func(_ string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	manifests, _ := filepath.Glob(filepath.Join(s3.Dir, s3.Bucket, "fleet", "manifests", "*"))
+	if len(manifests) != 0 {
+		t.Fatalf("manifests left in S3 after the delete: %v", manifests)
+	}
+	beforeGC := chunks()
+	time.Sleep(1100 * time.Millisecond)
+	code, b = h.rest(api, "POST", "/blobs/gc", `{"graceSeconds":1}`)
+	if code != 200 {
+		t.Fatalf("gc: %d %s", code, b)
+	}
+	var rep struct {
+		DeletedChunks int `json:"deletedChunks"`
+	}
+	json.Unmarshal(b, &rep)
+	if after := chunks(); after != 0 || rep.DeletedChunks != beforeGC || beforeGC == 0 {
+		t.Fatalf("gc %s: %d chunks in the bucket before, %d after", b, beforeGC, after)
+	}
+	t.Logf("gc freed the bucket's %d chunks: %s", beforeGC, b)
 }
 
 // A fork bigger than its parent's node spreads over the fleet: nodes that
