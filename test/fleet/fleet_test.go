@@ -429,6 +429,20 @@ func TestFleet(t *testing.T) {
 		perNode[nodeIDs[s.ClientID]] = append(perNode[nodeIDs[s.ClientID]], s.SandboxID)
 	}
 	t.Logf("6 creates per node: %v (now %v)", perNode, counts())
+	// Every node holds one of the test's sandboxes for what follows (an
+	// operator's choice of node where the spread left one out).
+	for _, n := range h.st.Nodes {
+		if len(perNode[n.Index]) > 0 {
+			continue
+		}
+		code, b := h.rest(api1, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":1800,"sporeNodeID":%q}`, n.ID))
+		var s sandbox
+		if json.Unmarshal(b, &s); code != 201 || s.ClientID != n.ID {
+			t.Fatalf("create on node %d: %d %s", n.Index, code, b)
+		}
+		sbs = append(sbs, s)
+		perNode[n.Index] = append(perNode[n.Index], s.SandboxID)
+	}
 	for _, s := range sbs[:3] {
 		if got := h.run(api2, s.SandboxID, "echo hi-"+s.SandboxID); got != "hi-"+s.SandboxID {
 			t.Fatalf("command in %s: %q", s.SandboxID, got)

@@ -445,7 +445,11 @@ func (n *Node) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodea
 	if n.cfg.Sync == nil {
 		return nodeapi.GCReport{}, errdefs.Conflictf("node %s has no blob store", n.cfg.ID)
 	}
-	rep, err := chunk.GC(ctx, n.cfg.Sync.Store(), chunk.GCOptions{Grace: req.Grace, DryRun: req.DryRun})
+	// The sweep's budget: half the grace, but at least 30 s, so a short
+	// grace does not cut a big sweep short (Packs wait at most that long
+	// for a run that was killed).
+	budget := min(max(req.Grace/2, 30*time.Second), 10*time.Minute)
+	rep, err := chunk.GC(ctx, n.cfg.Sync.Store(), chunk.GCOptions{Grace: req.Grace, Budget: budget, DryRun: req.DryRun})
 	if err != nil {
 		return nodeapi.GCReport{}, err
 	}
