@@ -156,6 +156,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.UsePathStyle = cfg.PathStyle
+		// No "Expect: 100-continue" on PUTs (the SDK adds it above 2 MB):
+		// a server that does not answer it (versitygw) stalls each such PUT
+		// for the client's 1 s continue timeout, which made uploads of
+		// chunks up to 4 MB crawl (21.7 MB/s); objects are small and
+		// buffered, so the saved round trip is all it gives.
+		o.ContinueHeaderThresholdBytes = -1
 		if cfg.HTTPClient != nil {
 			o.HTTPClient = cfg.HTTPClient
 		}
