@@ -91,6 +91,7 @@ type Node struct {
 	Envd    *envdclient.Client
 	// Sync moves snapshots to and from the blob store (nil without one).
 	Sync        *snapsync.Syncer
+	rootfsDir   string
 	CPUFeatures []string
 	envdDir     string
 	dns         *dnsfwd.Forwarder
@@ -170,7 +171,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		fwd.Close()
 		return nil, err
 	}
-	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures()}
+	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
+		rootfsDir: cfg.RootFSDir}
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
 			n.Close()

@@ -169,6 +169,14 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.peerToken != "" && n.Sync != nil {
+		// A node agent of a fleet: snapshots restore across nodes only over
+		// one build of the root filesystem, the one the blob store holds.
+		if _, err := n.ShareRootFS(ctx, "base"); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("share the root filesystem: %w", err)
+		}
+	}
 	if err := n.EnsureTemplates(ctx); err != nil {
 		n.Close()
 		return nil, err
