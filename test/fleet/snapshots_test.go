@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -96,6 +97,45 @@ func flipByte(t *testing.T, path string) func() {
 			t.Fatal(err)
 		}
 	}
+}
+
+// bucketChunks returns, for the manifests in a bucket's prefix, the paths
+// of the chunk objects they name (by manifest ID), read from versitygw's
+// posix directory.
+func bucketChunks(t *testing.T, prefixDir string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	files, _ := filepath.Glob(filepath.Join(prefixDir, "manifests", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := chunk.DecodeManifest(b)
+		if err != nil {
+			t.Fatalf("manifest %s: %v", f, err)
+		}
+		for id := range m.ChunkIDs() {
+			out[m.ID] = append(out[m.ID], filepath.Join(prefixDir, filepath.FromSlash(id.Key())))
+		}
+	}
+	return out
+}
+
+// largestOf returns the biggest of the files.
+func largestOf(t *testing.T, files []string) string {
+	t.Helper()
+	var best string
+	var size int64 = -1
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && fi.Size() > size {
+			best, size = f, fi.Size()
+		}
+	}
+	if best == "" {
+		t.Fatal("no file")
+	}
+	return best
 }
 
 // counter reads the sandbox's counter file twice, 1 s apart.
@@ -208,7 +248,8 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	other := h.onNode(api, kc)
 	// A byte flipped in S3 first: the only copy the rollback can use is
 	// corrupt, so it fails, clearly, and leaves the sandbox as it was.
-	undo := flipByte(t, largestFile(t, filepath.Join(s3.Dir, s3.Bucket, "fleet", "chunks")))
+	bucket := filepath.Join(s3.Dir, s3.Bucket, "fleet")
+	undo := flipByte(t, largestOf(t, bucketChunks(t, bucket)[sn.SnapshotID]))
 	code, b = h.rest(api, "POST", "/sandboxes/"+other.SandboxID+"/rollback", fmt.Sprintf(`{"snapshotID":%q}`, sn.SnapshotID))
 	if code < 500 {
 		t.Fatalf("rollback to a snapshot corrupt in S3: %d %s", code, b)
@@ -282,8 +323,9 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	}
 	t.Logf("src resumed on node %d after node 1's loss: counter %d → %d (was %d)", h.nodeIndex(moved2.ClientID), c1, c2, before)
 
-	// Delete the snapshot: nothing names a chunk any more (the consumed
-	// hibernation was dropped), and GC empties the bucket's chunks.
+	// Delete the snapshot: only the fleet's root filesystem still names
+	// chunks (the consumed hibernation was dropped), and GC frees every
+	// other chunk of the bucket.
 	if code, b := h.rest(api, "DELETE", "/templates/"+sn.SnapshotID, ""); code != 204 {
 		t.Fatalf("delete the snapshot: %d %s", code, b)
 	}
@@ -297,9 +339,14 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 		})
 		return n
 	}
-	manifests, _ := filepath.Glob(filepath.Join(s3.Dir, s3.Bucket, "fleet", "manifests", "*"))
-	if len(manifests) != 0 {
-		t.Fatalf("manifests left in S3 after the delete: %v", manifests)
+	named := map[string]bool{}
+	for id, files := range bucketChunks(t, bucket) {
+		if !strings.HasPrefix(id, "rootfs-") {
+			t.Fatalf("manifest %s left in S3 after the delete", id)
+		}
+		for _, f := range files {
+			named[f] = true
+		}
 	}
 	beforeGC := chunks()
 	time.Sleep(1100 * time.Millisecond)
@@ -311,10 +358,15 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 		DeletedChunks int `json:"deletedChunks"`
 	}
 	json.Unmarshal(b, &rep)
-	if after := chunks(); after != 0 || rep.DeletedChunks != beforeGC || beforeGC == 0 {
-		t.Fatalf("gc %s: %d chunks in the bucket before, %d after", b, beforeGC, after)
+	if after := chunks(); after != len(named) || rep.DeletedChunks != beforeGC-len(named) || rep.DeletedChunks == 0 {
+		t.Fatalf("gc %s: %d chunks in the bucket before, %d after, the root filesystem names %d", b, beforeGC, after, len(named))
 	}
-	t.Logf("gc freed the bucket's %d chunks: %s", beforeGC, b)
+	for f := range named {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("gc deleted a chunk of the root filesystem: %v", err)
+		}
+	}
+	t.Logf("gc freed %d of the bucket's %d chunks, kept the root filesystem's %d: %s", rep.DeletedChunks, beforeGC, len(named), b)
 }
 
 // A fork bigger than its parent's node spreads over the fleet: nodes that
