@@ -325,14 +325,14 @@ func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
 }
 
 // resumeElsewhere moves a hibernated sandbox to another node when its
-// own cannot take it back (lost, left, draining) and its hibernation is
-// durable: the target node adopts it (fetching the image from its peers
+// own cannot take it back (lost, left, draining, or full: originFull,
+// its resume refused for lack of room) and its hibernation is durable: the target node adopts it (fetching the image from its peers
 // or the store) and the row names the target; the caller then resumes
 // it there. ok false: it stays where it is (its node is fine, or the
 // image is only on that node's disk).
-func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store.Sandbox, bool, error) {
+func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, originFull bool) (store.Sandbox, bool, error) {
 	origin, err := s.st.GetNode(ctx, rec.NodeID)
-	if err == nil && origin.State == store.NodeReady && !origin.Draining {
+	if err == nil && origin.State == store.NodeReady && !origin.Draining && !originFull {
 		if _, ok := s.nodes.Node(rec.NodeID); ok {
 			return rec, false, nil
 		}
@@ -343,7 +343,7 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox) (store
 	// Only a node that can restore the image: the origin's runtime build
 	// and CPU features.
 	placed, err := s.placeN(ctx, scheduler.Request{Count: 1, Source: rec.Hibernation, Each: sizeOf(rec.MemoryMB, rec.CPUCount),
-		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures}, nil)
+		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures, Avoid: []string{rec.NodeID}}, nil)
 	if err != nil {
 		return rec, false, err
 	}

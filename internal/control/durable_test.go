@@ -2,6 +2,8 @@ package control_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -32,6 +34,10 @@ func newDurableFleet(t *testing.T, c controltest.Config) *durableFleet {
 	return newDurableFleetOf(t, c, nodeapi.Resources{})
 }
 
+// wrapNode, when set, wraps each node of the next durable fleet (tests
+// that make a node misbehave).
+var wrapNode func(id string, n nodeapi.Node) nodeapi.Node
+
 // newDurableFleetOf is newDurableFleet with nodes of this capacity (and
 // no overcommit), when given.
 func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Resources) *durableFleet {
@@ -57,8 +63,14 @@ func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Reso
 		}
 		return lnode.New(n.Engine, cfg)
 	}
+	wrap := func(id string, n nodeapi.Node) nodeapi.Node {
+		if wrapNode != nil {
+			return wrapNode(id, n)
+		}
+		return n
+	}
 	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Now().UTC()}}
-	h.nodes = control.Nodes{"na": c.Node(t, mk("na", a)), "nb": c.Node(t, mk("nb", b))}
+	h.nodes = control.Nodes{"na": c.Node(t, wrap("na", mk("na", a))), "nb": c.Node(t, wrap("nb", mk("nb", b)))}
 	h.ctl = control.New(control.Config{Store: st, Nodes: h.nodes, Now: h.clk.Now})
 	t.Cleanup(h.ctl.Close)
 	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
@@ -471,5 +483,53 @@ func testTemplateOnEveryNode(t *testing.T, c controltest.Config) {
 	}
 	if _, err := f.st.GetTemplate(ctx, "agent-tpl"); !errdefs.IsNotFound(err) {
 		t.Fatalf("template row after the delete: %v", err)
+	}
+}
+
+// fullNode refuses every resume for lack of room, as a full node's
+// admission does.
+type fullNode struct{ nodeapi.Node }
+
+func (fullNode) Resume(context.Context, string) error {
+	return fmt.Errorf("%w: node full (test)", errdefs.ErrResourceLimit)
+}
+
+// A hibernated sandbox whose node is full (its resume refused for lack of
+// room) resumes on another node once its image is durable; the full node
+// is avoided, the row names the new node, the sandbox runs there.
+func TestHibernatedSandboxMovesOffAFullNode(t *testing.T) {
+	controltest.Each(t, testHibernatedSandboxMovesOffAFullNode)
+}
+
+func testHibernatedSandboxMovesOffAFullNode(t *testing.T, c controltest.Config) {
+	wrapNode = func(id string, n nodeapi.Node) nodeapi.Node {
+		if id == "na" {
+			return fullNode{n}
+		}
+		return n
+	}
+	f := newDurableFleet(t, c)
+	wrapNode = nil
+	ctx := ctxFor(t)
+	sb := f.create(control.CreateRequest{NodeID: "na"})
+	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !f.row(sb.ID).HibernationDurable {
+		if time.Now().After(deadline) {
+			t.Fatal("hibernation never durable")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resumed || got.NodeID != "nb" || got.State != store.StateRunning {
+		t.Fatalf("after connect: resumed %v, %+v", resumed, got.Sandbox)
+	}
+	if es, err := f.b.Engine.Get(ctx, sb.ID); err != nil || es.State != "running" {
+		t.Fatalf("on nb: %+v %v", es, err)
 	}
 }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -86,7 +87,7 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 		return Sandbox{}, false, errdefs.Conflictf("sandbox %s is being created", id)
 	}
 	if rec.State == store.StateHibernated {
-		if moved, ok, err := s.resumeElsewhere(ctx, rec); ok || err != nil {
+		if moved, ok, err := s.resumeElsewhere(ctx, rec, false); ok || err != nil {
 			if err != nil {
 				return Sandbox{}, false, err
 			}
@@ -100,7 +101,20 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 	resumed := false
 	addr := rec.Addr
 	if rec.State != store.StateRunning {
-		if err := n.Resume(ctx, id); err != nil && !errdefs.IsConflict(err) {
+		err := n.Resume(ctx, id)
+		if errors.Is(err, errdefs.ErrResourceLimit) && rec.State == store.StateHibernated && rec.HibernationDurable {
+			// Its node is full: another takes it, if one can.
+			moved, ok, merr := s.resumeElsewhere(ctx, rec, true)
+			if merr == nil && ok {
+				rec = moved
+				if n, err = s.nodeOf(rec); err == nil {
+					err = n.Resume(ctx, id)
+				}
+			} else if merr != nil {
+				s.log.Info("hibernated sandbox's node is full, and no other can take it", "sandbox_id", id, "err", merr)
+			}
+		}
+		if err != nil && !errdefs.IsConflict(err) {
 			return Sandbox{}, false, err
 		}
 		resumed = true

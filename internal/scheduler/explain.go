@@ -20,6 +20,7 @@ const (
 	badFigures
 	lost
 	draining
+	avoided
 	selectorMismatch
 	otherBuild
 	missingCPU
@@ -39,6 +40,8 @@ func reasonOf(n *NodeView, req *Request, need Resources, placed int) reason {
 		return lost
 	case n.Draining:
 		return draining
+	case slices.Contains(req.Avoid, n.ID):
+		return avoided
 	case !matches(n.Labels, req.Selector):
 		return selectorMismatch
 	case req.RunscBuild != "" && n.RunscBuild != req.RunscBuild:
@@ -78,6 +81,8 @@ func phrase(r reason, count int, req *Request, need Resources) string {
 		s = pick("is", "are") + " lost"
 	case draining:
 		s = pick("is", "are") + " draining"
+	case avoided:
+		s = pick("was", "were") + " ruled out by the request"
 	case selectorMismatch:
 		s = pick("does", "do") + " not match the selector " + selectorString(req.Selector)
 	case otherBuild:
@@ -136,7 +141,7 @@ func (p *planner) exhausted(out []string) error {
 	}
 	parts := make([]string, 0, nReasons)
 	// Capacity first (the usual answer), then the exclusions.
-	for _, r := range []reason{noMemory, noVCPUs, noSlot, draining, lost, selectorMismatch, otherBuild, missingCPU, badFigures} {
+	for _, r := range []reason{noMemory, noVCPUs, noSlot, draining, lost, avoided, selectorMismatch, otherBuild, missingCPU, badFigures} {
 		if counts[r] > 0 {
 			parts = append(parts, phrase(r, counts[r], req, need))
 		}

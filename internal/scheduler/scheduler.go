@@ -130,6 +130,9 @@ type Request struct {
 	Hint string
 	// Selector lists labels a node must carry, all of them.
 	Selector map[string]string
+	// Avoid lists nodes that must take nothing (one that just refused the
+	// item, such as a full node a hibernated sandbox moves away from).
+	Avoid []string
 	// RunscBuild, when set, admits only nodes with that build.
 	RunscBuild string
 	// CPUFeatures must all be present on the node.
@@ -275,7 +278,7 @@ func fraction(used, alloc float64) float64 {
 // eligible reports whether n may run the request's sandboxes at all
 // (rule 1); explain.go says why not.
 func eligible(n *NodeView, req *Request) bool {
-	return sane(n) && !n.Lost && !n.Draining && matches(n.Labels, req.Selector) &&
+	return sane(n) && !n.Lost && !n.Draining && !slices.Contains(req.Avoid, n.ID) && matches(n.Labels, req.Selector) &&
 		(req.RunscBuild == "" || n.RunscBuild == req.RunscBuild) &&
 		hasAll(n.CPUFeatures, req.CPUFeatures)
 }

@@ -469,3 +469,17 @@ func TestViewUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// Avoid rules nodes out: the items go elsewhere, and with every node
+// avoided the refusal says so.
+func TestAvoid(t *testing.T) {
+	v := scheduler.View{Nodes: []scheduler.NodeView{node("a", 8192, 10), node("b", 8192, 10, used(4096, 2, 2))}}
+	p, err := scheduler.Place(v, scheduler.Request{Count: 2, Each: scheduler.Resources{MemoryMB: 1024, VCPUs: 1}, Avoid: []string{"a"}})
+	if err != nil || p.Nodes[0] != "b" || p.Nodes[1] != "b" {
+		t.Fatalf("avoiding a: %v %v", p, err)
+	}
+	_, err = scheduler.Place(v, scheduler.Request{Count: 1, Each: scheduler.Resources{MemoryMB: 1024, VCPUs: 1}, Avoid: []string{"a", "b"}})
+	if err == nil || !strings.Contains(err.Error(), "ruled out by the request") {
+		t.Fatalf("avoiding both: %v", err)
+	}
+}
