@@ -33,6 +33,13 @@ const (
 
 // startUpload makes a snapshot durable in the background.
 func (s *Service) startUpload(id string) {
+	s.inBackground(func(ctx context.Context) error { return s.Upload(ctx, id) },
+		"snapshot upload (the periodic pass tries again)", "snapshot_id", id)
+}
+
+// inBackground runs an upload in the background, at most uploadWorkers
+// at once, until done or Close; a failure is logged with msg and args.
+func (s *Service) inBackground(f func(context.Context) error, msg string, args ...any) {
 	s.uploads.Add(1)
 	s.uploading.Add(1)
 	go func() {
@@ -44,10 +51,30 @@ func (s *Service) startUpload(id string) {
 			return
 		}
 		defer func() { <-s.uploadSem }()
-		if err := s.Upload(s.ctx, id); err != nil && s.ctx.Err() == nil {
-			s.log.Warn("snapshot upload (the periodic pass tries again)", "snapshot_id", id, "err", err)
+		if err := f(s.ctx); err != nil && s.ctx.Err() == nil {
+			s.log.Warn(msg, append(args, "err", err)...)
 		}
 	}()
+}
+
+// uploadOn asks node n to upload snapshot id, again while it is
+// unavailable (backoff from uploadBackoff, uploadTries in all). A
+// Conflict (no blob store there) or NotFound (deleted meanwhile) ends it
+// at once.
+func (s *Service) uploadOn(ctx context.Context, n nodeapi.Node, id string) (nodeapi.UploadInfo, error) {
+	backoff := uploadBackoff
+	for try := 1; ; try++ {
+		res, err := n.Upload(ctx, id)
+		if err == nil || errdefs.IsConflict(err) || errdefs.IsNotFound(err) || try >= uploadTries || ctx.Err() != nil {
+			return res, err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		backoff *= 2
+	}
 }
 
 // Upload makes one snapshot durable now: row uploading, the node's
@@ -68,30 +95,16 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 	if err := s.setStorage(ctx, id, store.StorageUploading, nil); err != nil {
 		return err
 	}
-	var info struct{ total, stored int64 }
-	backoff := uploadBackoff
-	for try := 1; ; try++ {
-		res, err := n.Upload(ctx, id)
-		if err == nil {
-			info.total, info.stored = res.TotalBytes, res.StoredBytes
-			break
-		}
-		switch {
-		case errdefs.IsConflict(err): // no blob store on that node
-			return s.setStorage(ctx, id, store.StorageLocal, nil)
-		case errdefs.IsNotFound(err): // deleted meanwhile
-			return nil
-		case try >= uploadTries || ctx.Err() != nil:
-			return err
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		backoff *= 2
+	info, err := s.uploadOn(ctx, n, id)
+	switch {
+	case errdefs.IsConflict(err): // no blob store on that node
+		return s.setStorage(ctx, id, store.StorageLocal, nil)
+	case errdefs.IsNotFound(err): // deleted meanwhile
+		return nil
+	case err != nil:
+		return err
 	}
-	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) { x.StoredBytes = info.stored })
+	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) { x.StoredBytes = info.StoredBytes })
 	if errdefs.IsNotFound(err) {
 		// Deleted while it uploaded: what the upload stored goes too.
 		if derr := n.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil && !errdefs.IsNotFound(derr) {
@@ -100,7 +113,7 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 		return nil
 	}
 	if err == nil {
-		s.log.Info("snapshot durable", "snapshot_id", id, "node_id", sn.NodeID, "bytes", info.total, "stored", info.stored)
+		s.log.Info("snapshot durable", "snapshot_id", id, "node_id", sn.NodeID, "bytes", info.TotalBytes, "stored", info.StoredBytes)
 	}
 	return err
 }
@@ -245,21 +258,8 @@ func (s *Service) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (st
 // the background, so that it can resume on another node; the row says
 // so once it is (HibernationDurable), if it still names that image.
 func (s *Service) startHibernationUpload(id, hib string) {
-	s.uploads.Add(1)
-	s.uploading.Add(1)
-	go func() {
-		defer s.uploads.Done()
-		defer s.uploading.Add(-1)
-		select {
-		case s.uploadSem <- struct{}{}:
-		case <-s.ctx.Done():
-			return
-		}
-		defer func() { <-s.uploadSem }()
-		if err := s.uploadHibernation(s.ctx, id, hib); err != nil && s.ctx.Err() == nil {
-			s.log.Warn("hibernation upload (it resumes on its own node only)", "sandbox_id", id, "snapshot_id", hib, "err", err)
-		}
-	}()
+	s.inBackground(func(ctx context.Context) error { return s.uploadHibernation(ctx, id, hib) },
+		"hibernation upload (it resumes on its own node only)", "sandbox_id", id, "snapshot_id", hib)
 }
 
 func (s *Service) uploadHibernation(ctx context.Context, id, hib string) error {
@@ -271,19 +271,7 @@ func (s *Service) uploadHibernation(ctx context.Context, id, hib string) error {
 	if err != nil {
 		return err
 	}
-	backoff := uploadBackoff
-	for try := 1; ; try++ {
-		_, err = n.Upload(ctx, hib)
-		if err == nil || errdefs.IsConflict(err) || errdefs.IsNotFound(err) || try >= uploadTries || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		backoff *= 2
-	}
+	_, err = s.uploadOn(ctx, n, hib)
 	switch {
 	case errdefs.IsConflict(err), errdefs.IsNotFound(err):
 		return nil // no blob store there; or woken and consumed meanwhile
@@ -425,21 +413,8 @@ func (s *Service) templateOf(ctx context.Context, id string) (store.Template, er
 // startTemplateUpload makes a template made from a sandbox durable in
 // the background: every node can then create from it (fetching it).
 func (s *Service) startTemplateUpload(name, snapID string) {
-	s.uploads.Add(1)
-	s.uploading.Add(1)
-	go func() {
-		defer s.uploads.Done()
-		defer s.uploading.Add(-1)
-		select {
-		case s.uploadSem <- struct{}{}:
-		case <-s.ctx.Done():
-			return
-		}
-		defer func() { <-s.uploadSem }()
-		if err := s.uploadTemplate(s.ctx, name, snapID); err != nil && s.ctx.Err() == nil {
-			s.log.Warn("template upload (it stays on its node)", "template_id", name, "snapshot_id", snapID, "err", err)
-		}
-	}()
+	s.inBackground(func(ctx context.Context) error { return s.uploadTemplate(ctx, name, snapID) },
+		"template upload (it stays on its node)", "template_id", name, "snapshot_id", snapID)
 }
 
 func (s *Service) uploadTemplate(ctx context.Context, name, snapID string) error {
@@ -451,19 +426,7 @@ func (s *Service) uploadTemplate(ctx context.Context, name, snapID string) error
 	if err != nil {
 		return err
 	}
-	backoff := uploadBackoff
-	for try := 1; ; try++ {
-		_, err = n.Upload(ctx, snapID)
-		if err == nil || errdefs.IsConflict(err) || errdefs.IsNotFound(err) || try >= uploadTries || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		backoff *= 2
-	}
+	_, err = s.uploadOn(ctx, n, snapID)
 	switch {
 	case errdefs.IsConflict(err), errdefs.IsNotFound(err):
 		return nil

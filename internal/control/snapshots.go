@@ -245,18 +245,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 			req.Children[k] = nodeapi.ForkChildSpec{SandboxID: rows[i].ID, AccessToken: rows[i].EnvdAccessToken}
 		}
 		fr, err := retryNodeCall(ctx, s, "fork", id, func(ctx context.Context) (nodeapi.ForkResult, error) { return n.Fork(ctx, id, req) })
-		for k, i := range local {
-			switch {
-			case err != nil:
-				s.abandon(ctx, rows[i])
-				out[i].Err = err
-			case fr.Children[k].Err != nil:
-				s.abandon(ctx, rows[i])
-				out[i].Err = fr.Children[k].Err
-			default:
-				out[i].Sandbox, out[i].Err = s.commitCreated(ctx, rows[i], fr.Children[k].Sandbox)
-			}
-		}
+		s.commitFork(ctx, rows, local, fr, err, out)
 		wg.Wait()
 		if err != nil && len(spill) == 0 {
 			return nil, err // nothing was made: the fork failed as a whole
@@ -358,6 +347,13 @@ func (s *Service) forkOnOrigin(ctx context.Context, parent store.Sandbox, origin
 		req.Children[k] = nodeapi.ForkChildSpec{SandboxID: rows[i].ID, AccessToken: rows[i].EnvdAccessToken}
 	}
 	fr, err := retryNodeCall(ctx, s, "fork", parent.ID, func(ctx context.Context) (nodeapi.ForkResult, error) { return origin.Fork(ctx, parent.ID, req) })
+	s.commitFork(ctx, rows, idx, fr, err, out)
+}
+
+// commitFork records a node's fork of the children at idx (the k-th of
+// fr is rows[idx[k]]): each made one committed, each failed one (or all,
+// when the call failed) undone.
+func (s *Service) commitFork(ctx context.Context, rows []store.Sandbox, idx []int, fr nodeapi.ForkResult, err error, out []ForkResult) {
 	for k, i := range idx {
 		switch {
 		case err != nil:
