@@ -138,6 +138,17 @@ func largestOf(t *testing.T, files []string) string {
 	return best
 }
 
+// startCounter writes mark into the sandbox's /home/user/kept.txt and
+// starts a process counting in its memory (written to /tmp/count every
+// 50 ms); it returns the count 2 s later.
+func (h *harness) startCounter(api, id, mark string) int {
+	h.t.Helper()
+	h.run(api, id, "echo "+mark+" > /home/user/kept.txt; "+
+		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
+	before, _ := h.counter(api, id)
+	return before
+}
+
 // counter reads the sandbox's counter file twice, 1 s apart.
 func (h *harness) counter(base, id string) (int, int) {
 	h.t.Helper()
@@ -172,9 +183,7 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	api := h.st.APIURLs[0]
 
 	src := h.onNode(api, 1)
-	h.run(api, src.SandboxID, "echo kept-across-nodes > /home/user/kept.txt; "+
-		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
-	before, _ := h.counter(api, src.SandboxID)
+	before := h.startCounter(api, src.SandboxID, "kept-across-nodes")
 	code, b := h.rest(api, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{"name":"across"}`)
 	if code != 201 {
 		t.Fatalf("snapshot: %d %s", code, b)
@@ -385,9 +394,7 @@ func TestForkAcrossNodes(t *testing.T) {
 		"--node-arg=--memory-overcommit=0.25")
 	api := h.st.APIURLs[0]
 	parent := h.onNode(api, 1)
-	h.run(api, parent.SandboxID, "echo from-the-parent > /home/user/kept.txt; "+
-		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
-	before, _ := h.counter(api, parent.SandboxID)
+	before := h.startCounter(api, parent.SandboxID, "from-the-parent")
 	t0 := time.Now()
 	kids, code, body := h.fork(api, parent.SandboxID, 10)
 	if code != 201 || len(kids) != 10 {
@@ -439,9 +446,7 @@ func TestPeerFetchWhileS3IsDown(t *testing.T) {
 	}
 	var src sandbox
 	json.Unmarshal(b, &src)
-	h.run(api, src.SandboxID, "echo peer-only > /home/user/kept.txt; "+
-		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
-	before, _ := h.counter(api, src.SandboxID)
+	before := h.startCounter(api, src.SandboxID, "peer-only")
 
 	s3.Stop()
 	code, b = h.rest(api, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{}`)

@@ -18,6 +18,30 @@ type snapshotRow struct {
 	StoredBytes int64  `json:"storedBytes"`
 }
 
+// baseSandbox creates a base sandbox for 15 minutes.
+func (s *server) baseSandbox() sandboxResp {
+	s.t.Helper()
+	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
+	if code != 201 {
+		s.t.Fatalf("create: %d %s", code, b)
+	}
+	var sb sandboxResp
+	json.Unmarshal(b, &sb)
+	return sb
+}
+
+// holdMemory starts, in sandbox id, a process holding mib MiB of random
+// bytes (its PID in /tmp/holder.pid, the size in /tmp/held once held).
+func (s *server) holdMemory(id string, mib int) {
+	s.t.Helper()
+	s.ok("exec", id, "--", fmt.Sprintf(`rm -f /tmp/held; nohup python3 -c "import os,time
+b=bytearray(os.urandom(%d<<20))
+open('/tmp/held','w').write(str(len(b)))
+time.sleep(100000)" >/dev/null 2>&1 &
+echo $! > /tmp/holder.pid
+for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`, mib))
+}
+
 func (s *server) durableSnapshot(id string) snapshotRow {
 	s.t.Helper()
 	code, b := s.rest("POST", "/sandboxes/"+id+"/snapshots", `{}`)
@@ -49,17 +73,8 @@ func (s *server) durableSnapshot(id string) snapshotRow {
 // file and the memory.
 func TestSnapshotDedupeAndGC(t *testing.T) {
 	s := newServer(t, "--pool", "0")
-	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, b)
-	}
-	var sb sandboxResp
-	json.Unmarshal(b, &sb)
-	s.ok("exec", sb.SandboxID, "--", `nohup python3 -c "import os,time
-b=bytearray(os.urandom(256<<20))
-open('/tmp/held','w').write(str(len(b)))
-time.sleep(100000)" >/dev/null 2>&1 &
-for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`)
+	sb := s.baseSandbox()
+	s.holdMemory(sb.SandboxID, 256)
 	first := s.durableSnapshot(sb.SandboxID)
 	if first.StoredBytes < 200<<20 {
 		t.Fatalf("first snapshot stored %d bytes, want the 256 MiB of random memory", first.StoredBytes)
@@ -83,7 +98,7 @@ for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/hel
 	if _, err := fmt.Sscanf(out, "freed %d chunks", &freed); err != nil || freed == 0 {
 		t.Fatalf("gc freed nothing: %q", out)
 	}
-	code, b = s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, second.SnapshotID))
+	code, b := s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, second.SnapshotID))
 	if code != 201 {
 		t.Fatalf("create from the kept snapshot: %d %s", code, b)
 	}
@@ -104,18 +119,9 @@ for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/hel
 // node's disk), and a sandbox restored from it has its memory.
 func TestUploadSurvivesSIGKILL(t *testing.T) {
 	s := newServer(t, "--pool", "0")
-	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, b)
-	}
-	var sb sandboxResp
-	json.Unmarshal(b, &sb)
-	s.ok("exec", sb.SandboxID, "--", `nohup python3 -c "import os,time
-b=bytearray(os.urandom(256<<20))
-open('/tmp/held','w').write(str(len(b)))
-time.sleep(100000)" >/dev/null 2>&1 &
-for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`)
-	code, b = s.rest("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`)
+	sb := s.baseSandbox()
+	s.holdMemory(sb.SandboxID, 256)
+	code, b := s.rest("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`)
 	if code != 201 {
 		t.Fatalf("snapshot: %d %s", code, b)
 	}
@@ -167,24 +173,11 @@ for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/hel
 func TestGCSurvivesSIGKILL(t *testing.T) {
 	rng := testenv.Rand(t)
 	s := newServer(t, "--pool", "0")
-	code, b := s.rest("POST", "/sandboxes", `{"templateID":"base","timeout":900}`)
-	if code != 201 {
-		t.Fatalf("create: %d %s", code, b)
-	}
-	var sb sandboxResp
-	json.Unmarshal(b, &sb)
-	hold := func(mib int) {
-		s.ok("exec", sb.SandboxID, "--", fmt.Sprintf(`rm -f /tmp/held; nohup python3 -c "import os,time
-b=bytearray(os.urandom(%d<<20))
-open('/tmp/held','w').write(str(len(b)))
-time.sleep(100000)" >/dev/null 2>&1 &
-echo $! > /tmp/holder.pid
-for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held`, mib))
-	}
-	hold(128)
+	sb := s.baseSandbox()
+	s.holdMemory(sb.SandboxID, 128)
 	doomed := s.durableSnapshot(sb.SandboxID)
 	s.ok("exec", sb.SandboxID, "--", "kill $(cat /tmp/holder.pid); echo kept > /home/user/kept")
-	hold(16)
+	s.holdMemory(sb.SandboxID, 16)
 	kept := s.durableSnapshot(sb.SandboxID)
 	if code, b := s.rest("DELETE", "/templates/"+doomed.SnapshotID, ""); code != 204 {
 		t.Fatalf("delete: %d %s", code, b)
@@ -200,7 +193,7 @@ for i in $(seq 600); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/hel
 	s.kill9()
 	t.Logf("killed %v into the gc (it answered: %q)", delay, <-done)
 	s.start()
-	code, b = s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, kept.SnapshotID))
+	code, b := s.rest("POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":300}`, kept.SnapshotID))
 	if code != 201 {
 		t.Fatalf("create from the kept snapshot after the kill: %d %s", code, b)
 	}
