@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -76,6 +77,9 @@ func TestHostAddrsSurvivesConcurrentChanges(t *testing.T) {
 			if err := h.AddrAdd(churn, a); err == nil {
 				h.AddrDel(churn, a)
 			}
+			// ~2,500 changes a second: far more than sandboxes come and
+			// go, and enough to interrupt most dumps.
+			time.Sleep(200 * time.Microsecond)
 		}
 	}()
 	defer func() { close(stop); wg.Wait() }()

@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -257,8 +258,9 @@ func hostLock() (func(), error) {
 }
 
 // dumpTries bounds the rereads of an interrupted netlink dump: each is
-// interrupted only by a change landing during it.
-const dumpTries = 20
+// interrupted only by a change landing during it, and the waits between
+// them grow (in all ~0.5 s at most).
+const dumpTries = 100
 
 // HostAddrs returns the IPv4 addresses configured in the calling
 // thread's namespace (the root one, for a node). A dump that a concurrent
@@ -268,10 +270,11 @@ const dumpTries = 20
 func HostAddrs() (map[netip.Addr]bool, error) {
 	var addrs []netlink.Addr
 	var err error
-	for range dumpTries {
+	for i := range dumpTries {
 		if addrs, err = netlink.AddrList(nil, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
+		time.Sleep(time.Duration(i+1) * 100 * time.Microsecond) // let a burst of changes pass
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
