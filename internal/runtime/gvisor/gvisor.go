@@ -331,7 +331,12 @@ func (d *Driver) abandon(id string) {
 		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
 		defer cancel()
 		if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
-			d.log.Warn("delete failed instance", "instance", id, "err", err)
+			if d.torn(id) {
+				err = d.reapTorn(ctx, id)
+			}
+			if err != nil {
+				d.log.Warn("delete failed instance", "instance", id, "err", err)
+			}
 		}
 	}
 	d.cleanup(id)
@@ -449,6 +454,9 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 		return fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
 	}
 	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
+		if d.torn(id) {
+			return d.reapTorn(ctx, id)
+		}
 		return fmt.Errorf("kill instance %s: %w", id, err)
 	}
 	d.cleanup(id)
@@ -513,6 +521,12 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
 func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 	info, err := d.State(ctx, id)
 	if err != nil {
+		if !errdefs.IsNotFound(err) && d.torn(id) {
+			if err := d.reapTorn(ctx, id); err != nil {
+				return runtime.Info{}, err
+			}
+			return runtime.Info{}, fmt.Errorf("instance %s: its runsc state was torn: %w", id, errdefs.ErrNotFound)
+		}
 		return runtime.Info{}, err
 	}
 	if info.State == runtime.StateStopped || !pidAlive(info.PID) {
@@ -527,12 +541,14 @@ func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 	return info, nil
 }
 
-// Sweep removes what instances that no longer exist left behind: sandbox
+// Sweep removes what instances that no longer exist left behind: instances
+// whose runsc state file is torn (see torn.go), sandbox
 // and gofer processes of a start or restore killed before runsc recorded
 // it, instance directories runsc never knew, and empty cgroups under the
 // driver's cgroup parent. Run it only when no call of this driver is in
 // flight (the engine runs it while recovering).
 func (d *Driver) Sweep(ctx context.Context) error {
+	d.reapTornStates(ctx)
 	d.killStrays(ctx)
 	ents, err := os.ReadDir(filepath.Join(d.cfg.StateDir, "inst"))
 	if err != nil {

@@ -18,8 +18,36 @@ import (
 func (d *Driver) killStrays(ctx context.Context) {
 	rootFlag := []byte("--root=" + filepath.Join(d.cfg.StateDir, "root"))
 	instPrefix := filepath.Join(d.cfg.StateDir, "inst") + "/"
-	procs, _ := os.ReadDir("/proc")
 	var killed []int
+	for _, p := range runscProcesses(rootFlag) {
+		id := instanceOfArgs(p.args, instPrefix)
+		if id == "" || d.exists(id) {
+			continue
+		}
+		d.log.Warn("killing stray runsc process", "pid", p.pid, "instance", id, "cmd", p.args[0])
+		if syscall.Kill(p.pid, syscall.SIGKILL) == nil {
+			killed = append(killed, p.pid)
+		}
+	}
+	// Wait for them to go, so their cgroups can be removed.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range killed {
+		for pidAlive(pid) && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+type runscProcess struct {
+	pid  int
+	args []string
+}
+
+// runscProcesses lists the runsc processes whose command line contains
+// rootFlag (this driver's --root).
+func runscProcesses(rootFlag []byte) []runscProcess {
+	procs, _ := os.ReadDir("/proc")
+	var out []runscProcess
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid == os.Getpid() {
@@ -30,25 +58,11 @@ func (d *Driver) killStrays(ctx context.Context) {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "runsc") {
-			continue
-		}
-		id := instanceOfArgs(args, instPrefix)
-		if id == "" || d.exists(id) {
-			continue
-		}
-		d.log.Warn("killing stray runsc process", "pid", pid, "instance", id, "cmd", args[0])
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
-			killed = append(killed, pid)
+		if strings.HasPrefix(filepath.Base(args[0]), "runsc") {
+			out = append(out, runscProcess{pid: pid, args: args})
 		}
 	}
-	// Wait for them to go, so their cgroups can be removed.
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range killed {
-		for pidAlive(pid) && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	return out
 }
 
 // instanceOfArgs finds the instance a runsc command line works on from its
