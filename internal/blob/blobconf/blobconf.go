@@ -7,10 +7,12 @@
 //
 // S3 options (query parameters): endpoint=URL (empty: AWS), region=R,
 // path-style=true|false (default true when an endpoint is given: most
-// self-hosted servers need it), profile=P. Credentials come from the
-// usual places (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE,
-// ~/.aws/credentials and config, web identity, instance roles), never
-// from the URL.
+// self-hosted servers need it), profile=P, credentials-file=/abs/path (a
+// shared credentials file, AWS's format, whose profile P or "default"
+// holds the keys; it wins over the environment). Otherwise credentials
+// come from the usual places (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
+// AWS_PROFILE, ~/.aws/credentials and config, web identity, instance
+// roles), never from the URL.
 package blobconf
 
 import (
@@ -73,12 +75,18 @@ func openS3(ctx context.Context, spec string, u *url.URL) (blob.Store, error) {
 	q := u.Query()
 	for k := range q {
 		switch k {
-		case "endpoint", "region", "path-style", "profile":
+		case "endpoint", "region", "path-style", "profile", "credentials-file":
 		default:
-			return nil, errdefs.Invalidf("--blob-store %q: unknown option %q (endpoint, region, path-style, profile)", spec, k)
+			return nil, errdefs.Invalidf("--blob-store %q: unknown option %q (endpoint, region, path-style, profile, credentials-file)", spec, k)
 		}
 	}
 	cfg.Endpoint, cfg.Region, cfg.Profile = q.Get("endpoint"), q.Get("region"), q.Get("profile")
+	if f := q.Get("credentials-file"); f != "" {
+		if !filepath.IsAbs(f) {
+			return nil, errdefs.Invalidf("--blob-store %q: credentials-file=%q: want an absolute path", spec, f)
+		}
+		cfg.CredentialsFile = f
+	}
 	cfg.PathStyle = cfg.Endpoint != ""
 	if v := q.Get("path-style"); v != "" {
 		b, err := strconv.ParseBool(v)

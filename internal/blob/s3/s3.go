@@ -63,6 +63,10 @@ type Config struct {
 	SessionToken    string
 	// Profile picks a shared-config profile (else AWS_PROFILE or default).
 	Profile string
+	// CredentialsFile is a shared credentials file (AWS's format) whose
+	// Profile (default "default") holds the keys; it wins over the
+	// environment's credentials (a local fleet's server's keys).
+	CredentialsFile string
 
 	// MaxAttempts is how many times a request is tried (default 5), with
 	// jittered exponential backoff of at most MaxBackoff (default 5 s).
@@ -127,7 +131,23 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Region != "" {
 		opts = append(opts, config.WithRegion(cfg.Region))
 	}
-	if cfg.Profile != "" {
+	if cfg.CredentialsFile != "" && cfg.AccessKeyID == "" && cfg.SecretAccessKey == "" {
+		profile := cfg.Profile
+		if profile == "" {
+			profile = "default"
+		}
+		sc, err := config.LoadSharedConfigProfile(ctx, profile, func(o *config.LoadSharedConfigOptions) {
+			o.CredentialsFiles, o.ConfigFiles = []string{cfg.CredentialsFile}, []string{}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: s3 blob store: credentials file %s: %w", errdefs.ErrInvalidArgument, cfg.CredentialsFile, err)
+		}
+		if !sc.Credentials.HasKeys() {
+			return nil, errdefs.Invalidf("s3 blob store: credentials file %s: profile %q has no keys", cfg.CredentialsFile, profile)
+		}
+		cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken = sc.Credentials.AccessKeyID, sc.Credentials.SecretAccessKey, sc.Credentials.SessionToken
+	}
+	if cfg.Profile != "" && cfg.CredentialsFile == "" {
 		opts = append(opts, config.WithSharedConfigProfile(cfg.Profile))
 	}
 	if cfg.AccessKeyID != "" || cfg.SecretAccessKey != "" {
