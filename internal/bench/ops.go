@@ -270,15 +270,15 @@ func (r *runner) restoreOps(ctx context.Context, n int, src, snap string) error 
 		}
 	}
 	// "restore" is the runtime restore inside those creates, from the
-	// API's Server-Timing (a fleet replica does not relay the node's
-	// phases: then there is none).
+	// API's Server-Timing (a fleet replica relays the node's phases; an
+	// older one did not: then there is none).
 	var restore *Op
 	if phases := r.parts[o.Name]["restore"]; len(phases) > 0 {
 		restore = r.op("restore", "lifecycle", "ms")
 		restore.Samples = append(restore.Samples, phases...)
 		restore.Note = "the runtime restore inside each create from a snapshot (Server-Timing: restore)"
 	} else {
-		r.note("no restore phase in the API's Server-Timing (a fleet replica does not relay the node's phases): the restore row is left out")
+		r.note("no restore phase in the API's Server-Timing: the restore row is left out")
 	}
 	if b := r.cfg.Bare; b != nil {
 		inst, err := b.Instance(src)

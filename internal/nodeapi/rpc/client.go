@@ -42,7 +42,7 @@ func NewClient(baseURL, token string, httpClient *http.Client) (*Client, error) 
 	if httpClient == nil {
 		httpClient = HTTPClient(nil)
 	}
-	return &Client{c: nodev1connect.NewNodeClient(httpClient, baseURL, connect.WithInterceptors(bearer("Bearer "+token)))}, nil
+	return &Client{c: nodev1connect.NewNodeClient(httpClient, baseURL, connect.WithInterceptors(bearer("Bearer "+token), clientTiming{}))}, nil
 }
 
 // bearer sets the Authorization header on every call.

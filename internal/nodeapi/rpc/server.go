@@ -137,7 +137,7 @@ func newHandler(node nodeapi.Node, token string, opts ...connect.HandlerOption) 
 		return nil, err
 	}
 	all := append([]connect.HandlerOption{
-		connect.WithInterceptors(a),
+		connect.WithInterceptors(a, serverTiming{}),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		// Small messages on a private network: compressing costs more
 		// than it saves. Big lists still get gzip when asked for.
