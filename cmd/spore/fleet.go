@@ -17,7 +17,7 @@ import (
 func newFleetCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fleet",
-		Short: "Start or remove a whole fleet on this machine (PostgreSQL, node agents in namespaces, API replicas)",
+		Short: "Start or remove a whole fleet on this machine (PostgreSQL, an S3 server, node agents in namespaces, API replicas)",
 	}
 	cmd.AddCommand(newFleetUpCmd(g), newFleetDownCmd(g), newFleetPurgeNodeCmd(g))
 	return cmd
@@ -38,7 +38,8 @@ func newFleetUpCmd(g *globalFlags) *cobra.Command {
 		Use:   "up",
 		Short: "Start a fleet on this machine",
 		Long: `Start a whole Spore fleet on this machine, to try it: a throwaway PostgreSQL
-cluster, --nodes node agents (each in a network namespace of its own,
+cluster, an S3 server (versitygw, from ` + "`make s3-tools`" + `) holding the
+snapshots the nodes share, --nodes node agents (each in a network namespace of its own,
 <prefix>f<K>, linked to the host on 10.201.K.0/30, with its own data
 directory) and --replicas API replicas on 127.0.0.1:<base-port>... .
 Everything is recorded in <dir>/fleet.json; ` + "`spore fleet down`" + ` removes it all.
@@ -57,7 +58,11 @@ runsc); --node-arg adds flags to every ` + "`spore node`" + `.`,
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			t0 := time.Now()
-			fmt.Fprintf(cmd.ErrOrStderr(), "spore fleet: starting PostgreSQL, %d nodes, %d API replicas in %s (nodes build their templates on first start)...\n", cfg.Nodes, cfg.Replicas, cfg.Dir)
+			what := "PostgreSQL"
+			if cfg.BlobStore == "" {
+				what += ", an S3 server"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "spore fleet: starting %s, %d nodes, %d API replicas in %s (nodes build their templates on first start)...\n", what, cfg.Nodes, cfg.Replicas, cfg.Dir)
 			st, err := fleet.Up(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -68,6 +73,9 @@ runsc); --node-arg adds flags to every ` + "`spore node`" + `.`,
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "Fleet up in %.1f s: %d nodes, %d API replicas, PostgreSQL on 127.0.0.1:%d\n", time.Since(t0).Seconds(), len(st.Nodes), len(st.APIURLs), st.Postgres.Port)
+			if st.S3 != nil {
+				fmt.Fprintf(out, "S3 (versitygw): %s, bucket %s, keys in %s\n", st.S3.Endpoint, st.S3.Bucket, st.S3.CredentialsFile)
+			}
 			for i, u := range st.APIURLs {
 				fmt.Fprintf(out, "API replica %d: %s\n", i+1, u)
 			}
@@ -86,7 +94,8 @@ runsc); --node-arg adds flags to every ` + "`spore node`" + `.`,
 	f.StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
 	f.IntVar(&cfg.BasePort, "base-port", fleet.DefaultBasePort, "API replica i listens on base-port+i")
 	f.StringVar(&cfg.Prefix, "prefix", fleet.DefaultPrefix, "1-2 letters naming the fleet's namespaces (<prefix>f<K>) and firewall table")
-	f.StringVar(&cfg.BlobStore, "blob-store", "", "the nodes' shared blob store (see spore node --blob-store; default <dir>/blobs; {host} is replaced by each node's gateway address)")
+	f.StringVar(&cfg.BlobStore, "blob-store", "", "the nodes' shared blob store (see spore node --blob-store; default: an S3 server the fleet starts; {host} is replaced by each node's gateway address)")
+	f.StringVar(&cfg.S3Server, "s3-server", "", "the versitygw binary of the fleet's S3 server (default $SPORE_VERSITYGW, else the one `make s3-tools` built)")
 	f.StringArrayVar(&cfg.NodeArgs, "node-arg", nil, "extra flag for every `spore node` (repeatable; host flags such as --memory-reserve=512)")
 	f.StringArrayVar(&cfg.APIArgs, "api-arg", nil, "extra flag for every `spore api` (repeatable)")
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every process to answer")

@@ -37,6 +37,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/pgcluster"
+	"github.com/spore-run/spore/internal/s3server"
 )
 
 // Config is what `spore fleet up` starts.
@@ -54,12 +55,16 @@ type Config struct {
 	// NodeArgs are extra flags for every `spore node` (--rootfs-dir,
 	// --runsc, ...); APIArgs for every `spore api`.
 	NodeArgs, APIArgs []string
-	// BlobStore is every node's --blob-store, where snapshots are shared
-	// (default: <Dir>/blobs, a directory all the nodes of this host see;
-	// "none": none). "{host}" in it becomes the node's gateway address,
-	// where a server on the host answers it (an S3 server listening on
-	// every address: s3://bucket?endpoint=http://{host}:9000).
+	// BlobStore is every node's --blob-store, where snapshots are shared.
+	// Default (""): an S3 server the fleet starts (see s3.go). Otherwise
+	// "none", a directory all the nodes of this host see, or an s3:// URL;
+	// "{host}" in it becomes the node's gateway address, where a server on
+	// the host answers it (an S3 server listening on every address:
+	// s3://bucket?endpoint=http://{host}:9000).
 	BlobStore string
+	// S3Server is the versitygw binary of the default blob store (default:
+	// $SPORE_VERSITYGW, else the one `make s3-tools` built).
+	S3Server string
 	// NodePort is where each node agent listens on its own link.
 	NodePort int
 	// ReadyTimeout bounds the wait for every process to answer (node
@@ -118,6 +123,11 @@ func (c *Config) validate() error {
 	if c.Executable == "" {
 		if c.Executable, err = os.Executable(); err != nil {
 			return err
+		}
+	}
+	if c.BlobStore == "" && c.S3Server == "" {
+		if c.S3Server, err = s3server.Bin(); err != nil {
+			return fmt.Errorf("the fleet's blob store: %w (or give it another --blob-store: a directory, an s3:// URL, or none)", err)
 		}
 	}
 	if c.ReadyTimeout == 0 {
@@ -220,6 +230,13 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	if err := startPostgres(ctx, cfg, st); err != nil {
 		return st, fmt.Errorf("PostgreSQL: %w", err)
 	}
+	if cfg.BlobStore == "" {
+		if err := prepareS3(cfg, st); err != nil {
+			return st, err
+		}
+		cfg.BlobStore = st.S3.nodeSpec()
+		ports = append(ports, uint16(st.S3.Port))
+	}
 
 	st.NftTables = append(st.NftTables, NftName{Family: "inet", Name: tableName(cfg.Prefix)})
 	if err := st.save(); err != nil {
@@ -231,6 +248,11 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	for k := 1; k <= cfg.Nodes; k++ {
 		if err := makeNodeNet(cfg, st, k); err != nil {
 			return st, fmt.Errorf("node %d network: %w", k, err)
+		}
+	}
+	if st.S3 != nil {
+		if err := startS3(ctx, cfg, st); err != nil {
+			return st, err
 		}
 	}
 	for i := 0; i < cfg.Replicas; i++ {
@@ -333,9 +355,6 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 		Listen: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.NodePort)), DataDir: dataDir,
 		NetPrefix: ns, APIURL: apiURL}
 	blobs := cfg.BlobStore
-	if blobs == "" {
-		blobs = filepath.Join(cfg.Dir, "blobs")
-	}
 	hostArgs := []string{"--data-dir", dataDir, "--net-prefix", n.NetPrefix, "--cgroup-parent", "/spore-fleet-" + ns,
 		"--blob-store", strings.ReplaceAll(blobs, "{host}", host.String())}
 	n.PurgeArgs = append(append([]string{}, hostArgs...), cfg.NodeArgs...)
@@ -400,8 +419,15 @@ func RestartProc(ctx context.Context, dir, name string) (Proc, error) {
 			return Proc{}, fmt.Errorf("%s (pid %d) still runs: %w", name, p.PID, errdefs.ErrConflict)
 		}
 		cmd := exec.Command(p.Args[0], p.Args[1:]...)
-		if p.Role == "postgres" {
+		switch p.Role {
+		case "postgres":
 			cmd = pgcluster.Cluster{Bin: st.Postgres.Bin, Dir: st.Postgres.Dir, Port: st.Postgres.Port}.ServerCmd()
+		case "s3":
+			srv, err := st.S3.server()
+			if err != nil {
+				return Proc{}, err
+			}
+			cmd = srv.Command() // its keys are in its environment, not in Args
 		}
 		np, err := start(cmd, p.Log, p.Netns)
 		if err != nil {
@@ -547,20 +573,24 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 // state file stays so that down can be run again.
 func down(ctx context.Context, st *State, log *slog.Logger) error {
 	var errs []error
-	for _, role := range []string{"api", "node", "postgres"} {
-		for _, p := range st.Processes {
-			if p.Role == role {
-				if err := p.stop(ctx, stopSignal(role), 30*time.Second); err != nil {
-					errs = append(errs, err)
+	stop := func(roles ...string) {
+		for _, role := range roles {
+			for _, p := range st.Processes {
+				if p.Role == role {
+					if err := p.stop(ctx, stopSignal(role), 30*time.Second); err != nil {
+						errs = append(errs, err)
+					}
 				}
 			}
 		}
 	}
+	stop("api", "node")
 	for _, n := range st.Nodes {
 		if err := purgeNode(ctx, st, n, log); err != nil {
 			errs = append(errs, fmt.Errorf("node %d: %w", n.Index, err))
 		}
 	}
+	stop("s3", "postgres")
 	errs = append(errs, sweepLeftovers(ctx, st, log)...)
 	for _, t := range st.NftTables {
 		if err := deleteTable(t.Name); err != nil {

@@ -45,6 +45,7 @@ type State struct {
 	IPForwardWas string `json:"ip_forward_was,omitempty"`
 
 	Postgres  *Postgres `json:"postgres,omitempty"`
+	S3        *S3       `json:"s3,omitempty"` // the default blob store's server`
 	APIURLs   []string  `json:"api_urls,omitempty"`
 	Nodes     []Node    `json:"nodes,omitempty"`
 	KeyFile   string    `json:"api_key_file"`
@@ -54,7 +55,7 @@ type State struct {
 // Proc is a process the fleet started, identified by PID and start time
 // (so that a recycled PID is never signalled).
 type Proc struct {
-	Role      string   `json:"role"` // "postgres", "node", "api"
+	Role      string   `json:"role"` // "postgres", "s3", "node", "api"
 	Name      string   `json:"name"`
 	PID       int      `json:"pid"`
 	StartTime uint64   `json:"start_time"` // /proc/PID/stat field 22 (clock ticks after boot)

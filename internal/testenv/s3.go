@@ -17,10 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/spore-run/spore/internal/pgcluster"
+	"github.com/spore-run/spore/internal/s3server"
 )
 
 // A real S3-compatible server for tests: versitygw (Apache-2.0) with its
@@ -30,11 +28,11 @@ import (
 // binary. S3 is a real-tier helper: it skips in the fast tier and fails
 // loudly when the binary is missing.
 
-// VersitygwVersion is the version scripts/s3-tools.sh builds (keep equal).
-const VersitygwVersion = "v1.8.0"
+// VersitygwVersion is the version scripts/s3-tools.sh builds.
+const VersitygwVersion = s3server.Version
 
 // VersitygwEnv overrides the versitygw binary.
-const VersitygwEnv = "SPORE_VERSITYGW"
+const VersitygwEnv = s3server.BinEnv
 
 // S3Server is a running versitygw holding one fresh, empty bucket.
 type S3Server struct {
@@ -65,17 +63,9 @@ type S3Server struct {
 func VersitygwBin(t testing.TB) string {
 	t.Helper()
 	RealTier(t)
-	p := os.Getenv(VersitygwEnv)
-	if p == "" {
-		cache := os.Getenv("SPORE_CACHE_DIR")
-		if cache == "" {
-			cache = "/var/cache/spore"
-		}
-		p = filepath.Join(cache, "s3", "versitygw-"+VersitygwVersion, "versitygw")
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("the S3 test server (versitygw %s) is not at %s: build it with `make s3-tools` (or set %s): %v",
-			VersitygwVersion, p, VersitygwEnv, err)
+	p, err := s3server.Bin()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return p
 }
@@ -148,9 +138,8 @@ func (s *S3Server) start(t testing.TB, bin, dir, addr string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "--port", listen, "--access", s.AccessKey, "--secret", s.SecretKey,
-		"--region", s.Region, "--virtual-domain", s.VirtualDomain, "--health", "/health", "--quiet",
-		"posix", s.Dir)
+	cmd := s3server.Server{Bin: bin, Listen: []string{listen}, Dir: s.Dir, Region: s.Region,
+		AccessKey: s.AccessKey, SecretKey: s.SecretKey, VirtualDomain: s.VirtualDomain}.Command()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Taken down with a killed test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -225,14 +214,7 @@ func (s *S3Server) DialAddr() func(ctx context.Context, network, addr string) (n
 func (s *S3Server) createBucket() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := s3.New(s3.Options{
-		Region:       s.Region,
-		BaseEndpoint: aws.String(s.Endpoint),
-		UsePathStyle: true,
-		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-	})
-	_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s.Bucket)})
-	return err
+	return s3server.CreateBucket(ctx, s.Endpoint, s.Region, s.AccessKey, s.SecretKey, s.Bucket)
 }
 
 func lastLines(s string, n int) string {

@@ -354,7 +354,10 @@ func TestFleet(t *testing.T) {
 	if !strings.Contains(out, h.key) || !strings.Contains(out, h.st.APIURLs[0]) || !strings.Contains(out, h.st.APIURLs[1]) {
 		t.Fatalf("fleet up did not print the API URLs and the key")
 	}
-	for _, f := range []string{h.st.KeyFile, h.st.TokenFile, filepath.Join(h.dir, fleet.StateFile)} {
+	if h.st.S3 == nil || !strings.Contains(out, h.st.S3.Endpoint) {
+		t.Fatalf("fleet up did not start (or print) its S3 server: %+v", h.st.S3)
+	}
+	for _, f := range []string{h.st.KeyFile, h.st.TokenFile, filepath.Join(h.dir, fleet.StateFile), h.st.S3.CredentialsFile} {
 		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: mode %v %v, want 0600", f, fi.Mode().Perm(), err)
 		}
@@ -377,6 +380,11 @@ func TestFleet(t *testing.T) {
 		}
 		t.Logf("acceptance via %s: 12 passed", base)
 	}
+
+	// 1b. Snapshots go through the fleet's own S3 server (what fleet up
+	// starts unless told another --blob-store): durable in its bucket, and
+	// a sandbox from one on another node.
+	s3Snapshot := h.fleetS3Snapshot(api1, api2)
 
 	// 2. Creates spread over the nodes (each to a node that held the
 	// fewest sandboxes, warm-pool ones included, or one more: the fleet's
@@ -595,7 +603,7 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	t.Logf("before the restart: %v", beforeRestart)
-	order := []string{"api-0", "api-1", "node-1", "node-2", "node-3", "postgres"}
+	order := []string{"api-0", "api-1", "node-1", "node-2", "node-3", "s3", "postgres"}
 	for _, name := range order {
 		if err := fleet.Stop(context.Background(), h.dir, name, false); err != nil {
 			t.Fatalf("stop %s: %v", name, err)
@@ -631,6 +639,9 @@ func TestFleet(t *testing.T) {
 	if got := h.run(api1, healthy, "echo after-restart"); got != "after-restart" {
 		t.Fatalf("command after the restart: %q", got)
 	}
+	// The restarted S3 server still serves the snapshot (node 3 never held
+	// it: it fetches from a peer or from S3).
+	h.fromSnapshotOn(api2, s3Snapshot, 3)
 
 	// 6. fleet down: no trace.
 	h.reload()
@@ -665,6 +676,70 @@ func TestFleet(t *testing.T) {
 			t.Errorf("process %s (pid %d) left: %s", p.Name, p.PID, b)
 		}
 	}
+}
+
+// fleetS3Snapshot snapshots a sandbox on node 1 into the fleet's own S3
+// server, checks the snapshot is durable with objects in the server's
+// bucket, and starts a sandbox from it on node 2. It returns its name.
+func (h *harness) fleetS3Snapshot(api1, api2 string) string {
+	t := h.t
+	src := h.onNode(api1, 1)
+	if got := h.run(api1, src.SandboxID, "echo through-fleet-s3 > /home/user/s3.txt && cat /home/user/s3.txt"); got != "through-fleet-s3" {
+		t.Fatalf("write in the source: %q", got)
+	}
+	code, b := h.rest(api1, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{"name":"fleet-s3"}`)
+	if code != 201 {
+		t.Fatalf("snapshot: %d %s", code, b)
+	}
+	var sn struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	json.Unmarshal(b, &sn)
+	var storage string
+	if !waitFor(2*time.Minute, func() bool {
+		code, b := h.rest(api2, "GET", "/snapshots/"+sn.SnapshotID, "")
+		var v struct {
+			Storage string `json:"storage"`
+		}
+		json.Unmarshal(b, &v)
+		storage = fmt.Sprint(code, " ", v.Storage)
+		return v.Storage == "durable"
+	}) {
+		t.Fatalf("snapshot %s not durable in the fleet's S3: %s", sn.SnapshotID, storage)
+	}
+	objects := 0
+	filepath.Walk(filepath.Join(h.st.S3.Dir, "data", h.st.S3.Bucket), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			objects++
+		}
+		return nil
+	})
+	if objects == 0 {
+		t.Fatalf("nothing in the fleet's bucket %s", filepath.Join(h.st.S3.Dir, "data", h.st.S3.Bucket))
+	}
+	t.Logf("snapshot %s durable in the fleet's S3 server (%d objects)", sn.SnapshotID, objects)
+	h.rest(api1, "DELETE", "/sandboxes/"+src.SandboxID, "")
+	h.fromSnapshotOn(api2, "fleet-s3", 2)
+	return "fleet-s3"
+}
+
+// fromSnapshotOn starts a sandbox from the fleet-s3 snapshot on node k,
+// checks its file, and kills it.
+func (h *harness) fromSnapshotOn(base, name string, k int) {
+	t := h.t
+	code, b := h.rest(base, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":%q,"timeout":600,"sporeNodeID":%q}`, name, h.st.Nodes[k-1].ID))
+	if code != 201 {
+		t.Fatalf("create from %s on node %d: %d %s", name, k, code, b)
+	}
+	var s sandbox
+	json.Unmarshal(b, &s)
+	if s.ClientID != h.st.Nodes[k-1].ID {
+		t.Fatalf("create from %s: on %s, want node %d", name, s.ClientID, k)
+	}
+	if got := h.run(base, s.SandboxID, "cat /home/user/s3.txt"); got != "through-fleet-s3" {
+		t.Fatalf("from %s on node %d: file %q", name, k, got)
+	}
+	h.rest(base, "DELETE", "/sandboxes/"+s.SandboxID, "")
 }
 
 func lastLine(s string) string {
