@@ -45,39 +45,48 @@ func (s *Service) Hibernate(ctx context.Context, id string) error {
 	if rec.State == store.StateHibernated {
 		return errdefs.Conflictf("sandbox %s is already hibernated", id)
 	}
-	n, err := s.nodeOf(rec)
-	if err != nil {
-		return err
-	}
-	if err := n.Hibernate(ctx, id); err != nil {
-		return err
-	}
-	s.dropTarget(id)
-	hib := ""
-	if ns, err := n.Get(ctx, id); err == nil {
-		hib = ns.Hibernation
-	}
-	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		x.State, x.Addr, x.Hibernation, x.HibernationDurable = store.StateHibernated, "", hib, false
-		return nil
-	})
-	if err == nil && hib != "" {
-		s.startHibernationUpload(id, hib)
-	}
-	return err
+	return s.hibernate(ctx, rec, time.Time{})
 }
 
 // Connect returns a sandbox ready for use: a paused or hibernated one is
 // resumed (resumed = true). The timeout, when given, is only ever
 // extended.
+//
+// Across replicas the row decides: a connect waits while the reaper's
+// hibernation claim is on the row (then resumes the sandbox), and it
+// records "running" only at the version it read, so a claim (or any
+// change) that commits between its read and its write makes it look
+// again instead of answering "running" for a sandbox about to be
+// hibernated.
 func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration) (Sandbox, bool, error) {
 	unlock, err := s.life.lock(ctx, id)
 	if err != nil {
 		return Sandbox{}, false, err
 	}
 	defer unlock()
+	resumed := false
+	for attempt := 1; ; attempt++ {
+		sb, r, err := s.connect(ctx, id, timeout)
+		resumed = resumed || r
+		if !errors.Is(err, errRowChanged) || attempt == connectAttempts {
+			return sb, resumed, err
+		}
+	}
+}
+
+// connectAttempts bounds how often a connect looks again at a row that
+// changed under it (each change is another caller's progress).
+const connectAttempts = 10
+
+var errRowChanged = fmt.Errorf("the sandbox changed while it was connected to; try again: %w", errdefs.ErrConflict)
+
+// connect is one attempt of Connect, under the sandbox's lock.
+func (s *Service) connect(ctx context.Context, id string, timeout time.Duration) (Sandbox, bool, error) {
 	rec, err := s.row(ctx, id)
 	if err != nil {
+		return Sandbox{}, false, err
+	}
+	if rec, err = s.awaitClaim(ctx, rec); err != nil {
 		return Sandbox{}, false, err
 	}
 	if rec.State == store.StateError {
@@ -128,7 +137,13 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 		timeout = DefaultTimeout
 	}
 	hib, durable := rec.Hibernation, rec.HibernationDurable
+	read := rec.Version
 	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		if x.Version != read {
+			// A reaper's claim, a hibernation or another connect came
+			// first: what was read no longer holds.
+			return errRowChanged
+		}
 		x.State, x.Addr = store.StateRunning, addr
 		x.Hibernation, x.HibernationDurable = "", false // consumed by the wake
 		if end := s.now().Add(timeout); end.After(x.EndAt) {
@@ -137,7 +152,7 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 		return nil
 	})
 	if err != nil {
-		return Sandbox{}, false, err
+		return Sandbox{}, resumed, err
 	}
 	if resumed && durable && hib != "" {
 		s.dropDurable(ctx, hib)
@@ -192,7 +207,10 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 // hibernated (they keep their state but give back their memory); rows of
 // creates abandoned longer than CreateGrace ago are undone. With several
 // control plane instances on one store, only the holder of the "reaper"
-// lease reaps, so each piece of work is done once.
+// lease reaps, so each piece of work is done once. A kill or hibernation
+// happens only at the row version judged expired (reapKill,
+// reapHibernate), so a connect through another replica that commits
+// first wins.
 func (s *Service) ReapExpired(ctx context.Context) {
 	if !s.lease(ctx, leaseReaper) {
 		return
@@ -210,7 +228,7 @@ func (s *Service) ReapExpired(ctx context.Context) {
 		// Decide again under the sandbox's lock: a connect or a new
 		// timeout may have extended it since the list was read.
 		sb, err := s.st.GetSandbox(ctx, listed.ID)
-		if err != nil || sb.EndAt.After(s.now()) || sb.State == store.StateHibernated {
+		if err != nil || sb.EndAt.After(s.now()) || sb.State == store.StateHibernated || s.claimedElsewhere(sb) {
 			unlock()
 			continue
 		}
@@ -226,7 +244,7 @@ func (s *Service) ReapExpired(ctx context.Context) {
 			err = s.reapKill(ctx, sb)
 		case sb.State == store.StatePaused || sb.AutoPause:
 			s.log.Info("timeout: hibernating", "sandbox_id", sb.ID)
-			err = s.Hibernate(ctx, sb.ID)
+			err = s.reapHibernate(ctx, sb)
 		default:
 			s.log.Info("timeout: killing", "sandbox_id", sb.ID)
 			err = s.reapKill(ctx, sb)

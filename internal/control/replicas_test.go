@@ -76,6 +76,7 @@ type replicas struct {
 	t      *testing.T
 	a, b   *control.Service
 	st     store.Store // a's handle
+	stB    store.Store // b's handle
 	clk    *replClock
 	nodes  map[string]*countNode
 	fake   map[string]*controltest.Node
@@ -106,7 +107,7 @@ func newReplicas(t *testing.T, backend string, ttl time.Duration, nodeIDs ...str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st1.Close(); st2.Close() })
-	r := &replicas{t: t, st: st1, clk: &replClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)},
+	r := &replicas{t: t, st: st1, stB: st2, clk: &replClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)},
 		nodes: map[string]*countNode{}, fake: map[string]*controltest.Node{}, ttl: ttl, holder: map[*control.Service]string{}}
 	reg := control.Nodes{}
 	for _, id := range nodeIDs {

@@ -65,6 +65,12 @@ type Sandbox struct {
 	// sandbox can resume on another node.
 	Hibernation        string `json:"hibernation,omitempty"`
 	HibernationDurable bool   `json:"hibernationDurable,omitempty"`
+	// HibernatingAt is the reaper's claim: set (to when it was taken) by
+	// a compare-and-swap at the version the reaper judged expired, before
+	// it hibernates the sandbox, and cleared when the hibernation is
+	// recorded or has failed. While it is set no connect answers
+	// "running": it waits and then resumes the sandbox.
+	HibernatingAt time.Time `json:"hibernatingAt,omitzero"`
 }
 
 // Snapshot is the control plane's record of a snapshot.

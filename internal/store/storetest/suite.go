@@ -48,6 +48,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, open(t)) })
 	t.Run("TwoHandles/NoLostUpdate", func(t *testing.T) { testTwoHandlesUpdate(t, two) })
 	t.Run("TwoHandles/OneCASWinner", func(t *testing.T) { testTwoHandlesCAS(t, two) })
+	t.Run("TwoHandles/HibernationClaim", func(t *testing.T) { testHibernationClaim(t, two) })
 	t.Run("TwoHandles/LeaseExclusive", func(t *testing.T) { testLeases(t, two) })
 	t.Run("TwoHandles/LeaseRace", func(t *testing.T) { testLeaseRace(t, two) })
 	t.Run("TwoHandles/LeaseExpiryAndRenewal", func(t *testing.T) { testLeaseExpiry(t, two) })
