@@ -420,12 +420,17 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
-	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		x.State, x.Addr = store.StateRunning, ns.Addr
-		return nil
-	})
-	if err != nil {
-		return Sandbox{}, err
+	// A running sandbox keeps its address across a rollback: its row then
+	// says the truth already, and the write (a transaction on PostgreSQL)
+	// is skipped.
+	if rec.State != store.StateRunning || rec.Addr != ns.Addr {
+		rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+			x.State, x.Addr = store.StateRunning, ns.Addr
+			return nil
+		})
+		if err != nil {
+			return Sandbox{}, err
+		}
 	}
 	s.setTarget(id, ns.Addr, store.StateRunning)
 	return Sandbox{rec}, nil

@@ -100,7 +100,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: st, Nodes: reg, Logger: log, Hop: reg.hop})
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop})
 	defer ctl.Close()
 	for _, id := range ready {
 		ctl.Follow(id)

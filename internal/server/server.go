@@ -109,7 +109,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// remote node agent serves; it registers itself in the store.
 	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit,
 		Sync: n.Sync, CPUFeatures: n.CPUFeatures})
-	ctl := control.New(control.Config{Store: st, Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {
 		return fmt.Errorf("register node: %w", err)

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/spore-run/spore/internal/timing"
+)
+
+// Timed returns st with every call recorded as the phase "store" of the
+// caller's timing recorder (when its context has one): the API's
+// Server-Timing then says how much of an operation the store took (on
+// PostgreSQL, one round trip or transaction per call).
+func Timed(st Store) Store { return timed{st} }
+
+type timed struct{ st Store }
+
+func (x timed) Close() error { return x.st.Close() }
+
+func (x timed) CreateSandbox(ctx context.Context, s Sandbox) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateSandbox(ctx, s)
+}
+
+func (x timed) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetSandbox(ctx, id)
+}
+
+func (x timed) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateSandbox(ctx, id, fn)
+}
+
+func (x timed) CompareAndSwapSandbox(ctx context.Context, s Sandbox) (Sandbox, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.CompareAndSwapSandbox(ctx, s)
+}
+
+func (x timed) DeleteSandbox(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteSandbox(ctx, id)
+}
+
+func (x timed) DeleteSandboxIf(ctx context.Context, id string, version int64) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteSandboxIf(ctx, id, version)
+}
+
+func (x timed) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, string, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListSandboxes(ctx, f)
+}
+
+func (x timed) Expired(ctx context.Context, now time.Time, states ...string) ([]Sandbox, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.Expired(ctx, now, states...)
+}
+
+func (x timed) PutSnapshot(ctx context.Context, s Snapshot) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.PutSnapshot(ctx, s)
+}
+
+func (x timed) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetSnapshot(ctx, id)
+}
+
+func (x timed) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, string, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListSnapshots(ctx, f)
+}
+
+func (x timed) DeleteSnapshot(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteSnapshot(ctx, id)
+}
+
+func (x timed) PutTemplate(ctx context.Context, t Template) (Template, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.PutTemplate(ctx, t)
+}
+
+func (x timed) GetTemplate(ctx context.Context, name string) (Template, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetTemplate(ctx, name)
+}
+
+func (x timed) ListTemplates(ctx context.Context) ([]Template, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListTemplates(ctx)
+}
+
+func (x timed) UpdateTemplate(ctx context.Context, name string, fn func(*Template) error) (Template, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateTemplate(ctx, name, fn)
+}
+
+func (x timed) DeleteTemplate(ctx context.Context, name string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteTemplate(ctx, name)
+}
+
+func (x timed) UpsertNode(ctx context.Context, n Node) (Node, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpsertNode(ctx, n)
+}
+
+func (x timed) GetNode(ctx context.Context, id string) (Node, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetNode(ctx, id)
+}
+
+func (x timed) ListNodes(ctx context.Context) ([]Node, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListNodes(ctx)
+}
+
+func (x timed) UpdateNode(ctx context.Context, id string, fn func(*Node) error) (Node, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateNode(ctx, id, fn)
+}
+
+func (x timed) DeleteNode(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteNode(ctx, id)
+}
+
+func (x timed) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.AcquireLease(ctx, name, holder, ttl)
+}
+
+func (x timed) ReleaseLease(ctx context.Context, name, holder string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.ReleaseLease(ctx, name, holder)
+}
+
+func (x timed) AddAPIKey(ctx context.Context, k APIKey) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.AddAPIKey(ctx, k)
+}
+
+func (x timed) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.APIKeyByHash(ctx, hash)
+}
+
+func (x timed) CountAPIKeys(ctx context.Context) (int, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.CountAPIKeys(ctx)
+}
