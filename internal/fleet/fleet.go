@@ -125,11 +125,6 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if c.BlobStore == "" && c.S3Server == "" {
-		if c.S3Server, err = s3server.Bin(); err != nil {
-			return fmt.Errorf("the fleet's blob store: %w (or give it another --blob-store: a directory, an s3:// URL, or none)", err)
-		}
-	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 10 * time.Minute
 	}
@@ -181,6 +176,11 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 		}
 		ln.Close()
 		ports = append(ports, uint16(port))
+	}
+	if cfg.BlobStore == "" && cfg.S3Server == "" {
+		if cfg.S3Server, err = s3server.Bin(); err != nil {
+			return nil, fmt.Errorf("the fleet's blob store: %w (or give it another --blob-store: a directory, an s3:// URL, or none)", err)
+		}
 	}
 	if exists, err := tableExists(tableName(cfg.Prefix)); err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
