@@ -181,7 +181,21 @@ func (r *runner) addParts(name string, parts map[string]float64) {
 		}
 		ps[k] = append(ps[k], v)
 	}
+	// The server's time outside its node calls ("node": the time inside
+	// the node's methods, the same code in process and behind a node
+	// agent): the control plane, the store and, in a fleet, the hop. It
+	// leaves the runtime's spread out, so a fleet and `spore up` compare
+	// on what differs between them.
+	if total, ok := parts["total"]; ok {
+		if node, ok := parts["node"]; ok {
+			ps[PartOutsideNode] = append(ps[PartOutsideNode], round(total-node, 3))
+		}
+	}
 }
+
+// PartOutsideNode is the derived phase: the server's total minus its time
+// inside node calls.
+const PartOutsideNode = "outside the node"
 
 // finish computes the statistics, bare ratios and goals.
 func (r *runner) finish() {

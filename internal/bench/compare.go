@@ -54,6 +54,11 @@ func Compare(a, b *Report) Comparison {
 			d.P50Pct = round(100*d.P50/oa.Stats.P50, 1)
 		}
 		c.Ops = append(c.Ops, d)
+		// What differs between the runs without the runtime's spread.
+		if pa, pb := oa.Parts[PartOutsideNode], ob.Parts[PartOutsideNode]; pa.N > 0 && pb.N > 0 {
+			c.Ops = append(c.Ops, Delta{Name: oa.Name + ": " + PartOutsideNode, Unit: unitMs, A: pa, B: pb,
+				P50: round(pb.P50-pa.P50, 3), Mean: round(pb.Mean-pa.Mean, 3), P50Pct: pct(pb.P50-pa.P50, pa.P50)})
+		}
 	}
 	curves := map[string]Curve{}
 	for _, cv := range b.Curves {
@@ -84,6 +89,13 @@ func Compare(a, b *Report) Comparison {
 		}
 	}
 	return c
+}
+
+func pct(d, base float64) float64 {
+	if base == 0 {
+		return 0
+	}
+	return round(100*d/base, 1)
 }
 
 // WriteComparison writes c as Markdown tables, naming the runs.

@@ -46,3 +46,29 @@ func TestCompare(t *testing.T) {
 		}
 	}
 }
+
+// An operation whose runs both have the server's time outside the node
+// gets a second row comparing that (the runtime's spread left out).
+func TestCompareOutsideTheNode(t *testing.T) {
+	r := &runner{}
+	r.addParts("rollback", map[string]float64{"total": 250, "node": 246, "restore": 220})
+	r.addParts("rollback", map[string]float64{"total": 300, "node": 295.5, "restore": 270})
+	r.addParts("rollback", map[string]float64{"restore": 100}) // no node phase: no sample
+	ps := r.parts["rollback"][PartOutsideNode]
+	if len(ps) != 2 || ps[0] != 4 || ps[1] != 4.5 {
+		t.Fatalf("outside-the-node samples %v, want [4 4.5]", ps)
+	}
+	a := &Report{Ops: []Op{{Name: "rollback", Unit: "ms", Stats: Summarize([]float64{250, 300}),
+		Parts: map[string]Stats{PartOutsideNode: Summarize([]float64{4, 4.5}), "node": Summarize([]float64{246, 295.5})}}}}
+	b := &Report{Ops: []Op{{Name: "rollback", Unit: "ms", Stats: Summarize([]float64{240, 330}),
+		Parts: map[string]Stats{PartOutsideNode: Summarize([]float64{6, 7})}}}}
+	c := Compare(a, b)
+	if len(c.Ops) != 2 || c.Ops[1].Name != "rollback: outside the node" || c.Ops[1].P50 != Summarize([]float64{6, 7}).P50-Summarize([]float64{4, 4.5}).P50 {
+		t.Fatalf("ops %+v", c.Ops)
+	}
+	// Without the part on one side there is no second row.
+	b.Ops[0].Parts = nil
+	if c := Compare(a, b); len(c.Ops) != 1 {
+		t.Fatalf("ops %+v", c.Ops)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/snapshot"
 	"github.com/spore-run/spore/internal/snapsync"
+	"github.com/spore-run/spore/internal/timing"
 )
 
 // Config describes the node to the control plane.
@@ -131,6 +132,7 @@ func (n *Node) Engine() *engine.Engine { return n.eng }
 
 // Info describes the node.
 func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
+	defer timing.Track(ctx, "node")()
 	info := nodeapi.NodeInfo{ID: n.cfg.ID, Addr: n.cfg.Addr, Capacity: n.cfg.Capacity, Reserved: n.cfg.Reserved, Overcommit: n.cfg.Overcommit,
 		RunscBuild: n.eng.Runtime().Name(), CPUFeatures: n.cfg.CPUFeatures, Labels: n.cfg.Labels, Durable: n.cfg.Sync != nil}
 	for _, m := range n.eng.Snapshots().List() {
@@ -143,6 +145,7 @@ func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 
 // Create restores a sandbox under the caller's ID and token.
 func (n *Node) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	if req.SandboxID == "" || req.AccessToken == "" {
 		return nodeapi.Sandbox{}, errdefs.Invalidf("create: the sandbox ID and access token are minted by the caller")
 	}
@@ -161,6 +164,7 @@ func (n *Node) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.S
 
 // Get returns one sandbox.
 func (n *Node) Get(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	es, err := n.eng.Get(ctx, id)
 	if err != nil {
 		return nodeapi.Sandbox{}, err
@@ -170,6 +174,7 @@ func (n *Node) Get(ctx context.Context, id string) (nodeapi.Sandbox, error) {
 
 // List returns every sandbox.
 func (n *Node) List(ctx context.Context) ([]nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	list := n.eng.List(ctx)
 	out := make([]nodeapi.Sandbox, len(list))
 	for i, es := range list {
@@ -180,6 +185,7 @@ func (n *Node) List(ctx context.Context) ([]nodeapi.Sandbox, error) {
 
 // Kill kills a sandbox.
 func (n *Node) Kill(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "node")()
 	err := n.eng.Kill(ctx, id)
 	n.opDone("kill", id, err)
 	return err
@@ -187,6 +193,7 @@ func (n *Node) Kill(ctx context.Context, id string) error {
 
 // Pause pauses a sandbox.
 func (n *Node) Pause(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "node")()
 	err := n.eng.Pause(ctx, id)
 	n.opDone("pause", id, err)
 	return err
@@ -194,6 +201,7 @@ func (n *Node) Pause(ctx context.Context, id string) error {
 
 // Resume resumes a sandbox.
 func (n *Node) Resume(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "node")()
 	err := n.eng.Resume(ctx, id)
 	n.opDone("resume", id, err)
 	return err
@@ -201,6 +209,7 @@ func (n *Node) Resume(ctx context.Context, id string) error {
 
 // Hibernate hibernates a sandbox.
 func (n *Node) Hibernate(ctx context.Context, id string) error {
+	defer timing.Track(ctx, "node")()
 	err := n.eng.Hibernate(ctx, id)
 	n.opDone("hibernate", id, err)
 	return err
@@ -208,6 +217,7 @@ func (n *Node) Hibernate(ctx context.Context, id string) error {
 
 // Snapshot takes a live snapshot under the caller's ID.
 func (n *Node) Snapshot(ctx context.Context, id string, req nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
+	defer timing.Track(ctx, "node")()
 	if req.SnapshotID == "" {
 		return nodeapi.SnapshotInfo{}, errdefs.Invalidf("snapshot: the snapshot ID is minted by the caller")
 	}
@@ -221,6 +231,7 @@ func (n *Node) Snapshot(ctx context.Context, id string, req nodeapi.SnapshotRequ
 
 // Fork makes the named children of a sandbox.
 func (n *Node) Fork(ctx context.Context, id string, req nodeapi.ForkRequest) (nodeapi.ForkResult, error) {
+	defer timing.Track(ctx, "node")()
 	if len(req.Children) == 0 {
 		return nodeapi.ForkResult{}, errdefs.Invalidf("fork: no children named")
 	}
@@ -248,6 +259,7 @@ func (n *Node) Fork(ctx context.Context, id string, req nodeapi.ForkRequest) (no
 
 // Rollback rolls a sandbox back in place.
 func (n *Node) Rollback(ctx context.Context, id, snapshotRef string) (nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	if err := n.ensure(ctx, snapshotRef, nil); err != nil {
 		return nodeapi.Sandbox{}, err
 	}
@@ -261,6 +273,7 @@ func (n *Node) Rollback(ctx context.Context, id, snapshotRef string) (nodeapi.Sa
 
 // GetSnapshot returns one snapshot by ID or name.
 func (n *Node) GetSnapshot(ctx context.Context, ref string) (nodeapi.SnapshotInfo, error) {
+	defer timing.Track(ctx, "node")()
 	m, err := n.eng.Snapshots().Get(ref)
 	if err != nil {
 		return nodeapi.SnapshotInfo{}, err
@@ -272,6 +285,7 @@ func (n *Node) GetSnapshot(ctx context.Context, ref string) (nodeapi.SnapshotInf
 // with a blob store, the durable one (its chunks go at the next GC unless
 // another snapshot uses them). NotFound when neither was there.
 func (n *Node) DeleteSnapshot(ctx context.Context, ref string) error {
+	defer timing.Track(ctx, "node")()
 	err := n.eng.DeleteSnapshot(ctx, ref)
 	if n.cfg.Sync == nil || (err != nil && !errdefs.IsNotFound(err)) {
 		return err
@@ -318,6 +332,7 @@ func (n *Node) ensure(ctx context.Context, ref string, peers []string) error {
 
 // Upload makes a snapshot durable in the blob store.
 func (n *Node) Upload(ctx context.Context, ref string) (nodeapi.UploadInfo, error) {
+	defer timing.Track(ctx, "node")()
 	if n.cfg.Sync == nil {
 		return nodeapi.UploadInfo{}, errdefs.Conflictf("node %s has no blob store: its snapshots stay on its disk", n.cfg.ID)
 	}
@@ -330,6 +345,7 @@ func (n *Node) Upload(ctx context.Context, ref string) (nodeapi.UploadInfo, erro
 
 // Snapshots lists what the node holds.
 func (n *Node) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
+	defer timing.Track(ctx, "node")()
 	list := n.eng.Snapshots().List()
 	out := make([]nodeapi.SnapshotInfo, len(list))
 	for i, m := range list {
@@ -340,11 +356,13 @@ func (n *Node) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
 
 // SetPolicy replaces a sandbox's egress policy.
 func (n *Node) SetPolicy(ctx context.Context, id string, p nodeapi.Policy) error {
+	defer timing.Track(ctx, "node")()
 	return n.eng.SetPolicy(ctx, id, *toNetPolicy(&p))
 }
 
 // Reconfigure gives a running sandbox a new environment and policy.
 func (n *Node) Reconfigure(ctx context.Context, id string, env []string, p *nodeapi.Policy) (nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	es, err := n.eng.Reconfigure(ctx, id, env, toNetPolicy(p))
 	if err != nil {
 		return nodeapi.Sandbox{}, err
@@ -354,6 +372,7 @@ func (n *Node) Reconfigure(ctx context.Context, id string, env []string, p *node
 
 // Stats reads a sandbox's resource use.
 func (n *Node) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
+	defer timing.Track(ctx, "node")()
 	st, err := n.eng.Stats(ctx, id)
 	if err != nil {
 		return nodeapi.Stats{}, err
@@ -442,6 +461,7 @@ func toNetPolicy(p *nodeapi.Policy) *netns.Policy {
 
 // CollectGarbage runs a GC over the node's blob store.
 func (n *Node) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodeapi.GCReport, error) {
+	defer timing.Track(ctx, "node")()
 	if n.cfg.Sync == nil {
 		return nodeapi.GCReport{}, errdefs.Conflictf("node %s has no blob store", n.cfg.ID)
 	}
@@ -459,6 +479,7 @@ func (n *Node) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nodea
 
 // Adopt takes over a sandbox hibernated on another node.
 func (n *Node) Adopt(ctx context.Context, req nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
+	defer timing.Track(ctx, "node")()
 	if n.cfg.Sync == nil {
 		return nodeapi.Sandbox{}, errdefs.Conflictf("node %s has no blob store: it cannot take over sandboxes of other nodes", n.cfg.ID)
 	}

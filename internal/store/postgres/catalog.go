@@ -93,21 +93,16 @@ func (s *DB) ListTemplates(ctx context.Context) ([]store.Template, error) {
 // UpdateTemplate implements store.Store.
 func (s *DB) UpdateTemplate(ctx context.Context, name string, fn func(*store.Template) error) (store.Template, error) {
 	var t store.Template
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := getJSON(ctx, tx, &t, "template", name, `SELECT data FROM templates WHERE name = $1 FOR UPDATE`, name); err != nil {
-			return err
-		}
-		created := t.CreatedAt
-		if err := fn(&t); err != nil {
-			return err
-		}
-		t.Name, t.CreatedAt, t.UpdatedAt = name, created, time.Now().UTC()
-		data, _ := json.Marshal(t)
-		if _, err := tx.Exec(ctx, `UPDATE templates SET data = $2 WHERE name = $1`, name, data); err != nil {
-			return fmt.Errorf("template %s: %w", name, err)
-		}
-		return nil
-	})
+	err := updateJSON(ctx, s, "template", name, `SELECT data FROM templates WHERE name = $1 FOR UPDATE`, &t,
+		func(t *store.Template) (string, []any, error) {
+			created := t.CreatedAt
+			if err := fn(t); err != nil {
+				return "", nil, err
+			}
+			t.Name, t.CreatedAt, t.UpdatedAt = name, created, time.Now().UTC()
+			data, _ := json.Marshal(t)
+			return `UPDATE templates SET data = $2 WHERE name = $1`, []any{name, data}, nil
+		})
 	if err != nil {
 		return store.Template{}, err
 	}
@@ -148,20 +143,15 @@ func (s *DB) ListNodes(ctx context.Context) ([]store.Node, error) {
 // UpdateNode implements store.Store.
 func (s *DB) UpdateNode(ctx context.Context, id string, fn func(*store.Node) error) (store.Node, error) {
 	var n store.Node
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := getJSON(ctx, tx, &n, "node", id, `SELECT data FROM nodes WHERE id = $1 FOR UPDATE`, id); err != nil {
-			return err
-		}
-		if err := fn(&n); err != nil {
-			return err
-		}
-		n.ID = id
-		data, _ := json.Marshal(n)
-		if _, err := tx.Exec(ctx, `UPDATE nodes SET data = $2 WHERE id = $1`, id, data); err != nil {
-			return fmt.Errorf("node %s: %w", id, err)
-		}
-		return nil
-	})
+	err := updateJSON(ctx, s, "node", id, `SELECT data FROM nodes WHERE id = $1 FOR UPDATE`, &n,
+		func(n *store.Node) (string, []any, error) {
+			if err := fn(n); err != nil {
+				return "", nil, err
+			}
+			n.ID = id
+			data, _ := json.Marshal(n)
+			return `UPDATE nodes SET data = $2 WHERE id = $1`, []any{id, data}, nil
+		})
 	if err != nil {
 		return store.Node{}, err
 	}

@@ -188,18 +188,16 @@ func (s *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
 // UpdateSandbox implements store.Store.
 func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbox) error) (store.Sandbox, error) {
 	var sb store.Sandbox
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := getJSON(ctx, tx, &sb, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, id); err != nil {
-			return err
-		}
-		version := sb.Version
-		if err := fn(&sb); err != nil {
-			return err
-		}
-		sb.ID, sb.Version = id, version+1
-		_, err := writeSandbox(ctx, tx, sb, version)
-		return err
-	})
+	err := updateJSON(ctx, s, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, &sb,
+		func(sb *store.Sandbox) (string, []any, error) {
+			version := sb.Version
+			if err := fn(sb); err != nil {
+				return "", nil, err
+			}
+			sb.ID, sb.Version = id, version+1
+			sql, args := sandboxUpdate(*sb, version)
+			return sql, args, nil
+		})
 	if err != nil {
 		return store.Sandbox{}, err
 	}
@@ -225,13 +223,20 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 	return store.Sandbox{}, fmt.Errorf("sandbox %s: version %d, stored %d: %w", sb.ID, expect, stored, errdefs.ErrConflict)
 }
 
+// sandboxUpdate is the statement that replaces the sandbox row if its
+// version is expect.
+func sandboxUpdate(sb store.Sandbox, expect int64) (string, []any) {
+	data, _ := json.Marshal(sb)
+	return `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7
+		WHERE id = $1 AND version = $8`,
+		[]any{sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect}
+}
+
 // writeSandbox replaces the sandbox row if its version is expect, and
 // reports whether it did.
 func writeSandbox(ctx context.Context, q querier, sb store.Sandbox, expect int64) (bool, error) {
-	data, _ := json.Marshal(sb)
-	tag, err := q.Exec(ctx, `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7
-		WHERE id = $1 AND version = $8`,
-		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect)
+	sql, args := sandboxUpdate(sb, expect)
+	tag, err := q.Exec(ctx, sql, args...)
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}

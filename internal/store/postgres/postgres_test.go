@@ -2,9 +2,12 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/postgres"
 	"github.com/spore-run/spore/internal/store/storetest"
@@ -55,5 +58,80 @@ func TestConcurrentMigrate(t *testing.T) {
 	defer s.Close()
 	if err := s.CreateSandbox(context.Background(), store.Sandbox{ID: "x", State: store.StateRunning}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An update whose fn fails, or whose context ends, leaves the row as it
+// was and no transaction (or row lock) behind: the pool's connections go
+// on serving updates of the same row (a leaked lock would block them).
+func TestUpdateFailuresLeaveNoTransaction(t *testing.T) {
+	s := open(t, testenv.Postgres(t))
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.CreateSandbox(ctx, store.Sandbox{ID: "u1", State: store.StateRunning, NodeID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	for i := range 20 {
+		_, err := s.UpdateSandbox(ctx, "u1", func(x *store.Sandbox) error {
+			x.State = store.StatePaused
+			return boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatalf("update %d: %v, want fn's error", i, err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		_, err = s.UpdateSandbox(cctx, "u1", func(x *store.Sandbox) error {
+			cancel() // the context ends between the read and the write
+			x.State = store.StatePaused
+			return nil
+		})
+		if err == nil {
+			t.Fatalf("update %d with its context cancelled: no error", i)
+		}
+	}
+	got, err := s.GetSandbox(ctx, "u1")
+	if err != nil || got.State != store.StateRunning || got.Version != 1 {
+		t.Fatalf("after failed updates: %+v %v, want running at version 1", got, err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if _, err := s.UpdateSandbox(tctx, "u1", func(x *store.Sandbox) error { x.EndAt = x.EndAt.Add(time.Second); return nil }); err != nil {
+				t.Errorf("update after the failures: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if got, _ := s.GetSandbox(ctx, "u1"); got.Version != 9 || got.EndAt.Sub(time.Time{}) != 8*time.Second {
+		t.Fatalf("after 8 concurrent updates: version %d, end %v", got.Version, got.EndAt)
+	}
+	if _, err := s.UpdateSandbox(ctx, "missing", func(*store.Sandbox) error { return nil }); !errdefs.IsNotFound(err) {
+		t.Fatalf("update of a missing row: %v, want not found", err)
+	}
+}
+
+// BenchmarkUpdateSandbox: one read-modify-write of a sandbox row (two
+// round trips: BEGIN + SELECT ... FOR UPDATE, then UPDATE + COMMIT).
+//
+//	go test -run '^$' -bench BenchmarkUpdateSandbox -benchtime 2000x ./internal/store/postgres/
+func BenchmarkUpdateSandbox(b *testing.B) {
+	dsn := testenv.Postgres(b)
+	s, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.CreateSandbox(ctx, store.Sandbox{ID: "b1", State: store.StateRunning, NodeID: "n1"}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := s.UpdateSandbox(ctx, "b1", func(x *store.Sandbox) error { x.Addr = "10.0.0.1"; return nil }); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

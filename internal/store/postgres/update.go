@@ -1,0 +1,70 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/spore-run/spore/internal/errdefs"
+)
+
+// updateJSON is a row's read-modify-write in a transaction of two round
+// trips instead of four: BEGIN and the SELECT ... FOR UPDATE go in one
+// pipeline, the UPDATE and COMMIT in another. (A statement that fails in a
+// pipeline makes the server skip the rest of it, so a failed UPDATE
+// leaves the transaction open and aborted: it is rolled back, as is one
+// whose fn fails; a connection released in a transaction is dropped by
+// the pool, whatever happened.) The row is locked from the SELECT to the
+// COMMIT, as with BEGIN ... COMMIT statement by statement.
+//
+// selectSQL takes key as $1 and returns the row's data column, decoded
+// into v; apply changes v and returns the UPDATE to run.
+func updateJSON[T any](ctx context.Context, s *DB, kind, key, selectSQL string, v *T,
+	apply func(v *T) (sql string, args []any, err error)) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", kind, key, err)
+	}
+	defer conn.Release()
+	committed := false
+	defer func() {
+		if !committed {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	var data []byte
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(selectSQL, key).QueryRow(func(row pgx.Row) error { return row.Scan(&data) })
+	err = conn.SendBatch(ctx, b).Close()
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s %s: %w", kind, key, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", kind, key, err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", kind, key, err)
+	}
+	sql, args, err := apply(v)
+	if err != nil {
+		return err
+	}
+	rows := int64(-1)
+	b = &pgx.Batch{}
+	b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error { rows = tag.RowsAffected(); return nil })
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("%s %s: %w", kind, key, err)
+	}
+	committed = true
+	if rows != 1 {
+		// The row is locked by this transaction: only a bug gets here.
+		return fmt.Errorf("%s %s: the update changed %d rows: %w", kind, key, rows, errdefs.ErrInternal)
+	}
+	return nil
+}
