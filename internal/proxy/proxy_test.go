@@ -220,3 +220,51 @@ func TestTrafficTokenOpensTheInterpreter(t *testing.T) {
 		t.Fatalf("a user port got a token: %s", body)
 	}
 }
+
+// countingResolver records which resolution a request took.
+type countingResolver struct {
+	loopback
+	lookups []string
+	signed  int
+}
+
+func (c *countingResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{}) {
+	c.lookups = append(c.lookups, id)
+	return c.loopback.Lookup(id)
+}
+
+func (c *countingResolver) SignedBy(url.Values, string) (string, bool) {
+	c.signed++
+	return "i0000000000000000002", true
+}
+
+// A presigned /files URL whose Host names its sandbox (the stock SDK's
+// form, {port}-{sandboxID}.{domain}) is routed by a lookup of that
+// sandbox: no signature search over running sandboxes (envd checks the
+// signature). Only a URL with no sandbox in it (built against a single
+// E2B_SANDBOX_URL) needs the search.
+func TestPresignedURLByHostIsALookup(t *testing.T) {
+	port := echo(t)
+	res := &countingResolver{}
+	front := httptest.NewServer(proxy.New(res, isKey, nil))
+	defer front.Close()
+	req, _ := http.NewRequest("GET", front.URL+"/files?path=/home/user/a.txt&signature=v1_abc&signature_expiration=9999999999", nil)
+	req.Host = port + "-i0000000000000000001.spore.test"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || res.signed != 0 || len(res.lookups) != 1 || res.lookups[0] != "i0000000000000000001" {
+		t.Fatalf("by host: %d, %d signature searches, lookups %v; want 200, none, [i0000000000000000001]", resp.StatusCode, res.signed, res.lookups)
+	}
+	req, _ = http.NewRequest("GET", front.URL+"/files?path=/home/user/a.txt&signature=v1_abc", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if res.signed != 1 || len(res.lookups) != 2 || res.lookups[1] != "i0000000000000000002" {
+		t.Fatalf("bare host: %d signature searches, lookups %v; want 1 and the signer looked up", res.signed, res.lookups)
+	}
+}
