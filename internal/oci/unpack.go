@@ -91,6 +91,7 @@ func Unpack(ctx context.Context, img v1.Image, dir string, lim Limits) (Stats, e
 		dirTimes: map[string]time.Time{},
 		dirs:     map[string]bool{},
 		buf:      make([]byte, 1<<20),
+		pbuf:     make([]byte, 1<<20),
 	}
 	defer u.closeDir()
 	for i, l := range layers {
@@ -107,7 +108,8 @@ type unpacker struct {
 	root *os.Root
 	lim  Limits
 	st   Stats
-	buf  []byte
+	buf  []byte // the consumer's copy buffer
+	pbuf []byte // the producer's
 	// dirTimes: the mtime of every directory entry, applied after the last
 	// layer because creating children changes a directory's mtime.
 	dirTimes map[string]time.Time
@@ -146,44 +148,34 @@ func (u *unpacker) layer(i int, l v1.Layer, diffID v1.Hash) error {
 		return classify(u.ctx, name, err)
 	}
 	defer rc.Close()
-	// Both hashes are ours: the compressed one tells a tampered blob
-	// (ErrDataLoss) from a malformed but authentic one (ErrInvalidArgument)
-	// without reading the registry client's error strings.
-	ch, uh := sha256.New(), sha256.New()
-	comp := &recordingReader{r: io.TeeReader(ctxReader{u.ctx, rc}, ch)}
-	plain, closeDec, err := decompress(bufio.NewReaderSize(comp, 1<<20))
-	if err != nil {
-		return u.streamError(name, err, comp, ch, digest)
+	// Download, decompression and the registry client's digest check (at
+	// EOF) run in a producer goroutine; the diffID hash, tar parsing and
+	// writes here: one hash on each side keeps two cores equally busy.
+	comp := &recordingReader{r: ctxReader{u.ctx, rc}}
+	uh := sha256.New()
+	pr, pw := io.Pipe()
+	produced := make(chan error, 1)
+	go func() {
+		err := produce(comp, pw, u.pbuf)
+		pw.CloseWithError(err) // nil: the consumer sees EOF
+		produced <- err
+	}()
+	in := &recordingReader{r: io.TeeReader(pr, uh)}
+	cerr, verdict := u.consume(name, tar.NewReader(in))
+	if cerr == nil {
+		// Past the tar end marker: padding still counts in the diffID, and
+		// this waits for the producer's end.
+		_, cerr = io.CopyBuffer(io.Discard, in, u.buf)
 	}
-	defer closeDec()
-	src := &recordingReader{r: io.TeeReader(plain, uh)}
-	u.written = map[string]bool{}
-	tr := tar.NewReader(src)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return u.streamError(name, err, comp, ch, digest)
-		}
-		if err := u.entry(hdr, tr); err != nil {
-			if src.err != nil {
-				return u.streamError(name, src.err, comp, ch, digest)
-			}
-			return fmt.Errorf("%s: %s: %w", name, hdr.Name, err)
-		}
-	}
-	// The tar end marker may be followed by padding that is part of the
-	// diffID; then the compressed stream has its own trailer.
-	if _, err := io.CopyBuffer(io.Discard, src, u.buf); err != nil {
-		return u.streamError(name, err, comp, ch, digest)
-	}
-	if _, err := io.CopyBuffer(io.Discard, comp, u.buf); err != nil {
-		return u.streamError(name, err, comp, ch, digest)
-	}
-	if got := hashOf(ch); got != digest {
-		return fmt.Errorf("%w: %s: blob digest is %s", errdefs.ErrDataLoss, name, got)
+	pr.CloseWithError(errStop) // unblocks the producer if we stopped early
+	perr := <-produced
+	switch {
+	case perr != nil && !errors.Is(perr, errStop):
+		return u.streamError(name, perr, comp)
+	case cerr != nil && verdict:
+		return cerr
+	case cerr != nil:
+		return u.streamError(name, cerr, comp) // a malformed tar stream
 	}
 	if got := hashOf(uh); got != diffID {
 		return fmt.Errorf("%w: %s: uncompressed digest is %s, the configuration says %s",
@@ -192,10 +184,52 @@ func (u *unpacker) layer(i int, l v1.Layer, diffID v1.Hash) error {
 	return nil
 }
 
-// streamError classifies a failure to read or decode a layer stream: it
+// errStop tells the producer the consumer has stopped reading.
+var errStop = errors.New("unpack stopped")
+
+// produce decompresses comp into w, then reads comp to its end so the
+// registry client verifies the blob's digest.
+func produce(comp io.Reader, w io.Writer, buf []byte) error {
+	plain, closeDec, err := decompress(bufio.NewReaderSize(comp, 1<<20))
+	if err != nil {
+		return err
+	}
+	defer closeDec()
+	if _, err := io.CopyBuffer(w, plain, buf); err != nil {
+		return err
+	}
+	_, err = io.CopyBuffer(io.Discard, comp, buf)
+	return err
+}
+
+// consume applies the entries of one layer. verdict reports an error
+// about an entry (ours to report as is) rather than about the stream.
+func (u *unpacker) consume(name string, tr *tar.Reader) (err error, verdict bool) {
+	u.written = map[string]bool{}
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil, false
+		}
+		if err != nil {
+			return err, false
+		}
+		if err := u.entry(hdr, tr); err != nil {
+			var rerr *readError
+			if errors.As(err, &rerr) {
+				return rerr.err, false
+			}
+			return fmt.Errorf("%s: %s: %w", name, hdr.Name, err), true
+		}
+	}
+}
+
+// streamError classifies a failure to read or decode a layer stream. It
 // reads the rest of the compressed blob (bounded by its size in the
-// manifest) to learn whether the blob was authentic.
-func (u *unpacker) streamError(name string, err error, comp *recordingReader, ch hash.Hash, digest v1.Hash) error {
+// manifest): the registry client fails that read if the blob does not
+// match its digest, so a clean EOF means the blob is authentic but
+// malformed.
+func (u *unpacker) streamError(name string, err error, comp *recordingReader) error {
 	if u.ctx.Err() != nil {
 		return u.ctx.Err()
 	}
@@ -203,14 +237,14 @@ func (u *unpacker) streamError(name string, err error, comp *recordingReader, ch
 		_, _ = io.CopyBuffer(io.Discard, comp, u.buf)
 	}
 	switch {
+	case comp.err == nil:
+		return fmt.Errorf("%w: %s: not a valid layer: %v", errdefs.ErrInvalidArgument, name, err)
 	case errors.Is(comp.err, context.Canceled) || errors.Is(comp.err, context.DeadlineExceeded):
 		return comp.err
 	case isNetErr(comp.err):
 		return fmt.Errorf("%w: %s: %v", errdefs.ErrUnavailable, name, comp.err)
-	case hashOf(ch) != digest:
-		return fmt.Errorf("%w: %s: blob does not match its digest: %v", errdefs.ErrDataLoss, name, err)
 	default:
-		return fmt.Errorf("%w: %s: not a valid layer: %v", errdefs.ErrInvalidArgument, name, err)
+		return fmt.Errorf("%w: %s: blob does not match its digest: %v", errdefs.ErrDataLoss, name, comp.err)
 	}
 }
 
@@ -263,6 +297,12 @@ func (r *recordingReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// readError marks a failure to read the layer stream while writing a file.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
 
 type ctxReader struct {
 	ctx context.Context
@@ -356,6 +396,8 @@ func (u *unpacker) fsError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, new(*readError)):
+		return err // consume reports it as a stream failure
 	case errors.Is(err, errdefs.ErrInvalidArgument), errors.Is(err, errdefs.ErrResourceLimit),
 		errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrInternal),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -560,8 +602,12 @@ func (u *unpacker) regular(fd int, target, base string, hdr *tar.Header, data io
 	}
 	f := os.NewFile(uintptr(nfd), base)
 	defer f.Close()
-	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(data, hdr.Size), u.buf)
+	src := &recordingReader{r: io.LimitReader(data, hdr.Size)}
+	n, err := io.CopyBuffer(onlyWriter{f}, src, u.buf)
 	u.st.Bytes += n
+	if src.err != nil {
+		return &readError{src.err} // the stream broke, not the file
+	}
 	if err != nil {
 		return err
 	}
