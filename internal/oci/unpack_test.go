@@ -2,9 +2,11 @@ package oci
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -15,6 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/compression"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -279,5 +287,60 @@ func TestUnpackLimits(t *testing.T) {
 	st, err := Unpack(ctx, img, t.TempDir(), Limits{MaxBytes: 1202, MaxEntries: 4})
 	if err != nil || st.Bytes != 1202 || st.Entries != 4 {
 		t.Fatalf("at the limits: %+v %v", st, err)
+	}
+}
+
+// TestUnpackCompressions: gzip, zstd and uncompressed layers make the same
+// tree, each checked against its diffID.
+func TestUnpackCompressions(t *testing.T) {
+	mustRoot(t)
+	ents := []ent{dir("etc/", 0o755), file("etc/hostname", "box", 0o644)}
+	raw := tarBytes(t, ents...)
+	opener := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+	zst, err := tarball.LayerFromOpener(opener, tarball.WithCompression(compression.ZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]v1.Layer{
+		"gzip":         layerOf(t, ents...),
+		"zstd":         zst,
+		"uncompressed": static.NewLayer(raw, types.OCIUncompressedLayer),
+	} {
+		t.Run(name, func(t *testing.T) {
+			tree := t.TempDir()
+			if _, err := Unpack(context.Background(), imageOf(t, "", l), tree, Limits{}); err != nil {
+				t.Fatal(err)
+			}
+			diffTrees(t, describe(t, tree), map[string]string{"etc": "dir 0755 0:0", "etc/hostname": "file 0644 0:0 box"})
+		})
+	}
+}
+
+// TestUnpackChecksDiffID: a layer whose content does not match the diffID
+// in the configuration is ErrDataLoss (the registry cannot catch it: the
+// blob matches its own digest).
+func TestUnpackChecksDiffID(t *testing.T) {
+	mustRoot(t)
+	img := imageOf(t, "", layerOf(t, file("a", "a", 0o644)))
+	cfg, _ := img.ConfigFile()
+	cfg = cfg.DeepCopy()
+	cfg.RootFS.DiffIDs[0] = v1.Hash{Algorithm: "sha256", Hex: strings.Repeat("1", 64)}
+	lying, err := mutate.ConfigFile(img, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Unpack(context.Background(), lying, t.TempDir(), Limits{})
+	if !errdefs.IsDataLoss(err) {
+		t.Fatalf("err %v, want ErrDataLoss", err)
+	}
+}
+
+func TestUnpackCanceled(t *testing.T) {
+	mustRoot(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	img := imageOf(t, "", layerOf(t, file("a", "a", 0o644)))
+	if _, err := Unpack(ctx, img, t.TempDir(), Limits{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
 	}
 }
