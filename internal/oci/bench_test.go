@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -91,7 +92,7 @@ func BenchmarkPullUnpack(b *testing.B) {
 		b.SetBytes(blobBytes)
 		i := 0
 		for b.Loop() {
-			s := &Store{Dir: filepath.Join(work, fmt.Sprint("s", i))}
+			s := &Store{Dir: filepath.Join(work, fmt.Sprint("s", i)), Log: slog.New(slog.DiscardHandler)}
 			i++
 			img, err := Pull(ctx, ref, local)
 			if err != nil {

@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -35,7 +36,7 @@ func TestStoreSharesOneTree(t *testing.T) {
 	refC := r.push(t, "withcmd:v1", other)
 
 	ctx := context.Background()
-	s := &Store{Dir: t.TempDir()}
+	s := &Store{Dir: t.TempDir(), Log: slog.New(slog.DiscardHandler)}
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -73,6 +74,11 @@ func TestStoreSharesOneTree(t *testing.T) {
 		if n := r.gets(d); n != 1 {
 			t.Errorf("layer %d fetched %d times, want 1", i, n)
 		}
+	}
+	// Trees hold setuid binaries and device nodes: no unprivileged host
+	// user may reach them.
+	if fi, err := os.Stat(filepath.Join(s.Dir, "trees")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("trees directory: %v %v", fi.Mode(), err)
 	}
 	ents, _ := os.ReadDir(filepath.Join(s.Dir, "trees"))
 	if len(ents) != 1 {
@@ -130,7 +136,7 @@ func TestStoreCorruptLayerLeavesNothing(t *testing.T) {
 	r.setCorrupt(d.String())
 
 	ctx := context.Background()
-	s := &Store{Dir: t.TempDir()}
+	s := &Store{Dir: t.TempDir(), Log: slog.New(slog.DiscardHandler)}
 	img, err := Pull(ctx, ref, local)
 	if err != nil {
 		t.Fatal(err)
