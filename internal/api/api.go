@@ -114,6 +114,10 @@ type route struct {
 	public  bool
 }
 
+// muxPattern is the pattern registered for a route whose own one overlaps
+// another's for ServeMux (see templateSub).
+var muxPattern = map[string]string{"GET /templates/aliases/{alias}": "GET /templates/{templateID}/{sub}"}
+
 // table is every route of the API.
 func (s *Server) table() []route {
 	return []route{
@@ -140,6 +144,9 @@ func (s *Server) table() []route {
 		{"GET /snapshots/{snapshotID}", s.getSnapshot, false},
 		{"GET /templates", s.templates, false},
 		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
+		// It and E2B's (unimplemented) GET /templates/{templateID}/tags
+		// overlap for ServeMux: both are served by one pattern.
+		{"GET /templates/aliases/{alias}", s.templateSub, false},
 		{"GET /nodes", s.listNodes, false},
 		{"POST /nodes/{nodeID}/drain", s.drainNode, false},
 		{"POST /nodes/{nodeID}/undrain", s.undrainNode, false},
@@ -179,7 +186,16 @@ func (s *Server) routes() {
 		if !r.public {
 			h = s.auth(h)
 		}
-		s.mux.HandleFunc(r.pattern, withTiming(h))
+		p := r.pattern
+		if mp, ok := muxPattern[p]; ok {
+			p = mp
+		}
+		s.mux.HandleFunc(p, withTiming(h))
+	}
+	for _, p := range e2bUnimplemented {
+		if p != e2bTemplateTags { // served by templateSub
+			s.mux.HandleFunc(p, s.auth(notImplemented(p)))
+		}
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

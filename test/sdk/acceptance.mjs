@@ -157,7 +157,14 @@ try {
   await assert.rejects(Sandbox.connect('i0000000000000000000'), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
   await assert.rejects(Sandbox.getInfo('i0000000000000000000'), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
   assert.equal(await Sandbox.kill('i0000000000000000000'), false)
-  ok('errors for unknown sandboxes')
+  if (e2b.Template) {
+    // Template.exists: true for a template's name, false for none; an E2B
+    // route Spore does not serve raises an error (501), never "absent".
+    assert.equal(await e2b.Template.exists('base'), true)
+    assert.equal(await e2b.Template.exists(`no-such-template-${process.pid}`), false)
+    await assert.rejects(e2b.Template.getTags('base'), (e) => /does not implement/.test(String(e?.message ?? e)))
+  }
+  ok('errors for unknown sandboxes; Template.exists')
 
   // kill everything
   for (const id of created) assert.equal(await Sandbox.kill(id), true)

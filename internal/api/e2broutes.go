@@ -1,0 +1,99 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+)
+
+// E2B's API routes Spore does not serve yet (the stock SDK e2b@2.51.0's
+// paths; test/sdk TestEveryE2BRouteIsAnswered keeps this list complete).
+// They answer 501 with a JSON error instead of the 404 of an unknown
+// route: the SDK reads a 404 as "no such thing", so `Secret.exists` or
+// `Template.getTags` would answer false or empty for a feature that is
+// not there. With 501 the SDK raises an error naming the route.
+var e2bUnimplemented = []string{
+	"GET /sandboxes/{sandboxID}/logs",
+	"GET /v2/sandboxes/{sandboxID}/logs",
+	"POST /sandboxes/{sandboxID}/refreshes",
+	"GET /sandboxes/metrics",
+	"GET /secrets",
+	"POST /secrets",
+	"GET /secrets/{secretID}",
+	"POST /secrets/{secretID}",
+	"DELETE /secrets/{secretID}",
+	"GET /teams",
+	"GET /teams/{teamID}/metrics",
+	"GET /teams/{teamID}/metrics/max",
+	"GET /templates/{templateID}",
+	"PATCH /templates/{templateID}",
+	"GET /templates/{templateID}/builds/{buildID}/logs",
+	"GET /templates/{templateID}/builds/{buildID}/status",
+	"GET /templates/{templateID}/files/{hash}",
+	e2bTemplateTags,
+	"POST /templates/tags",
+	"DELETE /templates/tags",
+	"GET /v2/templates",
+	"PATCH /v2/templates/{templateID}",
+	"POST /v2/templates/{templateID}/builds/{buildID}",
+	"POST /v3/templates",
+	"GET /volumes",
+	"POST /volumes",
+	"GET /volumes/{volumeID}",
+	"DELETE /volumes/{volumeID}",
+}
+
+const e2bTemplateTags = "GET /templates/{templateID}/tags"
+
+// E2BUnimplemented lists the E2B routes that answer 501 (for tests).
+func E2BUnimplemented() []string { return append([]string(nil), e2bUnimplemented...) }
+
+func notImplemented(pattern string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("Spore does not implement E2B's %s yet", pattern))
+	}
+}
+
+// AliasResponse is GET /templates/aliases/{alias}: E2B's
+// TemplateAliasResponse.
+type AliasResponse struct {
+	TemplateID string `json:"templateID"`
+	Public     bool   `json:"public"`
+}
+
+// templateSub serves GET /templates/aliases/{alias} and E2B's GET
+// /templates/{templateID}/tags (501).
+func (s *Server) templateSub(w http.ResponseWriter, r *http.Request) {
+	switch first, sub := r.PathValue("templateID"), r.PathValue("sub"); {
+	case first == "aliases":
+		s.templateAlias(w, r, sub)
+	case sub == "tags":
+		notImplemented(e2bTemplateTags)(w, r)
+	default:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	}
+}
+
+// templateAlias answers whether a template has this name or ID (the stock
+// SDK's Template.exists and aliasExists: 200 yes, 404 no).
+func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias string) {
+	if ids.ValidateName("template alias", alias) != nil {
+		s.fail(w, r, errdefs.Invalidf("template alias %q is malformed", alias))
+		return
+	}
+	list, err := s.c.Templates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	for _, m := range list {
+		if m.ID == alias || slices.Contains(m.Names, alias) {
+			writeJSON(w, http.StatusOK, AliasResponse{TemplateID: m.ID})
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, fmt.Sprintf("template %s not found", alias))
+}
