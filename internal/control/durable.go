@@ -173,6 +173,10 @@ type sourceInfo struct {
 	cpu      []string
 	holders  []string // origin and known copies
 	peers    []string // the origin's address, when it is ready
+	// originRow is the origin's node row as sourceOf read it (nil: not
+	// found), so placement does not read it again.
+	originRow *store.Node
+	originErr error
 }
 
 // sourceOf resolves a create's or rollback's reference: a user snapshot
@@ -189,8 +193,13 @@ func (s *Service) sourceOf(ctx context.Context, ref string) *sourceInfo {
 	} else {
 		return nil
 	}
-	if nr, err := s.st.GetNode(ctx, src.origin); err == nil && nr.Addr != "" && nr.State == store.NodeReady {
-		src.peers = []string{nr.Addr}
+	nr, err := s.st.GetNode(ctx, src.origin)
+	src.originErr = err
+	if err == nil {
+		src.originRow = &nr
+		if nr.Addr != "" && nr.State == store.NodeReady {
+			src.peers = []string{nr.Addr}
+		}
 	}
 	return &src
 }

@@ -168,7 +168,13 @@ func sizeOf(memoryMB, cpus int) scheduler.Resources {
 func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *sourceInfo) ([]string, error) {
 	var holders []string
 	if src != nil && src.origin != "" {
-		origin, oerr := s.st.GetNode(ctx, src.origin)
+		var origin store.Node
+		oerr := src.originErr
+		if src.originRow != nil {
+			origin = *src.originRow
+		} else if oerr == nil {
+			origin, oerr = s.st.GetNode(ctx, src.origin)
+		}
 		shared := src.durable || (oerr == nil && origin.Durable && origin.State == store.NodeReady)
 		if !shared {
 			if req.Hint != "" && req.Hint != src.origin {
