@@ -151,7 +151,12 @@ type querier interface {
 // is ErrNotFound for kind key.
 func getJSON(ctx context.Context, q querier, v any, kind, key, sql string, args ...any) error {
 	var data []byte
-	err := q.QueryRow(ctx, sql, args...).Scan(&data)
+	return decodeRow(q.QueryRow(ctx, sql, args...).Scan(&data), data, v, kind, key)
+}
+
+// decodeRow decodes a row's data column read with err into v; no row is
+// ErrNotFound for kind key.
+func decodeRow(err error, data []byte, v any, kind, key string) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%s %s: %w", kind, key, errdefs.ErrNotFound)
 	}

@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -40,15 +38,8 @@ func updateJSON[T any](ctx context.Context, s *DB, kind, key, selectSQL string, 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(selectSQL, key).QueryRow(func(row pgx.Row) error { return row.Scan(&data) })
-	err = conn.SendBatch(ctx, b).Close()
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%s %s: %w", kind, key, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", kind, key, err)
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("%s %s: decode: %w", kind, key, err)
+	if err := decodeRow(conn.SendBatch(ctx, b).Close(), data, v, kind, key); err != nil {
+		return err
 	}
 	sql, args, err := apply(v)
 	if err != nil {
