@@ -186,15 +186,17 @@ func ParsePolicy(internet *bool, allow, deny []string) (nodeapi.Policy, error) {
 		var out []netip.Prefix
 		for _, c := range list {
 			c = strings.TrimSpace(c)
-			if pr, err := netip.ParsePrefix(c); err == nil && pr.Addr().Is4() {
+			// IPv4 or IPv6, as E2B takes them (IPv6 entries are kept in
+			// the policy; sandboxes have no IPv6 route to apply them to).
+			if pr, err := netip.ParsePrefix(c); err == nil && !pr.Addr().Is4In6() && pr.Addr().Zone() == "" {
 				out = append(out, pr.Masked())
 				continue
 			}
-			if a, err := netip.ParseAddr(c); err == nil && a.Is4() {
-				out = append(out, netip.PrefixFrom(a, 32))
+			if a, err := netip.ParseAddr(c); err == nil && !a.Is4In6() && a.Zone() == "" {
+				out = append(out, netip.PrefixFrom(a, a.BitLen()))
 				continue
 			}
-			return nil, errdefs.Invalidf("%q is not an IPv4 address or CIDR", c)
+			return nil, errdefs.Invalidf("%q is not an IPv4 or IPv6 address or CIDR", c)
 		}
 		return out, nil
 	}

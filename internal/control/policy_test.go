@@ -30,3 +30,24 @@ func TestParsePolicyCapsLists(t *testing.T) {
 		}
 	}
 }
+
+// Entries are IPv4 or IPv6 addresses or CIDRs, as E2B takes them; anything
+// else (names, IPv4-mapped IPv6, zones, bad prefixes) is invalid.
+func TestParsePolicyAddressForms(t *testing.T) {
+	p, err := control.ParsePolicy(nil, []string{"1.1.1.1", "2001:db8::1", "2001:db8:1::/48", " 10.1.2.3/8 "}, []string{"0.0.0.0/0", "::/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(p.Allow, p.Deny)
+	if want := "[1.1.1.1/32 2001:db8::1/128 2001:db8:1::/48 10.0.0.0/8] [0.0.0.0/0 ::/0]"; got != want {
+		t.Fatalf("parsed %s, want %s", got, want)
+	}
+	if err := (netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny}).Validate(); err != nil {
+		t.Fatalf("the node's check refuses what the API accepted: %v", err)
+	}
+	for _, bad := range []string{"api.openai.com", "::ffff:1.2.3.4", "fe80::1%eth0", "1.2.3.4/33", "300.1.1.1", ""} {
+		if _, err := control.ParsePolicy(nil, []string{bad}, nil); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("allowOut %q: %v, want invalid", bad, err)
+		}
+	}
+}

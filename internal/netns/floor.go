@@ -64,8 +64,8 @@ func (p Policy) Validate() error {
 			return errdefs.Invalidf("%s list has %d entries, at most %d", l.name, len(l.list), MaxPolicyEntries)
 		}
 		for _, e := range l.list {
-			if !e.IsValid() || !e.Addr().Is4() {
-				return errdefs.Invalidf("%s entry %v is not an IPv4 address or CIDR", l.name, e)
+			if !e.IsValid() || e.Addr().Is4In6() || e.Addr().Zone() != "" {
+				return errdefs.Invalidf("%s entry %v is not an IPv4 or IPv6 address or CIDR", l.name, e)
 			}
 		}
 	}

@@ -127,8 +127,9 @@ func TestFloorContents(t *testing.T) {
 	}
 }
 
-// User lists are capped and IPv4 only: a larger or foreign list is an
-// invalid-input error, and nothing is set up.
+// User lists are capped and hold IPv4 or IPv6 prefixes (not IPv4-mapped
+// IPv6 or zoned ones): anything else is an invalid-input error, and
+// nothing is set up.
 func TestPolicyLimits(t *testing.T) {
 	m := newManager(t)
 	ctx := context.Background()
@@ -142,7 +143,8 @@ func TestPolicyLimits(t *testing.T) {
 	for _, p := range []netns.Policy{
 		{Allow: list(netns.MaxPolicyEntries + 1)},
 		{Deny: list(netns.MaxPolicyEntries + 1)},
-		{Allow: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}},
+		{Allow: []netip.Prefix{netip.MustParsePrefix("::ffff:1.2.3.4/128")}},
+		{Deny: []netip.Prefix{{}}},
 	} {
 		if _, err := m.Setup(ctx, "lim", p); !errdefs.IsInvalidArgument(err) {
 			t.Fatalf("Setup with %d/%d entries: %v", len(p.Allow), len(p.Deny), err)

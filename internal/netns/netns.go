@@ -49,7 +49,7 @@ var (
 type Policy struct {
 	Internet bool           `json:"internet"` // outbound traffic allowed by default
 	Allow    []netip.Prefix `json:"allow,omitempty"`
-	Deny     []netip.Prefix `json:"deny,omitempty"` // wins over Allow
+	Deny     []netip.Prefix `json:"deny,omitempty"` // Allow wins over it
 }
 
 // Net is one instance's network.

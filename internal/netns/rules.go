@@ -146,18 +146,24 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 
 // egressRules fills the egress chain: the operator floor first (the
 // host's LAN, link-local and loopback: no user policy reaches past it),
-// then the deny list, the allow list and the default. The floor is
-// rewritten with the policy, so a policy change also brings an older
-// gateway up to the manager's floor.
+// then the allow list, the deny list and the default: allow wins over
+// deny, as in E2B (`denyOut: ["0.0.0.0/0"], allowOut: ["1.1.1.1"]` reaches
+// that address only). The floor is rewritten with the policy, so a policy
+// change also brings an older gateway up to the manager's floor. IPv6
+// entries get no rule: sandboxes have no IPv6 route.
 func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
 	for _, f := range floor {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	}
-	for _, d := range p.Deny {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, d, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
-	}
 	for _, a := range p.Allow {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, a, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
+		if a.Addr().Is4() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, a, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
+		}
+	}
+	for _, d := range p.Deny {
+		if d.Addr().Is4() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, d, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
+		}
 	}
 	if !p.Internet {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictDrop))})

@@ -251,7 +251,8 @@ except Exception as e:
 
 // Egress: a test host outside (a namespace of this test on 198.18.0.0/15)
 // is reachable by default, not with a deny list, not with internet off,
-// and again with an allow list; policies change at run time.
+// and again with an allow list; policies change at run time; an allow
+// entry wins over a deny entry (E2B's order).
 func TestEgressPolicy(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxFor(t)
@@ -285,6 +286,24 @@ func TestEgressPolicy(t *testing.T) {
 	}
 	if got := get(fr.Children[0].Sandbox); got != "blocked" {
 		t.Fatalf("fork escaped the deny list: %q", got)
+	}
+	// Allow wins over deny, as in E2B: everything denied but one address
+	// reaches that address, and only what the allow list names.
+	only := func(allow string) netns.Policy {
+		return netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")},
+			Allow: []netip.Prefix{netip.MustParsePrefix(allow), netip.MustParsePrefix("2001:db8::/32")}}
+	}
+	if err := e.n.Engine.SetPolicy(ctx, open.ID, only("198.18.0.2/32")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(open); got != "outside" {
+		t.Fatalf("deny 0.0.0.0/0 with allow 198.18.0.2: %q, want it reached (allow wins)", got)
+	}
+	if err := e.n.Engine.SetPolicy(ctx, open.ID, only("198.18.1.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(open); got != "blocked" {
+		t.Fatalf("deny 0.0.0.0/0 with another address allowed: %q, want blocked", got)
 	}
 }
 
