@@ -1,0 +1,71 @@
+package sdk
+
+import (
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEgressRulesThroughTheSDK: E2B's most common egress pattern through
+// the stock SDK (denyOut 0.0.0.0/0 with one address in allowOut reaches
+// that address and nothing else; deny-first, the order before, locked the
+// sandbox out), updateNetwork replacing the lists at run time, and a bad
+// entry refused with nothing changed. Two outside hosts live in a network
+// namespace of this test (198.18.0.2 and .3: the test range, outside the
+// operator floor).
+func TestEgressRulesThroughTheSDK(t *testing.T) {
+	s := newServer(t)
+	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3"}, 18781)
+	out := s.node("egress.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
+	t.Log(out)
+	if !strings.Contains(out, "4 passed, 0 failed") {
+		t.Fatal("egress flow did not pass")
+	}
+}
+
+// peerHosts makes a namespace ns linked to the host (veth <veth>0 on the
+// host, 198.18.0.1/29) holding addrs, each serving "outside" over HTTP on
+// port; removed when t ends.
+func peerHosts(t *testing.T, ns, veth string, addrs []string, port int) {
+	t.Helper()
+	script := "ip netns add " + ns + " && ip link add " + veth + "0 type veth peer name " + veth + "1 netns " + ns +
+		" && ip addr add 198.18.0.1/29 dev " + veth + "0 && ip link set " + veth + "0 up" +
+		" && ip -n " + ns + " link set " + veth + "1 up && ip -n " + ns + " link set lo up"
+	for _, a := range addrs {
+		script += " && ip -n " + ns + " addr add " + a + "/29 dev " + veth + "1"
+	}
+	script += " && ip -n " + ns + " route add default via 198.18.0.1"
+	t.Cleanup(func() {
+		exec.Command("ip", "link", "del", veth+"0").Run()
+		exec.Command("ip", "netns", "del", ns).Run()
+	})
+	if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("peer namespace: %v %s", err, out)
+	}
+	srv := exec.Command("ip", "netns", "exec", ns, "/usr/bin/python3", "-c", `import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
+while True:
+    c, _ = s.accept(); c.recv(1000); c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\noutside"); c.close()`, strconv.Itoa(port))
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	for _, a := range addrs { // the host reaches them on its end of the link
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(a, strconv.Itoa(port)), time.Second)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outside host %s does not answer: %v", a, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
