@@ -239,7 +239,6 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 		{"mcp", `{"mcp":{"github":{}}}`},
 		{"iam", `{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`},
 		{"volumeMounts", `{"volumeMounts":[{"name":"v","path":"/data"}]}`},
-		{"network.allowPublicTraffic", `{"network":{"allowPublicTraffic":false}}`},
 		{"network.egressProxy", `{"network":{"egressProxy":{"address":"proxy:3128"}}}`},
 		{"network.rules", `{"network":{"rules":{"api.example.com":[{"transform":{"headers":{"X":"y"}}}]}}}`},
 		{"network.httpsPorts", `{"network":{"httpsPorts":[443]}}`},

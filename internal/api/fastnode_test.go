@@ -323,3 +323,46 @@ func testFastProxy(t *testing.T, _ controltest.Config) {
 		})
 	}
 }
+
+// A sandbox created with network.allowPublicTraffic false (E2B) takes
+// requests on its ports only with its traffic access token; its detail
+// says so; its fork children inherit it; a public one needs no token; the
+// setting cannot be changed by a network update (E2B's has no such field).
+func TestFastPrivatePorts(t *testing.T) { controltest.Each(t, testFastPrivatePorts) }
+
+func testFastPrivatePorts(t *testing.T, _ controltest.Config) {
+	f := newFnode(t)
+	be := newBackend(t)
+	port := strconv.Itoa(be.port)
+	priv := f.create(`{"templateID":"base","network":{"allowPublicTraffic":false}}`)
+	pub := f.create(`{"templateID":"base","network":{"allowPublicTraffic":true}}`)
+	if priv.TrafficAccessToken == "" {
+		t.Fatal("no traffic access token in the create response")
+	}
+	route := func(id string, hdr ...string) []string {
+		return append([]string{"E2b-Sandbox-Id", id, "E2b-Sandbox-Port", port}, hdr...)
+	}
+	f.want(403, "GET", "/hello", "", route(priv.SandboxID)...)
+	f.want(403, "GET", "/hello", "", route(priv.SandboxID, "E2B-Traffic-Access-Token", pub.TrafficAccessToken)...)
+	f.want(200, "GET", "/hello", "", route(priv.SandboxID, "E2B-Traffic-Access-Token", priv.TrafficAccessToken)...)
+	f.want(200, "GET", "/hello", "", route(pub.SandboxID)...)
+	var d api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/sandboxes/"+priv.SandboxID, ""), &d)
+	if d.Network == nil || d.Network.AllowPublicTraffic == nil || *d.Network.AllowPublicTraffic {
+		t.Fatalf("detail of a private sandbox: network %+v", d.Network)
+	}
+	d = api.SandboxDetail{}
+	json.Unmarshal(f.want(200, "GET", "/sandboxes/"+pub.SandboxID, ""), &d)
+	if d.Network != nil {
+		t.Fatalf("detail of a public sandbox: network %+v", d.Network)
+	}
+	var kids []api.ForkChild
+	json.Unmarshal(f.want(201, "POST", "/sandboxes/"+priv.SandboxID+"/fork", `{"count":1}`), &kids)
+	if len(kids) != 1 || kids[0].Sandbox == nil {
+		t.Fatalf("fork: %+v", kids)
+	}
+	f.want(403, "GET", "/hello", "", route(kids[0].Sandbox.SandboxID)...)
+	f.want(200, "GET", "/hello", "", route(kids[0].Sandbox.SandboxID, "E2B-Traffic-Access-Token", kids[0].Sandbox.TrafficAccessToken)...)
+	f.want(400, "PUT", "/sandboxes/"+pub.SandboxID+"/network", `{"allowPublicTraffic":false}`)
+	f.want(200, "GET", "/hello", "", route(pub.SandboxID)...)
+}

@@ -31,6 +31,9 @@ type SandboxResponse struct {
 type Network struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
+	// AllowPublicTraffic is present (false) only for a sandbox whose
+	// ports need its traffic access token.
+	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
 }
 
 // Lifecycle says what a timeout does.
@@ -103,8 +106,11 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 	if sb.AutoPause {
 		d.Lifecycle.OnTimeout = "pause"
 	}
-	if len(sb.AllowOut)+len(sb.DenyOut) > 0 {
+	if len(sb.AllowOut)+len(sb.DenyOut) > 0 || sb.PrivateTraffic {
 		d.Network = &Network{AllowOut: sb.AllowOut, DenyOut: sb.DenyOut}
+		if sb.PrivateTraffic {
+			d.Network.AllowPublicTraffic = new(bool)
+		}
 	}
 	return d
 }
@@ -180,6 +186,7 @@ func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 	}
 	if req.Network != nil {
 		cr.AllowOut, cr.DenyOut = req.Network.AllowOut, req.Network.DenyOut
+		cr.PrivateTraffic = req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
 	}
 	if err := control.Validate(cr); err != nil {
 		return control.CreateRequest{}, err
@@ -476,7 +483,7 @@ func (s *Server) network(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &body) {
 		return
 	}
-	if err := body.NetworkRequest.refuseUnsupported(""); err != nil {
+	if err := body.NetworkRequest.refuseUnsupported("", false); err != nil {
 		s.fail(w, r, err)
 		return
 	}

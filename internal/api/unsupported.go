@@ -47,19 +47,19 @@ func (req CreateRequest) refuseUnsupported() error {
 		return unsupported("volumeMounts", "(set)", "there are no volumes; use snapshots to keep files")
 	}
 	if req.Network != nil {
-		return req.Network.refuseUnsupported("network.")
+		return req.Network.refuseUnsupported("network.", true)
 	}
 	return nil
 }
 
 // refuseUnsupported checks a network request; prefix names where it sits
-// in the body ("network." in a create, "" in a network update).
-func (n NetworkRequest) refuseUnsupported(prefix string) error {
+// in the body ("network." in a create, "" in a network update); atCreate:
+// it is a create's.
+func (n NetworkRequest) refuseUnsupported(prefix string, atCreate bool) error {
 	switch {
-	case n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic:
-		// false would make every user port require a traffic token; Spore's
-		// proxy asks for none.
-		return unsupported(prefix+"allowPublicTraffic", "false", "sandbox ports take no traffic access token")
+	case !atCreate && n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic:
+		// Chosen at create (as in E2B, whose update carries no such field).
+		return unsupported(prefix+"allowPublicTraffic", "false", "a sandbox's ports become private at create only")
 	case isSet(n.EgressProxy):
 		return unsupported(prefix+"egressProxy", "(set)", "egress does not go through a proxy; use allowOut/denyOut")
 	case len(n.Rules) > 0:

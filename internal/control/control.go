@@ -154,7 +154,10 @@ type CreateRequest struct {
 	AllowInternet *bool
 	AllowOut      []string
 	DenyOut       []string
-	CPUCount      int
+	// PrivateTraffic: the sandbox's ports take only requests carrying its
+	// traffic access token (E2B's network.allowPublicTraffic false).
+	PrivateTraffic bool
+	CPUCount       int
 	MemoryMB      int
 	// NodeID, when set, is the node the sandbox must go to (operator
 	// only): ErrNotFound for an unknown node, ErrResourceLimit or
@@ -295,7 +298,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	rec := store.Sandbox{
 		TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
-		AllowOut: r.AllowOut, DenyOut: r.DenyOut,
+		AllowOut: r.AllowOut, DenyOut: r.DenyOut, PrivateTraffic: r.PrivateTraffic,
 	}
 	src := s.sourceOf(ctx, r.TemplateID)
 	source := src.sourceID(r.TemplateID)

@@ -108,6 +108,15 @@ func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
 	}
 }
 
+// PrivateTraffic says whether a sandbox's ports take only requests that
+// carry its traffic access token (created with E2B's allowPublicTraffic
+// false). A row that cannot be read counts as private: the proxy then
+// asks for the token rather than let a request through.
+func (s *Service) PrivateTraffic(ctx context.Context, id string) bool {
+	rec, err := s.st.GetSandbox(ctx, id)
+	return err != nil || rec.PrivateTraffic
+}
+
 // TrafficToken is a sandbox's traffic access token, derived from its envd
 // access token. The API returns it as E2B's trafficAccessToken; the stock
 // code-interpreter SDK sends it (E2B-Traffic-Access-Token) on the calls

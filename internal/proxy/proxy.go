@@ -346,6 +346,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" is paused: connect to it to resume it")
 		return
 	}
+	if !p.portOpen(r, id, port) {
+		writeError(w, http.StatusForbidden, "sandbox "+id+"'s ports take requests only with its traffic access token (header E2B-Traffic-Access-Token)")
+		return
+	}
 	// One exchange per client connection: a connection reused after a
 	// proxied stream was cut at times by the stock SDK's HTTP client under
 	// load ("terminated"); a fresh local connection costs ~0.1 ms.
@@ -362,6 +366,28 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// Private is a Resolver that knows which sandboxes keep their ports
+// private (E2B's allowPublicTraffic false).
+type Private interface {
+	PrivateTraffic(ctx context.Context, id string) bool
+}
+
+// portOpen says whether a request may reach port of sandbox id: envd's and
+// the code interpreter's ports check their own tokens; a private
+// sandbox's other ports need its traffic access token, which is then
+// removed before the request enters the sandbox (exchangeTrafficToken).
+func (p *Proxy) portOpen(r *http.Request, id string, port int) bool {
+	if port == DefaultPort || port == InterpreterPort {
+		return true
+	}
+	pr, ok := p.res.(Private)
+	if !ok || !pr.PrivateTraffic(r.Context(), id) {
+		return true
+	}
+	_, ok = p.res.TrafficAllowed(r.Context(), id, r.Header.Get(trafficHeader))
+	return ok
 }
 
 func hostNamesSandbox(host string) bool {

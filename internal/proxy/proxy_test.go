@@ -268,3 +268,56 @@ func TestPresignedURLByHostIsALookup(t *testing.T) {
 		t.Fatalf("bare host: %d signature searches, lookups %v; want 1 and the signer looked up", res.signed, res.lookups)
 	}
 }
+
+// privateLoopback keeps the ports of sandboxes whose ID starts with "p"
+// private.
+type privateLoopback struct{ loopback }
+
+func (privateLoopback) PrivateTraffic(_ context.Context, id string) bool { return strings.HasPrefix(id, "p") }
+
+// A private sandbox's ports (E2B's allowPublicTraffic false) take only
+// requests with its traffic access token, which never reaches the
+// sandbox; envd's port checks its own token; a public sandbox's ports
+// need none.
+func TestPrivatePortsNeedTheTrafficToken(t *testing.T) {
+	port := echo(t)
+	front := httptest.NewServer(proxy.New(privateLoopback{}, isKey, nil))
+	defer front.Close()
+	get := func(id, port, token string) (int, string) {
+		req, _ := http.NewRequest("GET", front.URL+"/", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", port)
+		if token != "" {
+			req.Header.Set("E2b-Traffic-Access-Token", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	const priv, pub = "p0000000000000000001", "i0000000000000000001"
+	for _, c := range []struct {
+		id, token string
+		want      int
+	}{
+		{priv, "", 403},
+		{priv, "traffic-token-of-" + pub, 403}, // another sandbox's token
+		{priv, "traffic-token-of-" + priv, 200},
+		{pub, "", 200},
+	} {
+		code, body := get(c.id, port, c.token)
+		if code != c.want {
+			t.Errorf("%s with token %q: %d %s, want %d", c.id, c.token, code, body, c.want)
+		}
+		if code == 200 && strings.Contains(strings.ToLower(body), "traffic-access-token") {
+			t.Errorf("the traffic token reached the sandbox: %s", body)
+		}
+	}
+	// envd's port is not gated by the traffic token (envd checks its own).
+	if code, body := get(priv, strconv.Itoa(proxy.DefaultPort), ""); code == 403 {
+		t.Errorf("envd's port of a private sandbox: %d %s", code, body)
+	}
+}

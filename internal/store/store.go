@@ -44,6 +44,9 @@ type Sandbox struct {
 	EndAt         time.Time         `json:"endAt"` // when the timeout acts
 	AutoPause     bool              `json:"autoPause"`
 	AllowInternet bool              `json:"allowInternet"`
+	// PrivateTraffic: its ports (but envd's) take only requests with its
+	// traffic access token (E2B's allowPublicTraffic false).
+	PrivateTraffic bool `json:"privateTraffic,omitempty"`
 	AllowOut      []string          `json:"allowOut,omitempty"`
 	DenyOut       []string          `json:"denyOut,omitempty"`
 	NodeID        string            `json:"nodeID"`

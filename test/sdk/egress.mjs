@@ -1,6 +1,6 @@
-// E2B's egress rules through the stock SDK, unchanged: allow wins over
-// deny at create and after updateNetwork, and updateNetwork replaces the
-// lists. Needs E2B_* and PEER_A, PEER_B (http://host:port of two outside
+// E2B's network settings through the stock SDK, unchanged: allow wins over
+// deny at create and after updateNetwork, updateNetwork replaces the
+// lists, and allowPublicTraffic false keeps the ports private. Needs E2B_* and PEER_A, PEER_B (http://host:port of two outside
 // test servers answering "outside").
 import assert from 'node:assert/strict'
 import { Sandbox } from 'e2b'
@@ -29,7 +29,33 @@ try {
   await assert.rejects(sbx.updateNetwork({ allowOut: ['not-an-address'] }))
   assert.equal(await reach(sbx, a), 'outside', 'a refused update changes nothing')
   console.log('ok 4 - a bad entry is refused and changes nothing')
-  console.log('4 passed, 0 failed')
 } finally {
   await sbx.kill()
 }
+
+// allowPublicTraffic: false keeps the sandbox's ports for holders of its
+// traffic access token (the SDK's sbx.trafficAccessToken).
+const priv = await Sandbox.create({ network: { allowPublicTraffic: false } })
+try {
+  assert.ok(priv.trafficAccessToken, 'a traffic access token')
+  await priv.commands.run('cd /tmp && echo private-port > index.html && python3 -m http.server 8000', { background: true })
+  const port = async (token) => {
+    const headers = { 'E2b-Sandbox-Id': priv.sandboxId, 'E2b-Sandbox-Port': '8000' }
+    if (token) headers['E2B-Traffic-Access-Token'] = token
+    const res = await fetch(process.env.E2B_SANDBOX_URL + '/index.html', { headers })
+    return `${res.status} ${(await res.text()).trim()}`
+  }
+  let got
+  for (let i = 0; i < 100; i++) { // the server starts
+    got = await port(priv.trafficAccessToken)
+    if (got.startsWith('200')) break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.equal(got, '200 private-port', 'with the traffic token')
+  assert.match(await port(''), /^403 /, 'without it')
+  assert.match(await port('tt_not-the-token'), /^403 /, 'with a wrong one')
+  console.log('ok 5 - allowPublicTraffic false: ports need the traffic access token')
+} finally {
+  await priv.kill()
+}
+console.log('5 passed, 0 failed')

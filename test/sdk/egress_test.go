@@ -13,7 +13,9 @@ import (
 // the stock SDK (denyOut 0.0.0.0/0 with one address in allowOut reaches
 // that address and nothing else; deny-first, the order before, locked the
 // sandbox out), updateNetwork replacing the lists at run time, and a bad
-// entry refused with nothing changed. Two outside hosts live in a network
+// entry refused with nothing changed; a sandbox created with
+// allowPublicTraffic false answers on its port only with its traffic
+// access token. Two outside hosts live in a network
 // namespace of this test (198.18.0.2 and .3: the test range, outside the
 // operator floor).
 func TestEgressRulesThroughTheSDK(t *testing.T) {
@@ -21,7 +23,7 @@ func TestEgressRulesThroughTheSDK(t *testing.T) {
 	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3"}, 18781)
 	out := s.node("egress.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
 	t.Log(out)
-	if !strings.Contains(out, "4 passed, 0 failed") {
+	if !strings.Contains(out, "5 passed, 0 failed") {
 		t.Fatal("egress flow did not pass")
 	}
 }
