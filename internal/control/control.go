@@ -158,7 +158,7 @@ type CreateRequest struct {
 	// traffic access token (E2B's network.allowPublicTraffic false).
 	PrivateTraffic bool
 	CPUCount       int
-	MemoryMB      int
+	MemoryMB       int
 	// NodeID, when set, is the node the sandbox must go to (operator
 	// only): ErrNotFound for an unknown node, ErrResourceLimit or
 	// ErrConflict when it cannot take it.

@@ -273,7 +273,9 @@ func TestPresignedURLByHostIsALookup(t *testing.T) {
 // private.
 type privateLoopback struct{ loopback }
 
-func (privateLoopback) PrivateTraffic(_ context.Context, id string) bool { return strings.HasPrefix(id, "p") }
+func (privateLoopback) PrivateTraffic(_ context.Context, id string) bool {
+	return strings.HasPrefix(id, "p")
+}
 
 // A private sandbox's ports (E2B's allowPublicTraffic false) take only
 // requests with its traffic access token, which never reaches the

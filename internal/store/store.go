@@ -46,10 +46,10 @@ type Sandbox struct {
 	AllowInternet bool              `json:"allowInternet"`
 	// PrivateTraffic: its ports (but envd's) take only requests with its
 	// traffic access token (E2B's allowPublicTraffic false).
-	PrivateTraffic bool `json:"privateTraffic,omitempty"`
-	AllowOut      []string          `json:"allowOut,omitempty"`
-	DenyOut       []string          `json:"denyOut,omitempty"`
-	NodeID        string            `json:"nodeID"`
+	PrivateTraffic bool     `json:"privateTraffic,omitempty"`
+	AllowOut       []string `json:"allowOut,omitempty"`
+	DenyOut        []string `json:"denyOut,omitempty"`
+	NodeID         string   `json:"nodeID"`
 	// Addr is where the node reaches the sandbox (opaque to the store).
 	Addr string `json:"addr,omitempty"`
 	// EnvdAccessToken is minted by the control plane; GET answers it
