@@ -48,6 +48,11 @@ type Config struct {
 	// (shown by GET /debug/stats so an operator sees it without reading
 	// logs).
 	Node func() NodeReport
+	// Domain is the sandboxes' domain (`--domain`): create and connect
+	// answers carry it, so the stock SDK's getHost(port) names
+	// {port}-{sandboxID}.{Domain}, which the proxy routes (with wildcard
+	// DNS for *.Domain pointing at the API). Empty: none is announced.
+	Domain string
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -66,8 +71,9 @@ type Server struct {
 	st    store.Store
 	proxy http.Handler
 	log   *slog.Logger
-	mux   *http.ServeMux
-	node  func() NodeReport
+	mux    *http.ServeMux
+	node   func() NodeReport
+	domain string
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -78,7 +84,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain}
 	s.routes()
 	return s
 }

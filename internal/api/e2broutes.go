@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -96,4 +97,15 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias str
 		}
 	}
 	writeError(w, http.StatusNotFound, fmt.Sprintf("template %s not found", alias))
+}
+
+var domainRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]{1,5})?$`)
+
+// ValidateDomain checks a sandbox domain (`--domain`): a lower-case DNS
+// name, optionally with a port; empty is none.
+func ValidateDomain(d string) error {
+	if d != "" && (len(d) > 253 || !domainRE.MatchString(d)) {
+		return errdefs.Invalidf("--domain %q: want a lower-case DNS name such as sandboxes.example.com (optionally :port)", d)
+	}
+	return nil
 }

@@ -2,11 +2,13 @@ package api_test
 
 import (
 	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/errdefs"
 )
 
 // E2B routes Spore does not serve answer a JSON 501 naming the route (after
@@ -51,5 +53,37 @@ func TestE2BRoutes(t *testing.T) {
 	code, b, _ := f.do("GET", "/templates", "")
 	if code != 200 || !strings.Contains(string(b), controltest.Templates[0]) {
 		t.Fatalf("templates: %d %s", code, b)
+	}
+}
+
+// With a domain configured, create, connect and fork answers carry it (the
+// stock SDK's getHost(port) then names {port}-{id}.{domain}, which the
+// proxy routes); without, none is announced. Bad domains are refused.
+func TestDomainAnnounced(t *testing.T) {
+	f := newFnode(t)
+	if sb := f.create(`{"templateID":"base"}`); sb.Domain != "" {
+		t.Fatalf("domain announced without one configured: %q", sb.Domain)
+	}
+	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: f.st, Domain: "sandboxes.example.test"}))
+	defer srv.Close()
+	code, b, _ := call(t, srv.URL, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	var sb api.SandboxResponse
+	if json.Unmarshal(b, &sb) != nil || code != 201 || sb.Domain != "sandboxes.example.test" {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	code, b, _ = call(t, srv.URL, "POST", "/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":60}`)
+	var c api.SandboxResponse
+	if json.Unmarshal(b, &c) != nil || code/100 != 2 || c.Domain != "sandboxes.example.test" {
+		t.Fatalf("connect: %d %s", code, b)
+	}
+	for _, d := range []string{"", "example.com", "sandboxes.example.com:8443", "localhost"} {
+		if err := api.ValidateDomain(d); err != nil {
+			t.Errorf("%q: %v", d, err)
+		}
+	}
+	for _, d := range []string{"Example.com", "a..b", "-a.b", "a.b:", "a b", "a.b/c", "*.a.b", "a.b:123456"} {
+		if err := api.ValidateDomain(d); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%q: %v, want invalid", d, err)
+		}
 	}
 }

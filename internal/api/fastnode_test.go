@@ -32,6 +32,7 @@ type fnode struct {
 	url string
 	n   *controltest.Node
 	ctl *control.Service
+	st  store.Store
 }
 
 // newFnode builds the API in the test's configuration
@@ -44,7 +45,7 @@ func newFnode(t *testing.T) *fnode {
 	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: api.HashKey(key), CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	f := &fnode{t: t, n: controltest.New(t)}
+	f := &fnode{t: t, n: controltest.New(t), st: st}
 	f.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{controltest.NodeID: c.Node(t, f.n.Local)}})
 	t.Cleanup(f.ctl.Close)
 	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))

@@ -69,9 +69,10 @@ type SandboxDetail struct {
 	Lifecycle           Lifecycle         `json:"lifecycle"`
 }
 
-func sandboxResponse(sb control.Sandbox) SandboxResponse {
+func (s *Server) sandboxResponse(sb control.Sandbox) SandboxResponse {
 	return SandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, EnvdVersion: envd.Version,
-		EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: control.TrafficToken(sb.EnvdAccessToken), Alias: sb.Alias}
+		EnvdAccessToken: sb.EnvdAccessToken, TrafficAccessToken: control.TrafficToken(sb.EnvdAccessToken), Alias: sb.Alias,
+		Domain: s.domain}
 }
 
 func apiState(st string) string {
@@ -209,7 +210,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sandboxResponse(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -367,7 +368,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	if resumed {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, sandboxResponse(sb))
+	writeJSON(w, status, s.sandboxResponse(sb))
 }
 
 // resume is the older SDKs' resume: 409 when the sandbox is running.
@@ -407,7 +408,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sandboxResponse(sb))
+	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {

@@ -183,7 +183,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &ErrorBody{Code: code, Message: s.publicMessage(r, code, ch.Err, "sandbox_id", id, "child", i)}
 			continue
 		}
-		sr := sandboxResponse(ch.Sandbox)
+		sr := s.sandboxResponse(ch.Sandbox)
 		out[i].Sandbox = &sr
 	}
 	writeJSON(w, http.StatusCreated, out)

@@ -34,6 +34,8 @@ import (
 // proxy, lifecycle, placement) over a shared store and remote nodes.
 type APIConfig struct {
 	Listen string
+	// Domain is the sandboxes' domain announced to SDKs (see api.Config).
+	Domain string
 	// DatabaseURL: postgres://... (or postgresql://), sqlite:///path, or
 	// a file path (SQLite).
 	DatabaseURL  string
@@ -68,6 +70,9 @@ func OpenStore(ctx context.Context, dbURL string) (store.Store, error) {
 // store's node rows (an RPC client per node address), refreshed every
 // HeartbeatEvery and whenever a node registers.
 func RunAPI(ctx context.Context, cfg APIConfig) error {
+	if err := api.ValidateDomain(cfg.Domain); err != nil {
+		return err
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -134,7 +139,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	}()
 	defer func() { <-poolDone }()
 	px := proxy.New(ctl, api.KeyCheck(st), log).WithHop(cfg.ClusterToken)
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log})
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain})
 	mux := http.NewServeMux()
 	mux.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, cfg.ClusterToken, log))
 	mux.Handle("/", apiH)

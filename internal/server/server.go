@@ -62,6 +62,8 @@ type Config struct {
 	// PoolSize is how many sandboxes of each default template are kept
 	// restored ahead of time (0: none).
 	PoolSize int
+	// Domain is the sandboxes' domain announced to SDKs (see api.Config).
+	Domain string
 	// EgressFloor, DNSUpstreams and DNSPort: see node.Config.
 	EgressFloor  []netip.Prefix
 	DNSUpstreams []netip.AddrPort
@@ -81,6 +83,9 @@ func KeyFile(dataDir string) string { return filepath.Join(dataDir, "api-key") }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
+	if err := api.ValidateDomain(cfg.Domain); err != nil {
+		return err
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -126,7 +131,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 	defer func() { <-poolDone }()
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, api.KeyCheck(st), log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }})
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

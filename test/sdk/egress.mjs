@@ -3,6 +3,7 @@
 // lists, and allowPublicTraffic false keeps the ports private. Needs E2B_* and PEER_A, PEER_B (http://host:port of two outside
 // test servers answering "outside").
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import { Sandbox } from 'e2b'
 
 const a = process.env.PEER_A
@@ -52,9 +53,22 @@ try {
     await new Promise((r) => setTimeout(r, 100))
   }
   assert.equal(got, '200 private-port', 'with the traffic token')
+  // With `spore up --domain spore.localhost` the SDK's getHost names the
+  // sandbox's port the way the proxy routes it by Host.
+  assert.equal(priv.getHost(8000), `8000-${priv.sandboxId}.spore.localhost`)
+  const byHost = await new Promise((resolve, reject) => {
+    const u = new URL(process.env.E2B_SANDBOX_URL)
+    http.get({ host: u.hostname, port: u.port, path: '/index.html',
+      headers: { Host: priv.getHost(8000), 'E2B-Traffic-Access-Token': priv.trafficAccessToken } }, (res) => {
+      let body = ''
+      res.on('data', (c) => { body += c })
+      res.on('end', () => resolve(`${res.statusCode} ${body.trim()}`))
+    }).on('error', reject)
+  })
+  assert.equal(byHost, '200 private-port', 'by the Host getHost names')
   assert.match(await port(''), /^403 /, 'without it')
   assert.match(await port('tt_not-the-token'), /^403 /, 'with a wrong one')
-  console.log('ok 5 - allowPublicTraffic false: ports need the traffic access token')
+  console.log('ok 5 - allowPublicTraffic false: ports need the traffic access token; getHost names the port by --domain')
 } finally {
   await priv.kill()
 }

@@ -15,11 +15,11 @@ import (
 // sandbox out), updateNetwork replacing the lists at run time, and a bad
 // entry refused with nothing changed; a sandbox created with
 // allowPublicTraffic false answers on its port only with its traffic
-// access token. Two outside hosts live in a network
+// access token, also by the Host the SDK's getHost names (--domain). Two outside hosts live in a network
 // namespace of this test (198.18.0.2 and .3: the test range, outside the
 // operator floor).
 func TestEgressRulesThroughTheSDK(t *testing.T) {
-	s := newServer(t)
+	s := newServer(t, "--domain", "spore.localhost")
 	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3"}, 18781)
 	out := s.node("egress.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
 	t.Log(out)
