@@ -67,10 +67,10 @@ type NodeReport struct {
 
 // Server is the API's HTTP handler.
 type Server struct {
-	c     *control.Service
-	st    store.Store
-	proxy http.Handler
-	log   *slog.Logger
+	c      *control.Service
+	st     store.Store
+	proxy  http.Handler
+	log    *slog.Logger
 	mux    *http.ServeMux
 	node   func() NodeReport
 	domain string
