@@ -235,7 +235,7 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 	refused := []struct{ field, body string }{
 		{"secure", `{"secure":false}`},
 		{"autoPauseMemory", `{"autoPause":true,"autoPauseMemory":false}`},
-		{"autoResume", `{"autoPause":true,"autoResume":{"enabled":true}}`},
+		{"autoResume", `{"autoResume":{"enabled":true}}`}, // without autoPause
 		{"mcp", `{"mcp":{"github":{}}}`},
 		{"iam", `{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`},
 		{"volumeMounts", `{"volumeMounts":[{"name":"v","path":"/data"}]}`},

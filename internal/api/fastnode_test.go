@@ -367,3 +367,37 @@ func testFastPrivatePorts(t *testing.T, _ controltest.Config) {
 	f.want(400, "PUT", "/sandboxes/"+pub.SandboxID+"/network", `{"allowPublicTraffic":false}`)
 	f.want(200, "GET", "/hello", "", route(pub.SandboxID)...)
 }
+
+// A sandbox created with autoResume (E2B's lifecycle) is resumed by
+// traffic while paused or hibernated, and then runs with its timeout; one
+// without answers 502 as before and stays paused.
+func TestFastAutoResume(t *testing.T) { controltest.Each(t, testFastAutoResume) }
+
+func testFastAutoResume(t *testing.T, _ controltest.Config) {
+	f := newFnode(t)
+	be := newBackend(t)
+	port := strconv.Itoa(be.port)
+	auto := f.create(`{"templateID":"base","timeout":600,"autoPause":true,"autoResume":{"enabled":true}}`)
+	plain := f.create(`{"templateID":"base","timeout":600,"autoPause":true}`)
+	route := func(id string) []string { return []string{"E2b-Sandbox-Id", id, "E2b-Sandbox-Port", port} }
+	var d api.SandboxDetail
+	json.Unmarshal(f.want(200, "GET", "/sandboxes/"+auto.SandboxID, ""), &d)
+	if !d.Lifecycle.AutoResume || d.Lifecycle.OnTimeout != "pause" {
+		t.Fatalf("lifecycle %+v", d.Lifecycle)
+	}
+	for _, how := range []string{"pause", "hibernate"} {
+		f.want(204, "POST", "/sandboxes/"+auto.SandboxID+"/"+how, "")
+		f.want(204, "POST", "/sandboxes/"+plain.SandboxID+"/"+how, "")
+		f.want(502, "GET", "/hello", "", route(plain.SandboxID)...)
+		if st, _ := f.state(plain.SandboxID); st == "running" {
+			t.Fatalf("traffic resumed a sandbox without autoResume (%s)", how)
+		}
+		if b := f.want(200, "GET", "/hello", "", route(auto.SandboxID)...); !strings.HasPrefix(string(b), "hello from 127.1.") {
+			t.Fatalf("after %s: %s", how, b)
+		}
+		if st, _ := f.state(auto.SandboxID); st != "running" {
+			t.Fatalf("after %s and traffic: %s", how, st)
+		}
+		f.want(201, "POST", "/sandboxes/"+plain.SandboxID+"/connect", `{"timeout":600}`)
+	}
+}

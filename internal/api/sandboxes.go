@@ -39,7 +39,7 @@ type Network struct {
 // Lifecycle says what a timeout does.
 type Lifecycle struct {
 	OnTimeout  string `json:"onTimeout"`  // kill | pause
-	AutoResume bool   `json:"autoResume"` // always false: traffic does not resume a paused sandbox
+	AutoResume bool   `json:"autoResume"` // traffic resumes it while paused or hibernated
 }
 
 // SandboxDetail is what getInfo and list return.
@@ -107,6 +107,7 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 	if sb.AutoPause {
 		d.Lifecycle.OnTimeout = "pause"
 	}
+	d.Lifecycle.AutoResume = sb.AutoResume
 	if len(sb.AllowOut)+len(sb.DenyOut) > 0 || sb.PrivateTraffic {
 		d.Network = &Network{AllowOut: sb.AllowOut, DenyOut: sb.DenyOut}
 		if sb.PrivateTraffic {
@@ -182,7 +183,7 @@ func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 	}
 	cr := control.CreateRequest{
 		TemplateID: req.TemplateID, Timeout: timeout, Metadata: req.Metadata, EnvVars: req.EnvVars,
-		AutoPause: req.AutoPause, AllowInternet: req.AllowInternetAccess, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB,
+		AutoPause: req.AutoPause, AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, AllowInternet: req.AllowInternetAccess, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB,
 		NodeID: req.SporeNodeID,
 	}
 	if req.Network != nil {

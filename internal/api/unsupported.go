@@ -37,8 +37,6 @@ func (req CreateRequest) refuseUnsupported() error {
 		return unsupported("secure", "false", "every sandbox's envd requires its access token")
 	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
 		return unsupported("autoPauseMemory", "false", "a paused sandbox always keeps its memory (Spore hibernates it whole)")
-	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return unsupported("autoResume", `{"enabled":true}`, "traffic does not resume a paused sandbox; connect resumes it")
 	case isSet(req.MCP):
 		return unsupported("mcp", "(set)", "there is no MCP gateway")
 	case isSet(req.IAM):

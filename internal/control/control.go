@@ -146,11 +146,14 @@ type Sandbox struct {
 
 // CreateRequest is a validated create.
 type CreateRequest struct {
-	TemplateID    string
-	Timeout       time.Duration
-	Metadata      map[string]string
-	EnvVars       map[string]string
-	AutoPause     bool
+	TemplateID string
+	Timeout    time.Duration
+	Metadata   map[string]string
+	EnvVars    map[string]string
+	AutoPause  bool
+	// AutoResume: traffic to the sandbox while it is paused or hibernated
+	// resumes it (E2B's lifecycle autoResume); needs AutoPause.
+	AutoResume    bool
 	AllowInternet *bool
 	AllowOut      []string
 	DenyOut       []string
@@ -234,6 +237,9 @@ func validateKV(kind string, m map[string]string, max int) error {
 
 // Validate checks a create request without acting on it.
 func Validate(r CreateRequest) error {
+	if r.AutoResume && !r.AutoPause {
+		return errdefs.Invalidf(`"autoResume" needs "autoPause" (onTimeout pause): a sandbox killed at its timeout has nothing to resume`)
+	}
 	if r.TemplateID != "" && ids.Validate("template ID", r.TemplateID) != nil && ids.ValidateName("template name", r.TemplateID) != nil {
 		return errdefs.Invalidf("templateID %q is neither a template name nor a snapshot ID", r.TemplateID)
 	}
@@ -297,7 +303,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	now := s.now()
 	rec := store.Sandbox{
 		TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
-		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AllowInternet: policy.Internet,
+		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AutoResume: r.AutoResume, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut, PrivateTraffic: r.PrivateTraffic,
 	}
 	src := s.sourceOf(ctx, r.TemplateID)

@@ -108,6 +108,26 @@ func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
 	}
 }
 
+// Wake resumes a paused or hibernated sandbox that was created with
+// autoResume, for the proxy, which got traffic for it: woken says it now
+// runs (for a timeout as long as the one it was started with). Any other
+// sandbox is left alone (woken false, no error).
+func (s *Service) Wake(ctx context.Context, id string) (woken bool, err error) {
+	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil || !rec.AutoResume || (rec.State != store.StatePaused && rec.State != store.StateHibernated) {
+		return false, nil
+	}
+	timeout := rec.EndAt.Sub(rec.StartedAt)
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	if _, _, err := s.Connect(ctx, id, timeout); err != nil {
+		return false, err
+	}
+	s.log.Info("sandbox resumed by traffic (autoResume)", "sandbox_id", id)
+	return true, nil
+}
+
 // PrivateTraffic says whether a sandbox's ports take only requests that
 // carry its traffic access token (created with E2B's allowPublicTraffic
 // false). A row that cannot be read counts as private: the proxy then

@@ -333,10 +333,26 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var addr netip.Addr
 	var running, found bool
 	var gone <-chan struct{}
-	if h, ok := p.res.(Hopper); ok && p.hop != nil {
-		via, addr, running, found, gone = h.LookupVia(id)
-	} else {
-		addr, running, found, gone = p.res.Lookup(id)
+	lookup := func() {
+		if h, ok := p.res.(Hopper); ok && p.hop != nil {
+			via, addr, running, found, gone = h.LookupVia(id)
+		} else {
+			addr, running, found, gone = p.res.Lookup(id)
+		}
+	}
+	lookup()
+	if !running {
+		if wk, ok := p.res.(Waker); ok {
+			// Traffic resumes a sandbox created with autoResume.
+			if woken, err := wk.Wake(r.Context(), id); err != nil {
+				eid := newErrorID()
+				p.log.Warn("proxy: resume on traffic failed", "error_id", eid, "sandbox_id", id, "err", err)
+				writeError(w, http.StatusBadGateway, "sandbox "+id+" could not be resumed (error id "+eid+")")
+				return
+			} else if woken {
+				lookup()
+			}
+		}
 	}
 	switch {
 	case !found:
@@ -366,6 +382,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// Waker is a Resolver that can resume a paused or hibernated sandbox
+// created with autoResume when traffic for it arrives.
+type Waker interface {
+	Wake(ctx context.Context, id string) (woken bool, err error)
 }
 
 // Private is a Resolver that knows which sandboxes keep their ports

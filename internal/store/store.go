@@ -31,19 +31,22 @@ const (
 
 // Sandbox is the control plane's record of a sandbox.
 type Sandbox struct {
-	ID            string            `json:"id"`
-	TemplateID    string            `json:"templateID"` // as asked: a template name or a snapshot ID
-	Alias         string            `json:"alias,omitempty"`
-	State         string            `json:"state"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
-	EnvVars       map[string]string `json:"envVars,omitempty"`
-	CPUCount      int               `json:"cpuCount"`
-	MemoryMB      int               `json:"memoryMB"`
-	DiskSizeMB    int               `json:"diskSizeMB"`
-	StartedAt     time.Time         `json:"startedAt"`
-	EndAt         time.Time         `json:"endAt"` // when the timeout acts
-	AutoPause     bool              `json:"autoPause"`
-	AllowInternet bool              `json:"allowInternet"`
+	ID         string            `json:"id"`
+	TemplateID string            `json:"templateID"` // as asked: a template name or a snapshot ID
+	Alias      string            `json:"alias,omitempty"`
+	State      string            `json:"state"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	EnvVars    map[string]string `json:"envVars,omitempty"`
+	CPUCount   int               `json:"cpuCount"`
+	MemoryMB   int               `json:"memoryMB"`
+	DiskSizeMB int               `json:"diskSizeMB"`
+	StartedAt  time.Time         `json:"startedAt"`
+	EndAt      time.Time         `json:"endAt"` // when the timeout acts
+	AutoPause  bool              `json:"autoPause"`
+	// AutoResume: traffic to it while paused or hibernated resumes it
+	// (E2B's lifecycle autoResume; only with AutoPause).
+	AutoResume    bool `json:"autoResume,omitempty"`
+	AllowInternet bool `json:"allowInternet"`
 	// PrivateTraffic: its ports (but envd's) take only requests with its
 	// traffic access token (E2B's allowPublicTraffic false).
 	PrivateTraffic bool     `json:"privateTraffic,omitempty"`

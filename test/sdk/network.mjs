@@ -72,4 +72,24 @@ try {
 } finally {
   await priv.kill()
 }
-console.log('5 passed, 0 failed')
+// lifecycle autoResume: traffic resumes a paused sandbox, its server
+// still running (memory kept).
+const auto = await Sandbox.create({ lifecycle: { onTimeout: 'pause', autoResume: true } })
+try {
+  await auto.commands.run('cd /tmp && echo resumed-by-traffic > index.html && python3 -m http.server 8001', { background: true })
+  const get = async () => {
+    const res = await fetch(process.env.E2B_SANDBOX_URL + '/index.html', { headers: { 'E2b-Sandbox-Id': auto.sandboxId, 'E2b-Sandbox-Port': '8001' } })
+    return `${res.status} ${(await res.text()).trim()}`
+  }
+  let got
+  for (let i = 0; i < 100 && !(got = await get()).startsWith('200'); i++) await new Promise((r) => setTimeout(r, 100))
+  assert.equal(got, '200 resumed-by-traffic')
+  assert.equal(await auto.pause(), true)
+  assert.equal((await Sandbox.getInfo(auto.sandboxId)).state, 'paused')
+  assert.equal(await get(), '200 resumed-by-traffic', 'traffic to the paused sandbox')
+  assert.equal((await Sandbox.getInfo(auto.sandboxId)).state, 'running')
+  console.log('ok 6 - autoResume: traffic resumes a paused sandbox, its server still up')
+} finally {
+  await auto.kill()
+}
+console.log('6 passed, 0 failed')

@@ -9,22 +9,23 @@ import (
 	"time"
 )
 
-// TestEgressRulesThroughTheSDK: E2B's most common egress pattern through
-// the stock SDK (denyOut 0.0.0.0/0 with one address in allowOut reaches
-// that address and nothing else; deny-first, the order before, locked the
-// sandbox out), updateNetwork replacing the lists at run time, and a bad
-// entry refused with nothing changed; a sandbox created with
-// allowPublicTraffic false answers on its port only with its traffic
-// access token, also by the Host the SDK's getHost names (--domain). Two outside hosts live in a network
-// namespace of this test (198.18.0.2 and .3: the test range, outside the
-// operator floor).
-func TestEgressRulesThroughTheSDK(t *testing.T) {
+// TestNetworkThroughTheSDK: E2B's network and lifecycle settings through
+// the stock SDK (network.mjs): its most common egress pattern (denyOut
+// 0.0.0.0/0 with one address in allowOut reaches that address and nothing
+// else; deny-first, the order before, locked the sandbox out),
+// updateNetwork replacing the lists at run time, a bad entry refused with
+// nothing changed; allowPublicTraffic false (a port answers only with the
+// traffic access token, also by the Host the SDK's getHost names with
+// --domain); lifecycle autoResume (traffic resumes a paused sandbox). Two
+// outside hosts live in a network namespace of this test (198.18.0.2 and
+// .3: the test range, outside the operator floor).
+func TestNetworkThroughTheSDK(t *testing.T) {
 	s := newServer(t, "--domain", "spore.localhost")
 	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3"}, 18781)
-	out := s.node("egress.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
+	out := s.node("network.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
 	t.Log(out)
-	if !strings.Contains(out, "5 passed, 0 failed") {
-		t.Fatal("egress flow did not pass")
+	if !strings.Contains(out, "6 passed, 0 failed") {
+		t.Fatal("network flow did not pass")
 	}
 }
 
