@@ -71,4 +71,3 @@ func (s *server) probeSandboxes() {
 		s.t.Logf("  %s (%s): envd /health through the proxy: %s in %v", sb.SandboxID, sb.State, status, time.Since(t0).Round(time.Millisecond))
 	}
 }
-
