@@ -437,10 +437,15 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 		}
 	}
 	for _, name := range []string{m.sbName(instance), m.gwName(instance)} {
-		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errNotMounted) {
-			if _, serr := os.Stat(filepath.Join(runDir, name)); serr == nil {
-				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
-			}
+		err := netns.DeleteNamed(name)
+		if errors.Is(err, unix.EINVAL) {
+			// Not a mount point: the namespace's file was made but never
+			// bind-mounted (a kill between the two), or the unmount was
+			// done before. The file is all that is left of it.
+			err = os.Remove(filepath.Join(runDir, name))
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
 		}
 	}
 	if err := os.Remove(m.statePath(instance)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -448,8 +453,6 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	}
 	return errors.Join(errs...)
 }
-
-var errNotMounted = errors.New("invalid argument")
 
 // flushConntrack deletes the root namespace's connection-tracking entries
 // of a sandbox address (connections to it, and its own outbound ones).

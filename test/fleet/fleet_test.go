@@ -683,11 +683,18 @@ func TestFleet(t *testing.T) {
 // bucket, and starts a sandbox from it on node 2. It returns its name.
 func (h *harness) fleetS3Snapshot(api1, api2 string) string {
 	t := h.t
-	src := h.onNode(api1, 1)
+	// On node 1 by the operator's hint: the spread may keep creates off a
+	// node that holds more (the warm pool), which made an earlier version
+	// of this step that retried creates fail once.
+	code, b := h.rest(api1, "POST", "/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":1800,"sporeNodeID":%q}`, h.st.Nodes[0].ID))
+	var src sandbox
+	if json.Unmarshal(b, &src) != nil || code != 201 || src.ClientID != h.st.Nodes[0].ID {
+		t.Fatalf("create on node 1: %d %s", code, b)
+	}
 	if got := h.run(api1, src.SandboxID, "echo through-fleet-s3 > /home/user/s3.txt && cat /home/user/s3.txt"); got != "through-fleet-s3" {
 		t.Fatalf("write in the source: %q", got)
 	}
-	code, b := h.rest(api1, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{"name":"fleet-s3"}`)
+	code, b = h.rest(api1, "POST", "/sandboxes/"+src.SandboxID+"/snapshots", `{"name":"fleet-s3"}`)
 	if code != 201 {
 		t.Fatalf("snapshot: %d %s", code, b)
 	}
