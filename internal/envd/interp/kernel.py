@@ -10,6 +10,10 @@ import signal
 import sys
 import traceback
 
+# Not for children: one that outlived the kernel would keep these pipes
+# open (the daemon would wait on it), and could read requests or forge events.
+os.set_inheritable(3, False)
+os.set_inheritable(4, False)
 _events = os.fdopen(3, "w", buffering=1, encoding="utf-8")
 _requests = os.fdopen(4, "r", encoding="utf-8")
 
@@ -82,6 +86,35 @@ def _result(value):
 
 _globals = {"__name__": "__main__", "__builtins__": __builtins__}
 _count = 0
+_running = False  # the user's code runs: an interrupt is for it
+_sync = b""  # sync marker prefix (see raw.go); set in main
+_raw = {}  # stream name -> the kernel's own copy of its fd 1 or 2
+
+
+def _on_sigint(signum, frame):
+    # The daemon interrupts the user's code. An interrupt that arrives after
+    # that code finished (the client left as the execution ended) must not
+    # cut the end of the execution or kill the kernel between executions.
+    if _running:
+        raise KeyboardInterrupt
+
+
+def _mark():
+    """Writes the sync marker to the raw stdout and stderr pipes, after
+    everything child processes wrote there during this execution, and
+    returns the streams it reached (one write under PIPE_BUF: whole or not
+    at all). Through the kernel's own copies of fds 1 and 2, so user code
+    that closed or redirected those does not make the daemon wait for a
+    marker that never comes."""
+    marker = _sync + b"%016x" % _count
+    done = []
+    for name, fd in _raw.items():
+        try:
+            if os.write(fd, marker) == len(marker):
+                done.append(name)
+        except OSError:
+            pass
+    return done
 
 
 def _run(code):
@@ -98,18 +131,24 @@ def _run(code):
 
 
 def _execute(req):
-    global _count
+    global _count, _running
     _count += 1
     saved = {}
     for k, v in (req.get("env_vars") or {}).items():
         saved[k] = os.environ.get(k)
         os.environ[k] = str(v)
     try:
-        _run(req.get("code", ""))
+        _running = True
+        try:
+            _run(req.get("code", ""))
+        finally:
+            _running = False
     except KeyboardInterrupt:
+        _running = False
         _emit({"type": "error", "name": "KeyboardInterrupt", "value": "execution interrupted",
                "traceback": "KeyboardInterrupt: execution interrupted"})
     except BaseException as e:  # SystemExit too: the kernel keeps running
+        _running = False
         # Keep the user's frames, drop the kernel's own (run as "<string>").
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != "<string>"]
         if isinstance(e, SyntaxError):
@@ -119,24 +158,33 @@ def _execute(req):
             tb = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)) + tb
         _emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": tb})
     finally:
+        _running = False
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass  # a user's replacement stream: the end must still come
+        synced = _mark()
         _emit({"type": "number_of_executions", "execution_count": _count})
-        _emit({"type": "end_of_execution"})
+        _emit({"type": "end_of_execution", "execution_count": _count, "synced": synced})
 
 
 def main():
+    global _sync
     cwd = os.environ.pop("SPORE_KERNEL_CWD", "")
     if cwd:
         os.chdir(cwd)
+    _sync = b"\x00spore-sync:" + os.environ.pop("SPORE_KERNEL_SYNC", "").encode() + b":"
+    _raw["stdout"] = os.dup(1)  # not inheritable
+    _raw["stderr"] = os.dup(2)
     sys.stdout = _Stream("stdout")
     sys.stderr = _Stream("stderr")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _on_sigint)
     _emit({"type": "ready"})
     while True:
         try:
