@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -53,6 +52,9 @@ type Config struct {
 	// {port}-{sandboxID}.{Domain}, which the proxy routes (with wildcard
 	// DNS for *.Domain pointing at the API). Empty: none is announced.
 	Domain string
+	// Keys checks API keys (nil: NewKeys(Store)); share it with the proxy's
+	// key check so both remember the same keys.
+	Keys *Keys
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -74,6 +76,7 @@ type Server struct {
 	mux    *http.ServeMux
 	node   func() NodeReport
 	domain string
+	keys   *Keys
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -84,7 +87,10 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys}
+	if s.keys == nil {
+		s.keys = NewKeys(cfg.Store)
+	}
 	s.routes()
 	return s
 }
@@ -237,7 +243,7 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
 			return
 		}
-		if ok, _ := validKey(r.Context(), s.st, key); !ok {
+		if ok, _ := s.keys.Valid(r.Context(), key); !ok {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
@@ -245,24 +251,9 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func validKey(ctx context.Context, st store.Store, key string) (bool, error) {
-	hash := HashKey(key)
-	k, err := st.APIKeyByHash(ctx, hash)
-	if err != nil {
-		return false, err
-	}
-	return subtle.ConstantTimeCompare([]byte(k.Hash), []byte(hash)) == 1, nil
-}
-
-// KeyCheck tells the proxy which Authorization values carry one of st's
-// API keys, to keep them out of sandboxes. When the store cannot answer
-// (anything but "no such key") it says yes: a credential held back is
-// harmless, a key let through is not.
+// KeyCheck is NewKeys(st).Check, for a proxy without an API of its own.
 func KeyCheck(st store.Store) func(ctx context.Context, key string) bool {
-	return func(ctx context.Context, key string) bool {
-		ok, err := validKey(ctx, st, key)
-		return ok || err != nil && !errdefs.IsNotFound(err)
-	}
+	return NewKeys(st).Check
 }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {

@@ -76,8 +76,10 @@ func (e *scriptedEngine) Get(_ context.Context, id string) (nodeapi.Sandbox, err
 	return nodeapi.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 }
 
-func (e *scriptedEngine) Kill(context.Context, string) error      { return nil }
-func (e *scriptedEngine) Resume(context.Context, string) error    { return nil }
+func (e *scriptedEngine) Kill(context.Context, string) error { return nil }
+func (e *scriptedEngine) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	return e.Get(ctx, id)
+}
 func (e *scriptedEngine) Hibernate(context.Context, string) error { return nil }
 func (e *scriptedEngine) SetPolicy(context.Context, string, nodeapi.Policy) error {
 	return nil

@@ -191,7 +191,18 @@ func (r *runner) addParts(name string, parts map[string]float64) {
 			ps[PartOutsideNode] = append(ps[PartOutsideNode], round(total-node, 3))
 		}
 	}
+	// The RPC hop alone: the API's call to a remote node minus the time
+	// inside the node's method (absent in process, where there is none).
+	if rpc, ok := parts["node-rpc"]; ok {
+		if node, ok := parts["node"]; ok {
+			ps[PartHop] = append(ps[PartHop], round(rpc-node, 3))
+		}
+	}
 }
+
+// PartHop is the derived phase: a remote node call's time minus the
+// node's own ("node-rpc" − "node").
+const PartHop = "the RPC hop"
 
 // PartOutsideNode is the derived phase: the server's total minus its time
 // inside node calls.

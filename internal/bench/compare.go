@@ -59,6 +59,11 @@ func Compare(a, b *Report) Comparison {
 			c.Ops = append(c.Ops, Delta{Name: oa.Name + ": " + PartOutsideNode, Unit: unitMs, A: pa, B: pb,
 				P50: round(pb.P50-pa.P50, 3), Mean: round(pb.Mean-pa.Mean, 3), P50Pct: pct(pb.P50-pa.P50, pa.P50)})
 		}
+		// The hop itself: none in process (A's stats stay empty, n 0).
+		if pa, pb := oa.Parts[PartHop], ob.Parts[PartHop]; pb.N > 0 {
+			c.Ops = append(c.Ops, Delta{Name: oa.Name + ": " + PartHop, Unit: unitMs, A: pa, B: pb,
+				P50: round(pb.P50-pa.P50, 3), Mean: round(pb.Mean-pa.Mean, 3), P50Pct: pct(pb.P50-pa.P50, pa.P50)})
+		}
 	}
 	curves := map[string]Curve{}
 	for _, cv := range b.Curves {

@@ -66,6 +66,16 @@ func TestCompareOutsideTheNode(t *testing.T) {
 	if len(c.Ops) != 2 || c.Ops[1].Name != "rollback: outside the node" || c.Ops[1].P50 != Summarize([]float64{6, 7}).P50-Summarize([]float64{4, 4.5}).P50 {
 		t.Fatalf("ops %+v", c.Ops)
 	}
+	// A remote node's hop (node-rpc − node) is a row of its own, against
+	// none in process.
+	r.addParts("fork", map[string]float64{"total": 260, "node-rpc": 252.5, "node": 250})
+	if hs := r.parts["fork"][PartHop]; len(hs) != 1 || hs[0] != 2.5 {
+		t.Fatalf("hop samples %v, want [2.5]", hs)
+	}
+	b.Ops[0].Parts[PartHop] = Summarize([]float64{1.5, 2.5})
+	if c := Compare(a, b); len(c.Ops) != 3 || c.Ops[2].Name != "rollback: the RPC hop" || c.Ops[2].P50 != Summarize([]float64{1.5, 2.5}).P50 || c.Ops[2].A.N != 0 {
+		t.Fatalf("ops with a hop %+v", c.Ops)
+	}
 	// Without the part on one side there is no second row.
 	b.Ops[0].Parts = nil
 	if c := Compare(a, b); len(c.Ops) != 1 {

@@ -84,6 +84,7 @@ type Service struct {
 	// poolWake wakes this instance's pool filler (RunPool), if any.
 	poolWake chan struct{}
 	view     viewCache
+	bg       sync.WaitGroup // background work Close waits for (view refreshes)
 	// uploads are the background snapshot uploads (durable.go).
 	uploads   sync.WaitGroup
 	uploading atomic.Int64
@@ -136,6 +137,7 @@ func New(cfg Config) *Service {
 func (s *Service) Close() {
 	s.stop()
 	s.uploads.Wait()
+	s.bg.Wait()
 }
 
 // Sandbox is the control plane's full view of a sandbox: its store row
@@ -306,15 +308,18 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AutoResume: r.AutoResume, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut, PrivateTraffic: r.PrivateTraffic,
 	}
-	src := s.sourceOf(ctx, r.TemplateID)
-	source := src.sourceID(r.TemplateID)
-	var peers []string
-	if src != nil {
-		peers = src.peers
+	src, err := s.sourceOf(ctx, r.TemplateID)
+	if err != nil {
+		return Sandbox{}, err
 	}
+	source := src.sourceID(r.TemplateID)
 	nodeID, n, err := s.place(ctx, r, src)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	var peers []string
+	if src != nil {
+		peers = src.peers
 	}
 	// Placement decides the node (pooled sandboxes count in its use, so
 	// the pool does not skew the spread); a pooled sandbox there saves

@@ -82,6 +82,9 @@ func (s *Service) uploadOn(ctx context.Context, n nodeapi.Node, id string) (node
 // bytes it added. A node without a blob store leaves the row local.
 func (s *Service) Upload(ctx context.Context, id string) error {
 	sn, err := s.st.GetSnapshot(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil // deleted before its upload began (queued behind others): nothing to do
+	}
 	if err != nil {
 		return err
 	}
@@ -92,7 +95,9 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.setStorage(ctx, id, store.StorageUploading, nil); err != nil {
+	if err := s.setStorage(ctx, id, store.StorageUploading, nil); errdefs.IsNotFound(err) {
+		return nil // deleted just now
+	} else if err != nil {
 		return err
 	}
 	info, err := s.uploadOn(ctx, n, id)
@@ -172,36 +177,30 @@ type sourceInfo struct {
 	runsc    string
 	cpu      []string
 	holders  []string // origin and known copies
-	peers    []string // the origin's address, when it is ready
-	// originRow is the origin's node row as sourceOf read it (nil: not
-	// found), so placement does not read it again.
-	originRow *store.Node
-	originErr error
+	peers    []string // the origin's address, when it is ready (set by placement)
 }
 
-// sourceOf resolves a create's or rollback's reference: a user snapshot
-// by ID or name, or a template made from a sandbox (`template: true`),
-// by name. nil: a template every node builds (passed on by name).
-func (s *Service) sourceOf(ctx context.Context, ref string) *sourceInfo {
-	var src sourceInfo
-	if sn, err := s.GetSnapshot(ctx, ref); err == nil {
-		src = sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
-			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...)}
-	} else if tp, err := s.st.GetTemplate(ctx, ref); err == nil && tp.SnapshotID != "" && len(tp.NodeIDs) > 0 {
-		src = sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
-			runsc: tp.RunscBuild, cpu: tp.CPUFeatures, holders: tp.NodeIDs}
-	} else {
-		return nil
+// sourceOf resolves a create's or rollback's reference in one store read:
+// a user snapshot by ID or name, or a template made from a sandbox
+// (`template: true`), by name. nil: a template every node builds (passed
+// on by name).
+func (s *Service) sourceOf(ctx context.Context, ref string) (*sourceInfo, error) {
+	r, err := s.st.ResolveRef(ctx, ref)
+	switch {
+	case errdefs.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case r.Snapshot != nil:
+		sn := r.Snapshot
+		return &sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
+			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...)}, nil
+	case r.Template.SnapshotID != "" && len(r.Template.NodeIDs) > 0:
+		tp := r.Template
+		return &sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
+			runsc: tp.RunscBuild, cpu: tp.CPUFeatures, holders: tp.NodeIDs}, nil
 	}
-	nr, err := s.st.GetNode(ctx, src.origin)
-	src.originErr = err
-	if err == nil {
-		src.originRow = &nr
-		if nr.Addr != "" && nr.State == store.NodeReady {
-			src.peers = []string{nr.Addr}
-		}
-	}
-	return &src
+	return nil, nil
 }
 
 // sourceID is what the node is given for ref.
@@ -328,8 +327,11 @@ func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
 // it there. ok false: it stays where it is (its node is fine, or the
 // image is only on that node's disk).
 func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, originFull bool) (store.Sandbox, bool, error) {
-	origin, err := s.st.GetNode(ctx, rec.NodeID)
-	if err == nil && origin.State == store.NodeReady && !origin.Draining && !originFull {
+	origin, known, err := s.nodeRow(ctx, rec.NodeID)
+	if err != nil {
+		return rec, false, err
+	}
+	if known && origin.State == store.NodeReady && !origin.Draining && !originFull {
 		if _, ok := s.nodes.Node(rec.NodeID); ok {
 			return rec, false, nil
 		}

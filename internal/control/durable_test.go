@@ -300,9 +300,14 @@ func testHibernatedSandboxResumesElsewhere(t *testing.T, c controltest.Config) {
 	if _, running, _, _ := f.ctl.Lookup(sb.ID); !running {
 		t.Fatal("the moved sandbox is not routed")
 	}
-	for _, k := range f.blobKeys("manifests/") {
-		if strings.Contains(k, hib) {
-			t.Fatalf("the consumed hibernation is still durable: %s", k)
+	// The consumed hibernation's durable copy goes, after the answer.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		left := slices.ContainsFunc(f.blobKeys("manifests/"), func(k string) bool { return strings.Contains(k, hib) })
+		if !left {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the consumed hibernation %s is still durable 10 s after the resume", hib)
 		}
 	}
 	// na comes back: its copy goes.
@@ -490,8 +495,8 @@ func testTemplateOnEveryNode(t *testing.T, c controltest.Config) {
 // admission does.
 type fullNode struct{ nodeapi.Node }
 
-func (fullNode) Resume(context.Context, string) error {
-	return fmt.Errorf("%w: node full (test)", errdefs.ErrResourceLimit)
+func (fullNode) Resume(context.Context, string) (nodeapi.Sandbox, error) {
+	return nodeapi.Sandbox{}, fmt.Errorf("%w: node full (test)", errdefs.ErrResourceLimit)
 }
 
 // A hibernated sandbox whose node is full (its resume refused for lack of
@@ -531,5 +536,19 @@ func testHibernatedSandboxMovesOffAFullNode(t *testing.T, c controltest.Config) 
 	}
 	if es, err := f.b.Engine.Get(ctx, sb.ID); err != nil || es.State != "running" {
 		t.Fatalf("on nb: %+v %v", es, err)
+	}
+}
+
+// An upload of a snapshot deleted before it began (queued behind other
+// uploads) has nothing to do: no error, so no warning in the log, and no
+// row brought back.
+func TestUploadOfADeletedSnapshotIsNothing(t *testing.T) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	if err := f.ctl.Upload(ctx, "s0000000000000000000"); err != nil {
+		t.Fatalf("upload of a snapshot that is not there: %v", err)
+	}
+	if _, err := f.st.GetSnapshot(ctx, "s0000000000000000000"); !errdefs.IsNotFound(err) {
+		t.Fatalf("row after the upload: %v", err)
 	}
 }

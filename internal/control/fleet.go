@@ -224,6 +224,7 @@ func (s *Service) Undrain(ctx context.Context, nodeID string) error {
 func (s *Service) invalidateView() {
 	s.view.mu.Lock()
 	s.view.view.Nodes = nil
+	s.view.gen++
 	s.view.mu.Unlock()
 }
 
@@ -241,7 +242,7 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := s.usedByNode(ctx)
+	v, _, err := s.usedByNode(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -110,52 +110,56 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	resumed := false
 	addr := rec.Addr
 	if rec.State != store.StateRunning {
-		err := n.Resume(ctx, id)
+		ns, err := n.Resume(ctx, id)
 		if errors.Is(err, errdefs.ErrResourceLimit) && rec.State == store.StateHibernated && rec.HibernationDurable {
 			// Its node is full: another takes it, if one can.
 			moved, ok, merr := s.resumeElsewhere(ctx, rec, true)
 			if merr == nil && ok {
 				rec = moved
 				if n, err = s.nodeOf(rec); err == nil {
-					err = n.Resume(ctx, id)
+					ns, err = n.Resume(ctx, id)
 				}
 			} else if merr != nil {
 				s.log.Info("hibernated sandbox's node is full, and no other can take it", "sandbox_id", id, "err", merr)
 			}
 		}
-		if err != nil && !errdefs.IsConflict(err) {
-			return Sandbox{}, false, err
+		if errdefs.IsConflict(err) { // running already (another resume won): where is it
+			ns, err = n.Get(ctx, id)
 		}
-		resumed = true
-		ns, err := n.Get(ctx, id)
 		if err != nil {
 			return Sandbox{}, false, err
 		}
+		resumed = true
 		addr = ns.Addr
 	}
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	// Running, at the version read (one statement): a reaper's claim, a
+	// hibernation or another connect that came first means what was read
+	// no longer holds.
 	hib, durable := rec.Hibernation, rec.HibernationDurable
-	read := rec.Version
-	rec, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		if x.Version != read {
-			// A reaper's claim, a hibernation or another connect came
-			// first: what was read no longer holds.
-			return errRowChanged
-		}
-		x.State, x.Addr = store.StateRunning, addr
-		x.Hibernation, x.HibernationDurable = "", false // consumed by the wake
-		if end := s.now().Add(timeout); end.After(x.EndAt) {
-			x.EndAt = end
-		}
-		return nil
-	})
+	rec.State, rec.Addr = store.StateRunning, addr
+	rec.Hibernation, rec.HibernationDurable = "", false // consumed by the wake
+	if end := s.now().Add(timeout); end.After(rec.EndAt) {
+		rec.EndAt = end
+	}
+	rec, err = s.st.CompareAndSwapSandbox(ctx, rec)
+	if errdefs.IsConflict(err) {
+		return Sandbox{}, resumed, errRowChanged
+	}
 	if err != nil {
 		return Sandbox{}, resumed, err
 	}
 	if resumed && durable && hib != "" {
-		s.dropDurable(ctx, hib)
+		// The image's durable copy is of no more use: removed after the
+		// answer (a crash first leaves it in the store, as one between
+		// the row's write and the removal always could).
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.dropDurable(s.ctx, hib)
+		}()
 	}
 	s.setTarget(id, rec.Addr, rec.State)
 	return Sandbox{rec}, resumed, nil

@@ -123,16 +123,105 @@ const (
 	defaultVCPUs    = 2
 )
 
-// viewTTL bounds how stale the placement view may be: reading every
-// node and summing every sandbox per create would cost more than the
-// create itself. Placements made from the cached view are added to it;
-// the node's admission check stays the last word.
-const viewTTL = time.Second
+// The placement view is cached: reading every node and summing every
+// sandbox per create would cost more than the create itself. Placements
+// made from it are added to it; the node's admission check stays the
+// last word. A view older than viewTTL is refreshed in the background
+// while placements go on from it (no create waits for the read); one
+// older than viewMaxAge, or invalidated (a drain, a node lost), is
+// rebuilt before the placement.
+const (
+	viewTTL    = time.Second
+	viewMaxAge = 5 * time.Second
+)
 
 type viewCache struct {
 	mu   sync.Mutex
 	at   time.Time
 	view scheduler.View
+	fleetRows
+	gen        uint64 // bumped by invalidateView: a refresh begun before is dropped
+	refreshing bool
+}
+
+// fleetRows is what the view keeps beside the scheduler's: the node rows
+// (a source's origin: can it share, its address) and how many pooled
+// sandboxes of each template each node held.
+type fleetRows struct {
+	nodes  map[string]store.Node
+	pooled map[poolKey]int
+}
+
+type poolKey struct{ node, template string }
+
+// viewLocked returns the view to place from (s.view.mu held): rebuilt
+// now when missing or too old, refreshed in the background when stale.
+func (s *Service) viewLocked(ctx context.Context) (*viewCache, error) {
+	c := &s.view
+	now := s.now()
+	age := now.Sub(c.at)
+	if c.view.Nodes == nil || age > viewMaxAge || now.Before(c.at) {
+		v, rows, err := s.buildView(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c.view, c.fleetRows, c.at = v, rows, now
+		return c, nil
+	}
+	if age > viewTTL && !c.refreshing && s.ctx.Err() == nil {
+		c.refreshing = true
+		gen := c.gen
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			// Dated when its reads began: a drain committed during them
+			// may be missing, so its age counts from then.
+			began := s.now()
+			v, rows, err := s.buildView(s.ctx)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.refreshing = false
+			if err != nil {
+				s.log.Warn("refresh the placement view", "err", err)
+				return
+			}
+			if c.gen == gen {
+				c.view, c.fleetRows, c.at = v, rows, began
+			}
+		}()
+	}
+	return c, nil
+}
+
+// nodeRow is a node's row as the placement view has it (at most
+// viewMaxAge old; drains and losses seen by this process at once).
+func (s *Service) nodeRow(ctx context.Context, id string) (store.Node, bool, error) {
+	s.view.mu.Lock()
+	defer s.view.mu.Unlock()
+	c, err := s.viewLocked(ctx)
+	if err != nil {
+		return store.Node{}, false, err
+	}
+	n, ok := c.nodes[id]
+	return n, ok, nil
+}
+
+// mayHavePooled says whether the view saw a pooled sandbox of template on
+// node (or this process added one since): when not, a create does not
+// look for one.
+func (s *Service) mayHavePooled(node, template string) bool {
+	s.view.mu.Lock()
+	defer s.view.mu.Unlock()
+	return s.view.pooled == nil || s.view.pooled[poolKey{node, template}] > 0
+}
+
+// notePooled counts a pooled sandbox this process added in the view.
+func (s *Service) notePooled(node, template string) {
+	s.view.mu.Lock()
+	defer s.view.mu.Unlock()
+	if s.view.pooled != nil {
+		s.view.pooled[poolKey{node, template}]++
+	}
 }
 
 // place picks the node for a create from src (nil: a template every
@@ -159,23 +248,27 @@ func sizeOf(memoryMB, cpus int) scheduler.Resources {
 	return each
 }
 
-// placeN places req's items from the cached view (refreshed every
-// viewTTL) and counts them in it. A source (a user snapshot or template)
-// adds what its row knows: one only on its node's disk pins the items
-// there; one durable, or whose node has a blob store and can serve it,
-// admits only nodes that can restore it (the runtime build and CPU
-// features it was taken with) and prefers the nodes that hold a copy.
+// placeN places req's items from the cached view and counts them in it.
+// A source (a user snapshot or template) adds what its row knows: one
+// only on its node's disk pins the items there; one durable, or whose
+// node has a blob store and can serve it, admits only nodes that can
+// restore it (the runtime build and CPU features it was taken with) and
+// prefers the nodes that hold a copy. It sets src.peers to the origin's
+// address when the origin is ready.
 func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *sourceInfo) ([]string, error) {
+	s.view.mu.Lock()
+	defer s.view.mu.Unlock()
+	c, err := s.viewLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var holders []string
 	if src != nil && src.origin != "" {
-		var origin store.Node
-		oerr := src.originErr
-		if src.originRow != nil {
-			origin = *src.originRow
-		} else if oerr == nil {
-			origin, oerr = s.st.GetNode(ctx, src.origin)
+		origin, known := c.nodes[src.origin]
+		if known && origin.Addr != "" && origin.State == store.NodeReady {
+			src.peers = []string{origin.Addr}
 		}
-		shared := src.durable || (oerr == nil && origin.Durable && origin.State == store.NodeReady)
+		shared := src.durable || (known && origin.Durable && origin.State == store.NodeReady)
 		if !shared {
 			if req.Hint != "" && req.Hint != src.origin {
 				return nil, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it, not on %s", src.id, src.origin, req.Hint)
@@ -186,30 +279,21 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 			holders = src.holders
 		}
 	}
-	s.view.mu.Lock()
-	defer s.view.mu.Unlock()
-	if s.view.view.Nodes == nil || s.now().Sub(s.view.at) > viewTTL || s.now().Before(s.view.at) {
-		v, err := s.buildView(ctx)
-		if err != nil {
-			return nil, err
-		}
-		s.view.view, s.view.at = v, s.now()
-	}
-	for i := range s.view.view.Nodes {
-		if nv := &s.view.view.Nodes[i]; slices.Contains(holders, nv.ID) {
+	for i := range c.view.Nodes {
+		if nv := &c.view.Nodes[i]; slices.Contains(holders, nv.ID) {
 			if nv.Cached == nil {
 				nv.Cached = map[string]bool{}
 			}
 			nv.Cached[req.Source] = true
 		}
 	}
-	p, err := scheduler.Place(s.view.view, req)
+	p, err := scheduler.Place(c.view, req)
 	if err != nil {
 		return nil, err
 	}
 	for _, id := range p.Nodes {
-		for i := range s.view.view.Nodes {
-			if nv := &s.view.view.Nodes[i]; nv.ID == id {
+		for i := range c.view.Nodes {
+			if nv := &c.view.Nodes[i]; nv.ID == id {
 				nv.Used.MemoryMB += req.Each.MemoryMB
 				nv.Used.VCPUs += req.Each.VCPUs
 				nv.Used.Sandboxes++
@@ -223,10 +307,10 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 // sandboxes (running, paused, being created) hold. A node of the
 // registry the store does not know yet is registered first; a node the
 // registry cannot reach counts as lost.
-func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
+func (s *Service) buildView(ctx context.Context) (scheduler.View, fleetRows, error) {
 	nodes, err := s.st.ListNodes(ctx)
 	if err != nil {
-		return scheduler.View{}, err
+		return scheduler.View{}, fleetRows{}, err
 	}
 	known := map[string]bool{}
 	for _, n := range nodes {
@@ -237,43 +321,50 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, error) {
 		if !known[id] {
 			n, _ := s.nodes.Node(id)
 			if err := s.register(ctx, id, n); err != nil {
-				return scheduler.View{}, err
+				return scheduler.View{}, fleetRows{}, err
 			}
 			added = true
 		}
 	}
 	if added {
 		if nodes, err = s.st.ListNodes(ctx); err != nil {
-			return scheduler.View{}, err
+			return scheduler.View{}, fleetRows{}, err
 		}
 	}
-	used, err := s.usedByNode(ctx)
+	used, pooled, err := s.usedByNode(ctx)
 	if err != nil {
-		return scheduler.View{}, err
+		return scheduler.View{}, fleetRows{}, err
 	}
 	v := scheduler.View{Nodes: make([]scheduler.NodeView, 0, len(nodes))}
+	rows := fleetRows{nodes: make(map[string]store.Node, len(nodes)), pooled: pooled}
 	for _, n := range nodes {
+		rows.nodes[n.ID] = n
 		_, reachable := s.nodes.Node(n.ID)
 		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
 			Reserved: schedRes(n.Reserved), Overcommit: scheduler.Overcommit(n.Overcommit), Used: used[n.ID], Draining: n.Draining,
 			Lost:       n.State != store.NodeReady || !reachable, // joining: not until reconciled
 			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
 	}
-	return v, nil
+	return v, rows, nil
 }
 
 // usedByNode sums, per node, the limits of its running, paused,
-// creating and pooled (warm-pool) sandboxes.
-func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resources, error) {
+// creating and pooled (warm-pool) sandboxes, and counts the pooled ones
+// per node and template.
+func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resources, map[poolKey]int, error) {
 	used := map[string]scheduler.Resources{}
+	pooled := map[poolKey]int{}
 	cursor := ""
 	for {
 		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{
 			States: []string{store.StateRunning, store.StatePaused, store.StateCreating, store.StatePooled}, Limit: 1000, Cursor: cursor})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, sb := range page {
+			if sb.State == store.StatePooled {
+				pooled[poolKey{sb.NodeID, sb.TemplateID}]++
+			}
 			u := used[sb.NodeID]
 			mem, cpu := int64(sb.MemoryMB), float64(sb.CPUCount)
 			if mem == 0 {
@@ -286,7 +377,7 @@ func (s *Service) usedByNode(ctx context.Context) (map[string]scheduler.Resource
 			used[sb.NodeID] = u
 		}
 		if next == "" {
-			return used, nil
+			return used, pooled, nil
 		}
 		cursor = next
 	}

@@ -124,7 +124,10 @@ func (s *Service) addPooled(ctx context.Context, cfg PoolConfig, template string
 	if nodeID != "" {
 		n, err = s.node(nodeID)
 	} else {
-		nodeID, n, err = s.place(ctx, CreateRequest{TemplateID: template}, s.sourceOf(ctx, template))
+		var src *sourceInfo
+		if src, err = s.sourceOf(ctx, template); err == nil {
+			nodeID, n, err = s.place(ctx, CreateRequest{TemplateID: template}, src)
+		}
 	}
 	if err != nil {
 		return err
@@ -146,6 +149,7 @@ func (s *Service) addPooled(ctx context.Context, cfg PoolConfig, template string
 		s.killOnNode(ctx, nodeID, rec.ID)
 		return err
 	}
+	s.notePooled(nodeID, template)
 	return nil
 }
 
@@ -193,7 +197,7 @@ var errNoPooled = errors.New("no pooled sandbox")
 // metadata and timeout); errNoPooled when the pool cannot serve it (the
 // caller restores as usual).
 func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandbox, nodeID string, env []string, policy nodeapi.Policy) (Sandbox, error) {
-	if r.CPUCount != 0 || r.MemoryMB != 0 {
+	if r.CPUCount != 0 || r.MemoryMB != 0 || !s.mayHavePooled(nodeID, r.TemplateID) {
 		return Sandbox{}, errNoPooled
 	}
 	rows, _, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StatePooled}, Template: r.TemplateID, NodeID: nodeID, Limit: 16})

@@ -82,7 +82,7 @@ func (h *hibNode) Hibernate(ctx context.Context, id string) error {
 	return h.Node.Hibernate(ctx, id)
 }
 
-func (h *hibNode) Resume(ctx context.Context, id string) error {
+func (h *hibNode) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
 	h.j.sleep()
 	h.mu.Lock()
 	h.resumes[id]++

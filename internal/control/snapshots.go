@@ -412,7 +412,10 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	}
 	// A user snapshot goes by its ID: a node that does not hold it (it was
 	// taken on another node) fetches it when it is durable.
-	src := s.sourceOf(ctx, snapshotID)
+	src, err := s.sourceOf(ctx, snapshotID)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	ns, err := n.Rollback(ctx, id, src.sourceID(snapshotID))
 	if err == nil {
 		s.noteCopy(ctx, src, rec.NodeID)

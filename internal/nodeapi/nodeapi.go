@@ -73,8 +73,10 @@ type Node interface {
 	Kill(ctx context.Context, id string) error
 	// Pause freezes a running sandbox in memory.
 	Pause(ctx context.Context, id string) error
-	// Resume continues a paused sandbox or restores a hibernated one.
-	Resume(ctx context.Context, id string) error
+	// Resume continues a paused sandbox or restores a hibernated one and
+	// returns it as Get would (its address may be new), saving the caller
+	// a second call.
+	Resume(ctx context.Context, id string) (Sandbox, error)
 	// Hibernate checkpoints a sandbox to the node's disk and frees its
 	// memory; Resume brings it back.
 	Hibernate(ctx context.Context, id string) error

@@ -130,8 +130,9 @@ func Run(ctx context.Context, cfg Config) error {
 		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
 	}()
 	defer func() { <-poolDone }()
-	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, api.KeyCheck(st), log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain})
+	keys := api.NewKeys(st)
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

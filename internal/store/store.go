@@ -204,6 +204,7 @@ type Store interface {
 	Sandboxes
 	Snapshots
 	Templates
+	Refs
 	Nodes
 	Leases
 	APIKeys
@@ -258,6 +259,20 @@ type Templates interface {
 	// UpdateTemplate is read-change-write in one transaction.
 	UpdateTemplate(ctx context.Context, name string, fn func(*Template) error) (Template, error)
 	DeleteTemplate(ctx context.Context, name string) error
+}
+
+// Refs resolve what a create or rollback names.
+type Refs interface {
+	// ResolveRef finds what ref names, the first match winning: a
+	// snapshot by ID, a snapshot by name, a template by name. One read
+	// (one round trip on PostgreSQL); none of them: ErrNotFound.
+	ResolveRef(ctx context.Context, ref string) (Ref, error)
+}
+
+// Ref is what ResolveRef found: exactly one of its fields is set.
+type Ref struct {
+	Snapshot *Snapshot
+	Template *Template
 }
 
 // Nodes are the fleet's node agents.

@@ -77,6 +77,11 @@ func (x timed) DeleteSnapshot(ctx context.Context, id string) error {
 	return x.st.DeleteSnapshot(ctx, id)
 }
 
+func (x timed) ResolveRef(ctx context.Context, ref string) (Ref, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ResolveRef(ctx, ref)
+}
+
 func (x timed) PutTemplate(ctx context.Context, t Template) (Template, error) {
 	defer timing.Track(ctx, "store")()
 	return x.st.PutTemplate(ctx, t)

@@ -199,12 +199,19 @@ func (n *Node) Pause(ctx context.Context, id string) error {
 	return err
 }
 
-// Resume resumes a sandbox.
-func (n *Node) Resume(ctx context.Context, id string) error {
+// Resume resumes a sandbox and returns it.
+func (n *Node) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
 	defer timing.Track(ctx, "node")()
 	err := n.eng.Resume(ctx, id)
 	n.opDone("resume", id, err)
-	return err
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	es, err := n.eng.Get(ctx, id)
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return Sandbox(es), nil
 }
 
 // Hibernate hibernates a sandbox.

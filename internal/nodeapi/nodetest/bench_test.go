@@ -66,7 +66,8 @@ func BenchmarkHop(b *testing.B) {
 			if err := n.Pause(ctx, sb.ID); err != nil {
 				return err
 			}
-			return n.Resume(ctx, sb.ID)
+			_, err := n.Resume(ctx, sb.ID)
+			return err
 		}},
 	} {
 		// Local and remote calls alternate on one node, so a change of

@@ -82,7 +82,7 @@ func testBlobStore(t *testing.T, s *suite) {
 	}
 	_, err = s.Peer.Adopt(s.ctx, nodeapi.AdoptRequest{SandboxID: ids.New('i'), Hibernation: hib.Hibernation})
 	wantKind(t, "adopt of another sandbox's hibernation", err, errdefs.ErrInvalidArgument)
-	if err := s.Peer.Resume(s.ctx, mover.ID); err != nil {
+	if _, err := s.Peer.Resume(s.ctx, mover.ID); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Peer.Get(s.ctx, mover.ID); err != nil || got.State != nodeapi.StateRunning {

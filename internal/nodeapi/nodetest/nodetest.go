@@ -9,6 +9,7 @@ package nodetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	goruntime "runtime"
 	"slices"
@@ -316,10 +317,23 @@ func testLifecycle(t *testing.T, s *suite) {
 			t.Fatalf("after %s: state %s, want %s", what, got, want)
 		}
 	}
+	// resume: Resume answers the sandbox as Get then does.
+	resume := func(ctx context.Context, id string) error {
+		got, err := s.n.Resume(ctx, id)
+		if err != nil {
+			return err
+		}
+		if now, err := s.n.Get(ctx, id); err != nil || got.State != nodeapi.StateRunning || got.Addr != now.Addr ||
+			got.AccessToken != now.AccessToken || got.ID != id {
+			return fmt.Errorf("resume answered %+v; get then says %+v, %v", got, now, err)
+		}
+		return nil
+	}
 	step("pause", s.n.Pause, nodeapi.StatePaused)
 	wantKind(t, "pause of a paused sandbox", s.n.Pause(s.ctx, sb.ID), errdefs.ErrConflict)
-	step("resume", s.n.Resume, nodeapi.StateRunning)
-	wantKind(t, "resume of a running sandbox", s.n.Resume(s.ctx, sb.ID), errdefs.ErrConflict)
+	step("resume", resume, nodeapi.StateRunning)
+	_, err := s.n.Resume(s.ctx, sb.ID)
+	wantKind(t, "resume of a running sandbox", err, errdefs.ErrConflict)
 	step("hibernate", s.n.Hibernate, nodeapi.StateHibernated)
 	got, _ := s.n.Get(s.ctx, sb.ID)
 	if got.Addr != "" {
@@ -337,14 +351,14 @@ func testLifecycle(t *testing.T, s *suite) {
 	}) {
 		t.Errorf("snapshots hold no hibernation of %s", sb.ID)
 	}
-	step("resume from hibernation", s.n.Resume, nodeapi.StateRunning)
+	step("resume from hibernation", resume, nodeapi.StateRunning)
 	got, _ = s.n.Get(s.ctx, sb.ID)
 	if got.Addr == "" || got.AccessToken != sb.AccessToken {
 		t.Errorf("resumed sandbox: address %q, token %q (want an address and %q)", got.Addr, got.AccessToken, sb.AccessToken)
 	}
 	step("pause", s.n.Pause, nodeapi.StatePaused)
 	step("hibernate from paused", s.n.Hibernate, nodeapi.StateHibernated)
-	step("resume", s.n.Resume, nodeapi.StateRunning)
+	step("resume", resume, nodeapi.StateRunning)
 }
 
 func testSnapshot(t *testing.T, s *suite) {
@@ -580,7 +594,7 @@ func testUnknownIDs(t *testing.T, s *suite) {
 		"get":         func(id string) error { _, err := n.Get(ctx, id); return err },
 		"kill":        func(id string) error { return n.Kill(ctx, id) },
 		"pause":       func(id string) error { return n.Pause(ctx, id) },
-		"resume":      func(id string) error { return n.Resume(ctx, id) },
+		"resume":      func(id string) error { _, err := n.Resume(ctx, id); return err },
 		"hibernate":   func(id string) error { return n.Hibernate(ctx, id) },
 		"stats":       func(id string) error { _, err := n.Stats(ctx, id); return err },
 		"set policy":  func(id string) error { return n.SetPolicy(ctx, id, nodeapi.Policy{Internet: true}) },

@@ -173,10 +173,13 @@ func (c *Client) Pause(ctx context.Context, id string) error {
 	return err
 }
 
-// Resume resumes a sandbox.
-func (c *Client) Resume(ctx context.Context, id string) error {
-	_, err := call(ctx, c.c.Resume, &nodev1.ResumeRequest{Id: id})
-	return err
+// Resume resumes a sandbox and returns it.
+func (c *Client) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	res, err := call(ctx, c.c.Resume, &nodev1.ResumeRequest{Id: id})
+	if err != nil {
+		return nodeapi.Sandbox{}, err
+	}
+	return sandbox(res.GetSandbox())
 }
 
 // Hibernate hibernates a sandbox.

@@ -248,10 +248,11 @@ func (s *server) Pause(ctx context.Context, req *connect.Request[nodev1.PauseReq
 }
 
 func (s *server) Resume(ctx context.Context, req *connect.Request[nodev1.ResumeRequest]) (*connect.Response[nodev1.ResumeResponse], error) {
-	if err := s.node.Resume(ctx, req.Msg.GetId()); err != nil {
+	sb, err := s.node.Resume(ctx, req.Msg.GetId())
+	if err != nil {
 		return nil, toConnect(err)
 	}
-	return ok(&nodev1.ResumeResponse{})
+	return ok(&nodev1.ResumeResponse{Sandbox: sandboxPB(sb)})
 }
 
 func (s *server) Hibernate(ctx context.Context, req *connect.Request[nodev1.HibernateRequest]) (*connect.Response[nodev1.HibernateResponse], error) {

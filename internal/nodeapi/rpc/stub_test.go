@@ -25,10 +25,12 @@ func (s *stubNode) Create(context.Context, nodeapi.CreateRequest) (nodeapi.Sandb
 func (s *stubNode) Get(context.Context, string) (nodeapi.Sandbox, error) {
 	return nodeapi.Sandbox{}, s.hit()
 }
-func (s *stubNode) List(context.Context) ([]nodeapi.Sandbox, error)           { return nil, s.hit() }
-func (s *stubNode) Kill(context.Context, string) error                        { return s.hit() }
-func (s *stubNode) Pause(context.Context, string) error                       { return s.hit() }
-func (s *stubNode) Resume(context.Context, string) error                      { return s.hit() }
+func (s *stubNode) List(context.Context) ([]nodeapi.Sandbox, error) { return nil, s.hit() }
+func (s *stubNode) Kill(context.Context, string) error              { return s.hit() }
+func (s *stubNode) Pause(context.Context, string) error             { return s.hit() }
+func (s *stubNode) Resume(context.Context, string) (nodeapi.Sandbox, error) {
+	return nodeapi.Sandbox{}, s.hit()
+}
 func (s *stubNode) Hibernate(context.Context, string) error                   { return s.hit() }
 func (s *stubNode) DeleteSnapshot(context.Context, string) error              { return s.hit() }
 func (s *stubNode) Snapshots(context.Context) ([]nodeapi.SnapshotInfo, error) { return nil, s.hit() }

@@ -219,3 +219,15 @@ func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
 	err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
 	return n, err
 }
+
+// ResolveRef implements store.Store: the three lookups in one statement,
+// ranked.
+func (s *DB) ResolveRef(ctx context.Context, ref string) (store.Ref, error) {
+	var rank int
+	var data []byte
+	err := s.pool.QueryRow(ctx, `SELECT 0, data FROM snapshots WHERE id = $1
+		UNION ALL SELECT 1, s.data FROM snapshots s JOIN snapshot_names n ON n.snapshot_id = s.id WHERE n.name = $1
+		UNION ALL SELECT 2, data FROM templates WHERE name = $1
+		ORDER BY 1 LIMIT 1`, ref).Scan(&rank, &data)
+	return store.DecodeRef(err, rank, data, ref, pgx.ErrNoRows)
+}

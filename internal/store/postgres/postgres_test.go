@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -134,4 +135,73 @@ func BenchmarkUpdateSandbox(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCreatePath: the store calls of a create from a template, one
+// by one (each one round trip): the name's resolution, the row's insert,
+// the swap to running after the node's answer, and a read by ID.
+func BenchmarkCreatePath(b *testing.B) {
+	s, err := postgres.Open(context.Background(), testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.PutTemplate(ctx, store.Template{Name: "py", SnapshotID: "s1", NodeIDs: []string{"n1"}}); err != nil {
+		b.Fatal(err)
+	}
+	row := func(i int) store.Sandbox {
+		return store.Sandbox{ID: fmt.Sprintf("c%d", i), State: store.StateCreating, TemplateID: "base", NodeID: "n1",
+			EnvdAccessToken: "0123456789abcdef0123456789abcdef0123456789abcdef", Metadata: map[string]string{"user": "u1"},
+			EndAt: time.Now().Add(time.Hour), StartedAt: time.Now()}
+	}
+	b.Run("ResolveRef", func(b *testing.B) {
+		for range b.N {
+			if _, err := s.ResolveRef(ctx, "py"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ResolveRef/miss", func(b *testing.B) {
+		for range b.N {
+			if _, err := s.ResolveRef(ctx, "base"); !errdefs.IsNotFound(err) {
+				b.Fatal(err)
+			}
+		}
+	})
+	made := 0 // rows created over every run of the sub-benchmark
+	b.Run("CreateSandbox", func(b *testing.B) {
+		for range b.N {
+			if err := s.CreateSandbox(ctx, row(made)); err != nil {
+				b.Fatal(err)
+			}
+			made++
+		}
+	})
+	swapped := 0 // rows swapped to running, each once
+	b.Run("CompareAndSwapSandbox", func(b *testing.B) {
+		for range b.N {
+			if swapped == made {
+				b.StopTimer()
+				if err := s.CreateSandbox(ctx, row(made)); err != nil {
+					b.Fatal(err)
+				}
+				made++
+				b.StartTimer()
+			}
+			r := row(swapped)
+			swapped++
+			r.State, r.Addr, r.Version = store.StateRunning, "10.0.0.2", 1
+			if _, err := s.CompareAndSwapSandbox(ctx, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("GetSandbox", func(b *testing.B) {
+		for range b.N {
+			if _, err := s.GetSandbox(ctx, "c0"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

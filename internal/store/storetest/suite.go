@@ -46,6 +46,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("SnapshotFleetFields", func(t *testing.T) { testSnapshotFields(t, open(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, open(t)) })
+	t.Run("ResolveRef", func(t *testing.T) { testResolveRef(t, open(t)) })
 	t.Run("TwoHandles/NoLostUpdate", func(t *testing.T) { testTwoHandlesUpdate(t, two) })
 	t.Run("TwoHandles/OneCASWinner", func(t *testing.T) { testTwoHandlesCAS(t, two) })
 	t.Run("TwoHandles/HibernationClaim", func(t *testing.T) { testHibernationClaim(t, two) })

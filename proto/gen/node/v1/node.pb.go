@@ -1312,6 +1312,7 @@ func (x *ResumeRequest) GetId() string {
 
 type ResumeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1344,6 +1345,13 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
 }
 
 type HibernateRequest struct {
@@ -3029,8 +3037,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rPauseResponse\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
-	"\x0eResumeResponse\"\"\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"B\n" +
+	"\x0eResumeResponse\x120\n" +
+	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x13\n" +
 	"\x11HibernateResponse\"t\n" +
@@ -3238,71 +3247,72 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	4,  // 13: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	4,  // 14: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
-	5,  // 15: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	26, // 16: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
-	4,  // 17: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
-	6,  // 18: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	28, // 19: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
-	4,  // 20: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	5,  // 21: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 22: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 23: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	55, // 24: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
-	5,  // 25: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 26: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 27: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 28: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	54, // 29: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	55, // 30: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	54, // 31: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	51, // 32: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 33: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 34: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 35: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 36: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 37: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 38: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 39: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 40: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 41: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 42: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 43: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 44: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 45: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	42, // 46: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	44, // 47: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	46, // 48: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	48, // 49: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	38, // 50: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	36, // 51: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	40, // 52: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	50, // 53: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 54: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 55: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 56: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 57: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 58: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 59: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 60: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 61: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 62: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 63: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 64: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 65: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 66: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	43, // 67: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	45, // 68: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	47, // 69: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	49, // 70: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	39, // 71: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	37, // 72: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	41, // 73: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	52, // 74: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	54, // [54:75] is the sub-list for method output_type
-	33, // [33:54] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	4,  // 15: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	5,  // 16: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	26, // 17: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	4,  // 18: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 19: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
+	28, // 20: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	4,  // 21: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	5,  // 22: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 23: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 24: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	55, // 25: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	5,  // 26: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 27: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 28: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 29: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	54, // 30: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	55, // 31: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	54, // 32: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	51, // 33: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	7,  // 34: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 35: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 36: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 37: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 38: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 39: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 40: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 41: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 42: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 43: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 44: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 45: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 46: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	42, // 47: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	44, // 48: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	46, // 49: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	48, // 50: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	38, // 51: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	36, // 52: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	40, // 53: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	50, // 54: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 55: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 56: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 57: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 58: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 59: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 60: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 61: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 62: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 63: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 64: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 65: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 66: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 67: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	43, // 68: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	45, // 69: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	47, // 70: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	49, // 71: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	39, // 72: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	37, // 73: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	41, // 74: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	52, // 75: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	55, // [55:76] is the sub-list for method output_type
+	34, // [34:55] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }

@@ -1,0 +1,232 @@
+package control_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// counting is a store that counts the calls an operation makes (on
+// PostgreSQL each is a round trip or a transaction) and can fail
+// ResolveRef.
+type counting struct {
+	store.Store
+	mu       sync.Mutex
+	calls    map[string]int
+	failRefs error
+	// hold, when set, stalls ListSandboxes (the placement view's second
+	// read) until it is closed; listed counts the ones that returned.
+	hold   chan struct{}
+	listed atomic.Int64
+}
+
+func (c *counting) hit(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[name]++
+}
+
+// take returns the calls since the last take, as "Name×n" sorted.
+func (c *counting) take() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(c.calls)) {
+		out = append(out, fmt.Sprintf("%s×%d", k, c.calls[k]))
+	}
+	c.calls = map[string]int{}
+	return strings.Join(out, " ")
+}
+
+func (c *counting) ResolveRef(ctx context.Context, ref string) (store.Ref, error) {
+	c.hit("ResolveRef")
+	if c.failRefs != nil {
+		return store.Ref{}, c.failRefs
+	}
+	return c.Store.ResolveRef(ctx, ref)
+}
+func (c *counting) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error) {
+	c.hit("GetSnapshot")
+	return c.Store.GetSnapshot(ctx, id)
+}
+func (c *counting) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store.Snapshot, string, error) {
+	c.hit("ListSnapshots")
+	return c.Store.ListSnapshots(ctx, f)
+}
+func (c *counting) GetTemplate(ctx context.Context, name string) (store.Template, error) {
+	c.hit("GetTemplate")
+	return c.Store.GetTemplate(ctx, name)
+}
+func (c *counting) GetNode(ctx context.Context, id string) (store.Node, error) {
+	c.hit("GetNode")
+	return c.Store.GetNode(ctx, id)
+}
+func (c *counting) ListNodes(ctx context.Context) ([]store.Node, error) {
+	c.hit("ListNodes")
+	return c.Store.ListNodes(ctx)
+}
+func (c *counting) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	c.hit("GetSandbox")
+	return c.Store.GetSandbox(ctx, id)
+}
+func (c *counting) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, string, error) {
+	c.hit("ListSandboxes")
+	c.mu.Lock()
+	hold := c.hold
+	c.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	defer c.listed.Add(1)
+	return c.Store.ListSandboxes(ctx, f)
+}
+func (c *counting) CreateSandbox(ctx context.Context, s store.Sandbox) error {
+	c.hit("CreateSandbox")
+	return c.Store.CreateSandbox(ctx, s)
+}
+func (c *counting) CompareAndSwapSandbox(ctx context.Context, s store.Sandbox) (store.Sandbox, error) {
+	c.hit("CompareAndSwapSandbox")
+	return c.Store.CompareAndSwapSandbox(ctx, s)
+}
+func (c *counting) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbox) error) (store.Sandbox, error) {
+	c.hit("UpdateSandbox")
+	return c.Store.UpdateSandbox(ctx, id, fn)
+}
+func (c *counting) PutSnapshot(ctx context.Context, s store.Snapshot) error {
+	c.hit("PutSnapshot")
+	return c.Store.PutSnapshot(ctx, s)
+}
+
+// countingFleet is newFleet over a counting store.
+func countingFleet(t *testing.T) (*fleet, *counting) {
+	t.Helper()
+	c := controltest.ConfigOf(t)
+	cs := &counting{Store: c.Store(t), calls: map[string]int{}}
+	a, b := controltest.New(t), controltest.New(t)
+	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
+	h := &harness{t: t, n: a, st: cs, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
+	h.nodes = control.Nodes{"na": c.Node(t, la), "nb": c.Node(t, lb)}
+	h.ctl = control.New(control.Config{Store: cs, Nodes: h.nodes, Now: h.clk.Now})
+	t.Cleanup(h.ctl.Close)
+	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{harness: h, a: a, b: b}, cs
+}
+
+// What a create, a create from a named snapshot and a rollback read and
+// write in the store once the placement view is warm: the name resolved
+// in one read, the row written before the node's call and swapped after
+// it, nothing else (no node row, no warm-pool query when the view saw no
+// pooled sandbox). These are the round trips a fleet's replica makes to
+// PostgreSQL on each; a change that adds one fails here.
+func TestStoreCallsPerOperation(t *testing.T) { controltest.Each(t, testStoreCallsPerOperation) }
+
+func testStoreCallsPerOperation(t *testing.T, _ controltest.Config) {
+	f, cs := countingFleet(t)
+	ctx := ctxFor(t)
+	src := f.create(control.CreateRequest{}) // builds the view
+	if _, err := f.ctl.Snapshot(ctx, src.ID, "golden", false); err != nil {
+		t.Fatal(err)
+	}
+	for !f.ctl.UploadsIdle() { // the snapshot's background upload
+		time.Sleep(5 * time.Millisecond)
+	}
+	cs.take()
+	want := "CompareAndSwapSandbox×1 CreateSandbox×1 ResolveRef×1"
+	f.create(control.CreateRequest{})
+	if got := cs.take(); got != want {
+		t.Errorf("create from a template: %s, want %s", got, want)
+	}
+	child := f.create(control.CreateRequest{TemplateID: "golden", NodeID: src.NodeID})
+	if got := cs.take(); got != want {
+		t.Errorf("create from a snapshot by name: %s, want %s", got, want)
+	}
+	back, err := f.ctl.Rollback(ctx, child.ID, "golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = "GetSandbox×1 ResolveRef×1"
+	if back.Addr != child.Addr { // a new address is written
+		want = "GetSandbox×1 ResolveRef×1 UpdateSandbox×1"
+	}
+	if got := cs.take(); got != want {
+		t.Errorf("rollback: %s, want %s", got, want)
+	}
+}
+
+// A store that fails while resolving a create's template fails the
+// create, and nothing is written: the name is not passed on unresolved.
+func TestCreateFailsWhenTheStoreCannotResolve(t *testing.T) {
+	f, cs := countingFleet(t)
+	cs.failRefs = errors.New("store down")
+	cs.take()
+	_, err := f.ctl.Create(ctxFor(t), control.CreateRequest{TemplateID: "base", Timeout: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "store down") {
+		t.Fatalf("create = %v, want the store's error", err)
+	}
+	if got := cs.take(); got != "ResolveRef×1" {
+		t.Fatalf("store calls %s: want only the failed resolve", got)
+	}
+	rows, _, err := f.st.ListSandboxes(ctxFor(t), store.SandboxFilter{})
+	if err != nil || len(rows) != 0 {
+		t.Fatalf("rows after the failed create: %v, %v", rows, err)
+	}
+}
+
+// The placement view: within viewTTL nothing is read; a stale one is
+// refreshed in the background while the create goes on from it; past
+// five seconds it is rebuilt before placing, so a drain by another
+// replica (straight in the store here) is obeyed by then, also when the
+// drain committed while a background refresh was reading (that view is
+// as old as its reads, not as its arrival).
+func TestPlacementViewAge(t *testing.T) { controltest.Each(t, testPlacementViewAge) }
+
+func testPlacementViewAge(t *testing.T, _ controltest.Config) {
+	f, cs := countingFleet(t)
+	ctx := ctxFor(t)
+	f.create(control.CreateRequest{})
+	cs.take()
+	hold := make(chan struct{})
+	cs.mu.Lock()
+	cs.hold = hold
+	cs.mu.Unlock()
+	f.clk.Add(2 * time.Second)
+	f.create(control.CreateRequest{}) // from the stale view; its refresh stalls in ListSandboxes
+	if got := cs.take(); !strings.Contains(got, "ListNodes×1") {
+		t.Fatalf("calls %s: the stale view's refresh did not begin", got)
+	}
+	// Another replica drains nb while the refresh reads.
+	if _, err := f.st.UpdateNode(ctx, "nb", func(n *store.Node) error { n.Draining = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.clk.Add(6 * time.Second)
+	before := cs.listed.Load()
+	cs.mu.Lock()
+	cs.hold = nil
+	cs.mu.Unlock()
+	close(hold)
+	for deadline := time.Now().Add(10 * time.Second); cs.listed.Load() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refresh did not finish")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // it installs its view
+	for range 6 {
+		if sb := f.create(control.CreateRequest{}); sb.NodeID != "na" {
+			t.Fatalf("a create landed on %s, drained 6 s before", sb.NodeID)
+		}
+	}
+}
