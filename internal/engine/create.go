@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
@@ -24,6 +25,10 @@ type TemplateSpec struct {
 	// taken. Empty means ready as soon as it boots.
 	Ready        []string
 	ReadyTimeout time.Duration // default 60s
+	// DaemonInit, when set, is sent to the in-sandbox daemon once ready,
+	// before the snapshot: sandbox-wide defaults (user, working directory,
+	// environment) that every sandbox of the template then starts with.
+	DaemonInit *envd.InitRequest
 }
 
 // BuildTemplate boots a root filesystem with the start command, waits for
@@ -59,7 +64,8 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	}
 	spec.Run.AccessToken = "" // a template's daemon has no token until /init
 	start := time.Now()
-	if _, err := e.launch(ctx, rs, "", netns.Policy{Internet: true}); err != nil {
+	addr, err := e.launch(ctx, rs, "", netns.Policy{Internet: true})
+	if err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("template %s: boot: %w", spec.Name, err)
 	}
 	defer func() {
@@ -69,6 +75,14 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	}()
 	if err := e.waitReady(ctx, instance, spec); err != nil {
 		return snapshot.Manifest{}, err
+	}
+	if spec.DaemonInit != nil {
+		if e.init == nil || !addr.IsValid() {
+			return snapshot.Manifest{}, errdefs.Invalidf("template %s: daemon defaults given but the engine has no daemon client or network", spec.Name)
+		}
+		if err := e.init.Init(ctx, addr, "", *spec.DaemonInit); err != nil {
+			return snapshot.Manifest{}, fmt.Errorf("template %s: daemon defaults: %w", spec.Name, err)
+		}
 	}
 	st, err := e.snaps.Stage(ids.New('s'))
 	if err != nil {

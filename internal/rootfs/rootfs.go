@@ -31,13 +31,16 @@ import (
 
 // Stamp records how a root filesystem was built.
 type Stamp struct {
-	ID       string    `json:"id"` // build identity: changes with every build
-	Suite    string    `json:"suite"`
-	Variant  string    `json:"variant"`
-	Packages []string  `json:"packages"`
-	Extra    string    `json:"extra,omitempty"` // hash of files added after debootstrap
-	Revision int       `json:"revision,omitempty"`
-	Built    time.Time `json:"built"`
+	ID       string   `json:"id"` // build identity: changes with every build
+	Suite    string   `json:"suite"`
+	Variant  string   `json:"variant"`
+	Packages []string `json:"packages"`
+	Extra    string   `json:"extra,omitempty"` // hash of files added after debootstrap
+	Revision int      `json:"revision,omitempty"`
+	// Image is the OCI chain ID ("sha256:...") of the image tree a root
+	// filesystem was made from (see RegisterImage); empty for Debian ones.
+	Image string    `json:"image,omitempty"`
+	Built time.Time `json:"built"`
 }
 
 // Path returns the directory of the named root filesystem.

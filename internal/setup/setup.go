@@ -38,8 +38,10 @@ const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 //     SDK allows).
 //   - postgresql: the fleet's metadata store; the store tests start a
 //     throwaway cluster from its binaries (testenv.Postgres).
+//   - busybox-static: the node tests build OCI images from its static
+//     binary (no registry on the internet here).
 var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl",
-	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql"}
+	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql", "busybox-static"}
 
 // Tools are the pinned code generators, built into <cache>/tools.
 var Tools = []string{
