@@ -126,13 +126,15 @@ const (
 // The placement view is cached: reading every node and summing every
 // sandbox per create would cost more than the create itself. Placements
 // made from it are added to it; the node's admission check stays the
-// last word. A view older than viewTTL is refreshed in the background
-// while placements go on from it (no create waits for the read); one
-// older than viewMaxAge, or invalidated (a drain, a node lost), is
-// rebuilt before the placement.
+// last word. While this instance places (a placement in the last
+// viewIdle), the view is refreshed in the background every viewTTL, so
+// it is about that old and no create waits for the read; a view found
+// older than viewTTL starts a refresh too; one older than viewMaxAge, or
+// invalidated (a drain, a node lost), is rebuilt before the placement.
 const (
 	viewTTL    = time.Second
 	viewMaxAge = 5 * time.Second
+	viewIdle   = time.Minute
 )
 
 type viewCache struct {
@@ -142,6 +144,8 @@ type viewCache struct {
 	fleetRows
 	gen        uint64 // bumped by invalidateView: a refresh begun before is dropped
 	refreshing bool
+	ticking    bool      // the periodic refresh runs
+	lastUse    time.Time // of the last placement (wall clock: the refresh's ticker is)
 }
 
 // fleetRows is what the view keeps beside the scheduler's: the node rows
@@ -168,29 +172,73 @@ func (s *Service) viewLocked(ctx context.Context) (*viewCache, error) {
 		c.view, c.fleetRows, c.at = v, rows, now
 		return c, nil
 	}
-	if age > viewTTL && !c.refreshing && s.ctx.Err() == nil {
-		c.refreshing = true
-		gen := c.gen
-		s.bg.Add(1)
-		go func() {
-			defer s.bg.Done()
-			// Dated when its reads began: a drain committed during them
-			// may be missing, so its age counts from then.
-			began := s.now()
-			v, rows, err := s.buildView(s.ctx)
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			c.refreshing = false
-			if err != nil {
-				s.log.Warn("refresh the placement view", "err", err)
-				return
-			}
-			if c.gen == gen {
-				c.view, c.fleetRows, c.at = v, rows, began
-			}
-		}()
+	if age > viewTTL {
+		s.refreshViewLocked()
 	}
 	return c, nil
+}
+
+// refreshViewLocked starts a background refresh of the view unless one
+// runs (s.view.mu held).
+func (s *Service) refreshViewLocked() {
+	c := &s.view
+	if c.refreshing || s.ctx.Err() != nil {
+		return
+	}
+	c.refreshing = true
+	gen := c.gen
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		// Dated when its reads began: a drain committed during them may
+		// be missing, so its age counts from then.
+		began := s.now()
+		v, rows, err := s.buildView(s.ctx)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.refreshing = false
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.log.Warn("refresh the placement view", "err", err)
+			}
+			return
+		}
+		if c.gen == gen {
+			c.view, c.fleetRows, c.at = v, rows, began
+		}
+	}()
+}
+
+// viewInUse notes a placement (s.view.mu held) and keeps the periodic
+// refresh running while placements go on.
+func (s *Service) viewInUse() {
+	c := &s.view
+	c.lastUse = time.Now()
+	if c.ticking || s.ctx.Err() != nil {
+		return
+	}
+	c.ticking = true
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		t := time.NewTicker(viewTTL)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+			c.mu.Lock()
+			if time.Since(c.lastUse) > viewIdle {
+				c.ticking = false
+				c.mu.Unlock()
+				return
+			}
+			s.refreshViewLocked()
+			c.mu.Unlock()
+		}
+	}()
 }
 
 // nodeRow is a node's row as the placement view has it (at most
@@ -287,6 +335,7 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 			nv.Cached[req.Source] = true
 		}
 	}
+	s.viewInUse()
 	p, err := scheduler.Place(c.view, req)
 	if err != nil {
 		return nil, err
