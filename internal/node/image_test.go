@@ -1,0 +1,322 @@
+package node_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/oci"
+	"github.com/spore-run/spore/internal/rootfs"
+	"github.com/spore-run/spore/internal/testenv"
+	processpb "github.com/spore-run/spore/proto/gen/process"
+)
+
+// busybox is the static busybox of the host (Debian's busybox-static,
+// installed by `make setup`): the one binary of the test image.
+const busybox = "/usr/bin/busybox"
+
+type tarEntry struct {
+	name, body, link string
+	typ              byte
+	mode             int64
+	uid, gid         int
+}
+
+func tarLayer(t *testing.T, entries []tarEntry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Uid: e.uid, Gid: e.gid, Linkname: e.link,
+			Size: int64(len(e.body)), ModTime: time.Unix(1.7e9, 0)}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			io.WriteString(tw, e.body)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// testImage is a two-layer image: busybox with its applets, accounts, an
+// "app" user (uid 1234), /data files; the second layer deletes one of
+// them (a whiteout), adds another and the working directory.
+func testImage(t *testing.T) v1.Image {
+	t.Helper()
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatalf("%s (busybox-static, installed by `make setup`): %v", busybox, err)
+	}
+	dir := func(n string, mode int64, uid int) tarEntry {
+		return tarEntry{name: n, typ: tar.TypeDir, mode: mode, uid: uid, gid: uid}
+	}
+	file := func(n, body string, mode int64) tarEntry {
+		return tarEntry{name: n, typ: tar.TypeReg, body: body, mode: mode}
+	}
+	l1 := []tarEntry{
+		dir("bin/", 0o755, 0), file("bin/busybox", string(bb), 0o755),
+		dir("etc/", 0o755, 0),
+		file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n", 0o644),
+		file("etc/group", "root:x:0:\napp:x:1234:\n", 0o644),
+		dir("home/", 0o755, 0), dir("home/app/", 0o755, 1234), dir("root/", 0o700, 0),
+		dir("data/", 0o755, 0), file("data/kept.txt", "kept by layer 2\n", 0o644), file("data/gone.txt", "deleted by layer 2\n", 0o644),
+	}
+	for _, a := range []string{"sh", "cat", "id", "pwd", "echo", "ls", "test", "env", "false", "true", "sleep", "whoami"} {
+		l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox", mode: 0o777})
+	}
+	l2 := []tarEntry{
+		dir("data/", 0o755, 0), file("data/.wh.gone.txt", "", 0o644), file("data/new.txt", "added by layer 2\n", 0o644),
+		dir("srv/", 0o755, 0), dir("srv/work/", 0o755, 1234),
+	}
+	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, l1), tarLayer(t, l2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "GREETING=hello from the image"}
+	cf.Config.WorkingDir = "/srv/work"
+	cf.Config.User = "app"
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// countingRegistry is go-containerregistry's registry served in-process,
+// counting blob downloads.
+type countingRegistry struct {
+	host string
+	mu   sync.Mutex
+	gets map[string]int
+}
+
+var blobGet = regexp.MustCompile(`^/v2/.+/blobs/(sha256:[0-9a-f]{64})$`)
+
+func newCountingRegistry(t *testing.T) *countingRegistry {
+	r := &countingRegistry{gets: map[string]int{}}
+	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if m := blobGet.FindStringSubmatch(req.URL.Path); m != nil && req.Method == http.MethodGet {
+			r.mu.Lock()
+			r.gets[m[1]]++
+			r.mu.Unlock()
+		}
+		inner.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	r.host = strings.TrimPrefix(srv.URL, "http://")
+	return r
+}
+
+func (r *countingRegistry) push(t *testing.T, repoTag string, img v1.Image) string {
+	t.Helper()
+	ref, err := name.ParseReference(r.host+"/"+repoTag, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img, remote.WithAuth(authn.Anonymous)); err != nil {
+		t.Fatal(err)
+	}
+	return ref.String()
+}
+
+// shell runs a script with the image's /bin/sh through envd, as the
+// sandbox's default user unless c.user says otherwise.
+func (c *client) shell(ctx context.Context, script string) string {
+	c.t.Helper()
+	st, err := c.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}}))
+	if err != nil {
+		c.t.Fatalf("start %q: %v", script, err)
+	}
+	var out, errOut string
+	var code int32 = -1
+	for st.Receive() {
+		ev := st.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out += string(d.GetStdout())
+			errOut += string(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil {
+			code = e.GetExitCode()
+		}
+	}
+	if err := st.Err(); err != nil || code != 0 {
+		c.t.Fatalf("run %q: exit %d, %v: %s%s", script, code, err, out, errOut)
+	}
+	return out
+}
+
+// TestImageTemplate builds templates from an image in a registry served
+// in-process, then runs commands in sandboxes made from them.
+func TestImageTemplate(t *testing.T) {
+	testenv.RequireRoot(t)
+	rootfsDir := t.TempDir()
+	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: func(c *node.Config) { c.RootFSDir = rootfsDir }}
+	e.open()
+	t.Cleanup(e.destroy)
+	ctx := ctxFor(t)
+	templates := []string{"img-bad", "img-a", "img-b"}
+	t.Cleanup(func() { // before destroy: delete every template this test may have made
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, sb := range e.n.Engine.List(cctx) {
+			e.n.Engine.Kill(cctx, sb.ID)
+		}
+		for _, n := range templates {
+			if err := e.n.Engine.DeleteSnapshot(cctx, n); err != nil && !errdefs.IsNotFound(err) {
+				t.Errorf("cleanup: template %s: %v", n, err)
+			}
+		}
+	})
+
+	reg := newCountingRegistry(t)
+	img := testImage(t)
+	tagRef := reg.push(t, "app:v1", img)
+	digest, _ := img.Digest()
+	digestRef := reg.host + "/app@" + digest.String()
+	key, err := oci.ChainID(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insecure := oci.Options{Insecure: true}
+	nothingLeft := func(what, template string) {
+		t.Helper()
+		if left, _ := filepath.Glob(filepath.Join(rootfsDir, "img-*")); len(left) > 0 {
+			t.Fatalf("%s: root filesystem left: %v", what, left)
+		}
+		if _, err := e.n.Engine.Snapshots().Get(template); !errdefs.IsNotFound(err) {
+			t.Fatalf("%s: template %s: %v", what, template, err)
+		}
+	}
+
+	// Failures: each with its kind, none leaving a root filesystem or a
+	// template behind.
+	for _, c := range []struct {
+		what, ref string
+		is        func(error) bool
+	}{
+		{"malformed ref", reg.host + "/App::v1", errdefs.IsInvalidArgument},
+		{"unknown tag", reg.host + "/app:nope", errdefs.IsNotFound},
+		{"unknown repository", reg.host + "/other:v1", errdefs.IsNotFound},
+		{"registry down", "127.0.0.1:1/app:v1", errdefs.IsUnavailable},
+	} {
+		_, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-bad", Ref: c.ref, Registry: insecure})
+		if !c.is(err) {
+			t.Fatalf("%s: got %v", c.what, err)
+		}
+		t.Logf("%s: %v", c.what, err)
+		nothingLeft(c.what, "img-bad")
+	}
+	// A build failing after the image was registered (its readiness check
+	// never passes) removes the root filesystem it registered.
+	_, err = e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-bad", Ref: tagRef, Registry: insecure,
+		Ready: []string{"/bin/false"}, ReadyTimeout: 3 * time.Second})
+	if !errdefs.IsUnavailable(err) {
+		t.Fatalf("failing readiness check: %v", err)
+	}
+	nothingLeft("failing readiness check", "img-bad")
+
+	// Two templates of one image, by tag and by digest: one tree, one
+	// root filesystem, each layer downloaded once.
+	ma, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-a", Ref: tagRef, Registry: insecure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: digestRef, Registry: insecure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ma.RootFS != rootfs.ImageName(key.String()) || mb.RootFS != ma.RootFS || ma.RootFSID != rootfs.ImageID(key.String()) || mb.RootFSID != ma.RootFSID {
+		t.Fatalf("root filesystems: a %s/%s, b %s/%s, want %s/%s", ma.RootFS, ma.RootFSID, mb.RootFS, mb.RootFSID,
+			rootfs.ImageName(key.String()), rootfs.ImageID(key.String()))
+	}
+	if trees, _ := filepath.Glob(filepath.Join(node.OCIStoreDir(rootfsDir), "trees", "*")); len(trees) != 1 {
+		t.Fatalf("trees: %v", trees)
+	}
+	layers, _ := img.Layers()
+	for _, l := range layers {
+		d, _ := l.Digest()
+		reg.mu.Lock()
+		n := reg.gets[d.String()]
+		reg.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("layer %s downloaded %d times", d, n)
+		}
+	}
+	// The shared tree is the image's, untouched: Spore's files are only in
+	// the root filesystem.
+	tree, err := (&oci.Store{Dir: node.OCIStoreDir(rootfsDir)}).Lookup(key.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tree.Rootfs, "etc", "passwd")); strings.Contains(string(b), "user:") {
+		t.Fatalf("the shared tree's /etc/passwd was changed: %q", b)
+	}
+	for _, p := range []string{"etc/hosts", "etc/resolv.conf", "opt/spore"} {
+		if _, err := os.Lstat(filepath.Join(tree.Rootfs, p)); err == nil {
+			t.Fatalf("the shared tree has Spore's /%s", p)
+		}
+	}
+
+	for _, tpl := range []string{"img-a", "img-b"} {
+		sb := e.create(ctx, engine.CreateOptions{Template: tpl})
+		c := e.client(sb)
+		got := c.shell(ctx, `id -un; id -u; pwd; echo "$GREETING"; cat /data/kept.txt /data/new.txt; `+
+			`if test -e /data/gone.txt; then echo gone-present; else echo gone-absent; fi; cat /etc/hostname`)
+		want := "app\n1234\n/srv/work\nhello from the image\nkept by layer 2\nadded by layer 2\ngone-absent\nsandbox\n"
+		t.Logf("%s in %s: %q", tpl, sb.ID, got)
+		if got != want {
+			t.Fatalf("%s: got\n%s\nwant\n%s", tpl, got, want)
+		}
+		// Spore's additions: the account "user", the resolver.
+		c.user = "user"
+		if got := c.shell(ctx, `id -un; cat /etc/resolv.conf`); !strings.HasPrefix(got, "user\nnameserver ") {
+			t.Fatalf("%s as user: %q", tpl, got)
+		}
+		if err := e.n.Engine.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
