@@ -197,7 +197,7 @@ func TestImageTemplate(t *testing.T) {
 	e.open()
 	t.Cleanup(e.destroy)
 	ctx := ctxFor(t)
-	templates := []string{"img-bad", "img-a", "img-b"}
+	templates := []string{"img-bad", "img-a", "img-b", "img-c"}
 	t.Cleanup(func() { // before destroy: delete every template this test may have made
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -318,5 +318,30 @@ func TestImageTemplate(t *testing.T) {
 		if err := e.n.Engine.Kill(ctx, sb.ID); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// The identity rule: the root filesystem made again from the same
+	// image (a fresh pull and unpack, new files and inodes, as on another
+	// node) has the same identity, so the templates taken over the old one
+	// restore over it.
+	if err := rootfs.Remove(rootfsDir, ma.RootFS); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(node.OCIStoreDir(rootfsDir)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.n.Engine.Create(ctx, engine.CreateOptions{Template: "img-a"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("create without the root filesystem: %v", err)
+	}
+	mc, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-c", Ref: tagRef, Registry: insecure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.RootFS != ma.RootFS || mc.RootFSID != ma.RootFSID {
+		t.Fatalf("re-made root filesystem: %s/%s, was %s/%s", mc.RootFS, mc.RootFSID, ma.RootFS, ma.RootFSID)
+	}
+	sb := e.create(ctx, engine.CreateOptions{Template: "img-a"})
+	if got := e.client(sb).shell(ctx, `id -un; cat /data/new.txt`); got != "app\nadded by layer 2\n" {
+		t.Fatalf("img-a over the re-made root filesystem: %q", got)
 	}
 }
