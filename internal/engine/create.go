@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"time"
 
-	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
@@ -25,10 +25,11 @@ type TemplateSpec struct {
 	// taken. Empty means ready as soon as it boots.
 	Ready        []string
 	ReadyTimeout time.Duration // default 60s
-	// DaemonInit, when set, is sent to the in-sandbox daemon once ready,
-	// before the snapshot: sandbox-wide defaults (user, working directory,
-	// environment) that every sandbox of the template then starts with.
-	DaemonInit *envd.InitRequest
+	// Prepare, when set, runs once the readiness check passed, before the
+	// snapshot, with the address of the build instance's daemon: what it
+	// changes in the sandbox (the daemon's defaults, a started process)
+	// is in every sandbox of the template.
+	Prepare func(ctx context.Context, addr netip.Addr) error
 }
 
 // BuildTemplate boots a root filesystem with the start command, waits for
@@ -76,12 +77,12 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	if err := e.waitReady(ctx, instance, spec); err != nil {
 		return snapshot.Manifest{}, err
 	}
-	if spec.DaemonInit != nil {
-		if e.init == nil || !addr.IsValid() {
-			return snapshot.Manifest{}, errdefs.Invalidf("template %s: daemon defaults given but the engine has no daemon client or network", spec.Name)
+	if spec.Prepare != nil {
+		if !addr.IsValid() {
+			return snapshot.Manifest{}, errdefs.Invalidf("template %s: a prepare step needs the engine's network", spec.Name)
 		}
-		if err := e.init.Init(ctx, addr, "", *spec.DaemonInit); err != nil {
-			return snapshot.Manifest{}, fmt.Errorf("template %s: daemon defaults: %w", spec.Name, err)
+		if err := spec.Prepare(ctx, addr); err != nil {
+			return snapshot.Manifest{}, fmt.Errorf("template %s: %w", spec.Name, err)
 		}
 	}
 	st, err := e.snaps.Stage(ids.New('s'))

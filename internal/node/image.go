@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -15,13 +17,18 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/envdclient"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/oci"
 	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/snapshot"
+	processpb "github.com/spore-run/spore/proto/gen/process"
+	"github.com/spore-run/spore/proto/gen/process/processpbconnect"
 )
 
 // ImageTemplateSpec describes a template built from an OCI image.
@@ -31,10 +38,16 @@ type ImageTemplateSpec struct {
 	Ref string
 	// Registry says how to reach the registry (auth, platform, insecure).
 	Registry oci.Options
-	// Ready is run in the sandbox (as root) until it exits 0; then the
-	// daemon gets the image's defaults and the template is snapshotted.
-	// Empty: the daemon's health check. A custom check replaces it.
-	Ready        []string
+	// Start, when set, is started through the daemon once it has the
+	// image's defaults (so as the image's user, in its working directory,
+	// with its env) and keeps running: it is in the template's snapshot,
+	// running in every sandbox made from it.
+	Start []string
+	// Ready is run the same way, after Start, until it exits 0; then the
+	// template is snapshotted. Empty: ready once the daemon answers (and
+	// Start was started).
+	Ready []string
+	// ReadyTimeout bounds Ready's wait (default 60 s).
 	ReadyTimeout time.Duration
 }
 
@@ -58,7 +71,7 @@ var imageBuilds = struct {
 // Env as the sandbox's environment, its User as the default user of
 // commands ("user", which Spore adds, when it names none) and its
 // WorkingDir as their working directory (the user's home when it names
-// none).
+// none); then the start command, if any, and the ready check.
 //
 // Errors: a malformed reference or an unusable image configuration is
 // errdefs.ErrInvalidArgument; an unknown image errdefs.ErrNotFound;
@@ -173,15 +186,88 @@ func (n *Node) imageTemplateSpec(spec ImageTemplateSpec, name string, env []stri
 			return engine.TemplateSpec{}, errdefs.Invalidf("image working directory %s is not a directory in the image", workdir)
 		}
 	}
-	ready := []string{envdMountPoint + "/bin/spore-envd", "-health"}
-	ts := engine.TemplateSpec{
-		Name: spec.Name, RootFS: name, Run: run, Ready: ready, ReadyTimeout: spec.ReadyTimeout,
-		DaemonInit: &envd.InitRequest{EnvVars: vars, DefaultUser: account, DefaultWorkdir: workdir},
+	if spec.ReadyTimeout <= 0 {
+		spec.ReadyTimeout = 60 * time.Second
 	}
-	if len(spec.Ready) > 0 {
-		ts.Ready = spec.Ready
+	init := envd.InitRequest{EnvVars: vars, DefaultUser: account, DefaultWorkdir: workdir}
+	return engine.TemplateSpec{
+		Name: spec.Name, RootFS: name, Run: run, Ready: []string{envdMountPoint + "/bin/spore-envd", "-health"},
+		Prepare: func(ctx context.Context, addr netip.Addr) error {
+			return n.prepareImage(ctx, addr, init, spec.Start, spec.Ready, spec.ReadyTimeout)
+		},
+	}, nil
+}
+
+// prepareImage gives the build instance's daemon the image's defaults
+// (kept in its memory, so in the snapshot), then starts the start command
+// and waits for the ready command through it, as E2B does.
+func (n *Node) prepareImage(ctx context.Context, addr netip.Addr, init envd.InitRequest, start, ready []string, timeout time.Duration) error {
+	if err := n.Envd.Init(ctx, addr, "", init); err != nil {
+		return fmt.Errorf("daemon defaults: %w", err)
 	}
-	return ts, nil
+	if len(start) == 0 && len(ready) == 0 {
+		return nil
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	pc := processpbconnect.NewProcessClient(hc, envdclient.URL(addr, envd.Port))
+	if len(start) > 0 {
+		// The stream is left once the process started: the daemon keeps
+		// it running.
+		sctx, cancel := context.WithCancel(ctx)
+		st, err := pc.Start(sctx, connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: start[0], Args: start[1:]}}))
+		if err == nil && !st.Receive() {
+			err = st.Err()
+			if err == nil {
+				err = errors.New("no start event")
+			}
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%w: start command %q: %v", errdefs.ErrInvalidArgument, start, err)
+		}
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		code, out, err := runOnce(rctx, pc, ready)
+		if err == nil && code == 0 {
+			return nil
+		}
+		select {
+		case <-rctx.Done():
+			return fmt.Errorf("ready command %q did not pass within %v (last exit %d, %v): %s: %w", ready, timeout, code, err, out, errdefs.ErrUnavailable)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// runOnce runs a command through the daemon and returns its exit code and
+// the end of its output.
+func runOnce(ctx context.Context, pc processpbconnect.ProcessClient, args []string) (int32, string, error) {
+	st, err := pc.Start(ctx, connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: args[0], Args: args[1:]}}))
+	if err != nil {
+		return -1, "", err
+	}
+	defer st.Close()
+	var out []byte
+	code := int32(-1)
+	for st.Receive() {
+		ev := st.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out = append(out, d.GetStdout()...)
+			out = append(out, d.GetStderr()...)
+			if len(out) > 4096 {
+				out = out[len(out)-4096:]
+			}
+		}
+		if e := ev.GetEnd(); e != nil {
+			code = e.GetExitCode()
+		}
+	}
+	return code, string(out), st.Err()
 }
 
 // resolveUser turns an image's User ("name", "uid", "name:group",

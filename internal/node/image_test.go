@@ -98,7 +98,7 @@ func testImage(t *testing.T) v1.Image {
 		dir("home/", 0o755, 0), dir("home/app/", 0o755, 1234), dir("root/", 0o700, 0),
 		dir("data/", 0o755, 0), file("data/kept.txt", "kept by layer 2\n", 0o644), file("data/gone.txt", "deleted by layer 2\n", 0o644),
 	}
-	for _, a := range []string{"sh", "cat", "id", "pwd", "echo", "ls", "test", "env", "false", "true", "sleep", "whoami"} {
+	for _, a := range []string{"sh", "cat", "id", "pwd", "echo", "ls", "test", "env", "false", "true", "sleep", "whoami", "kill", "stat"} {
 		l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox", mode: 0o777})
 	}
 	l2 := []tarEntry{
@@ -257,6 +257,13 @@ func TestImageTemplate(t *testing.T) {
 		t.Fatalf("failing readiness check: %v", err)
 	}
 	nothingLeft("failing readiness check", "img-bad")
+	_, err = e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-bad", Ref: tagRef, Registry: insecure,
+		Start: []string{"/no/such/command"}})
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("start command not in the image: %v", err)
+	}
+	t.Logf("start command not in the image: %v", err)
+	nothingLeft("start command not in the image", "img-bad")
 
 	// Two templates of one image, by tag and by digest: one tree, one
 	// root filesystem, each layer downloaded once.
@@ -264,7 +271,11 @@ func TestImageTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mb, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: digestRef, Registry: insecure})
+	// img-b has a start command (started through the daemon as the image's
+	// user, still running in every sandbox) and a ready command.
+	mb, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: digestRef, Registry: insecure,
+		Start: []string{"/bin/sh", "-c", "sleep 0.5; echo $$ > /tmp/start.pid; exec sleep 100000"},
+		Ready: []string{"/bin/sh", "-c", "test -s /tmp/start.pid"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,6 +320,10 @@ func TestImageTemplate(t *testing.T) {
 		t.Logf("%s in %s: %q", tpl, sb.ID, got)
 		if got != want {
 			t.Fatalf("%s: got\n%s\nwant\n%s", tpl, got, want)
+		}
+		started := c.shell(ctx, `if test -e /tmp/start.pid; then kill -0 $(cat /tmp/start.pid) && echo running as $(stat -c %U /tmp/start.pid); else echo none; fi`)
+		if want := map[string]string{"img-a": "none\n", "img-b": "running as app\n"}[tpl]; started != want {
+			t.Fatalf("%s: start command: %q, want %q", tpl, started, want)
 		}
 		// Spore's additions: the account "user", the resolver.
 		c.user = "user"
