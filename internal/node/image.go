@@ -109,7 +109,7 @@ func (n *Node) BuildImageTemplate(ctx context.Context, spec ImageTemplateSpec) (
 			delete(imageBuilds.n, name)
 		}
 		imageBuilds.Unlock()
-		if !ok && created && last && !n.rootfsInUse(rootfs.ImageID(tree.Key)) {
+		if !ok && created && last && !n.rootfsInUse(name, rootfs.ImageID(tree.Key)) {
 			if err := rootfs.Remove(n.rootfsDir, name); err != nil {
 				n.log.Warn("remove root filesystem of a failed build", "rootfs", name, "err", err)
 			}
@@ -133,10 +133,15 @@ func (n *Node) BuildImageTemplate(ctx context.Context, spec ImageTemplateSpec) (
 }
 
 // rootfsInUse reports whether a snapshot or sandbox depends on root
-// filesystem build id.
-func (n *Node) rootfsInUse(id string) bool {
+// filesystem name of build id.
+func (n *Node) rootfsInUse(name, id string) bool {
 	for _, m := range n.Engine.Snapshots().List() {
 		if m.RootFSID == id {
+			return true
+		}
+	}
+	for _, sb := range n.Engine.List(context.Background()) {
+		if sb.RootFS == name {
 			return true
 		}
 	}
