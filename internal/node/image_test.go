@@ -26,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -188,28 +189,41 @@ func (c *client) shell(ctx context.Context, script string) string {
 	return out
 }
 
-// TestImageTemplate builds templates from an image in a registry served
-// in-process, then runs commands in sandboxes made from them.
-func TestImageTemplate(t *testing.T) {
+// imageEnv is a node with its own root filesystem directory (no default
+// templates: image templates need no base) and network prefix. Its
+// sandboxes and snapshots (templates included) are removed at the end.
+func imageEnv(t *testing.T, prefix, rootfsDir string, tune func(*node.Config)) *env {
+	t.Helper()
 	testenv.RequireRoot(t)
-	rootfsDir := t.TempDir()
-	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: func(c *node.Config) { c.RootFSDir = rootfsDir }}
+	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: func(c *node.Config) {
+		c.RootFSDir, c.NetPrefix = rootfsDir, prefix
+		if tune != nil {
+			tune(c)
+		}
+	}}
 	e.open()
 	t.Cleanup(e.destroy)
-	ctx := ctxFor(t)
-	templates := []string{"img-bad", "img-a", "img-b", "img-c"}
-	t.Cleanup(func() { // before destroy: delete every template this test may have made
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(func() { // before destroy
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		for _, sb := range e.n.Engine.List(cctx) {
-			e.n.Engine.Kill(cctx, sb.ID)
+		for _, sb := range e.n.Engine.List(ctx) {
+			e.n.Engine.Kill(ctx, sb.ID)
 		}
-		for _, n := range templates {
-			if err := e.n.Engine.DeleteSnapshot(cctx, n); err != nil && !errdefs.IsNotFound(err) {
-				t.Errorf("cleanup: template %s: %v", n, err)
+		for _, m := range e.n.Engine.Snapshots().List() {
+			if err := e.n.Engine.DeleteSnapshot(ctx, m.ID); err != nil && !errdefs.IsNotFound(err) {
+				t.Errorf("cleanup: snapshot %s: %v", m.ID, err)
 			}
 		}
 	})
+	return e
+}
+
+// TestImageTemplate builds templates from an image in a registry served
+// in-process, then runs commands in sandboxes made from them.
+func TestImageTemplate(t *testing.T) {
+	rootfsDir := t.TempDir()
+	e := imageEnv(t, "spx", rootfsDir, nil)
+	ctx := ctxFor(t)
 
 	reg := newCountingRegistry(t)
 	img := testImage(t)
@@ -358,5 +372,56 @@ func TestImageTemplate(t *testing.T) {
 	sb := e.create(ctx, engine.CreateOptions{Template: "img-a"})
 	if got := e.client(sb).shell(ctx, `id -un; cat /data/new.txt`); got != "app\nadded by layer 2\n" {
 		t.Fatalf("img-a over the re-made root filesystem: %q", got)
+	}
+}
+
+// TestImageSnapshotAcrossNodes: a snapshot of a sandbox made from an image
+// template on node A restores on node B once B has pulled the same image
+// (its own pull and unpack: same root filesystem identity), with its files,
+// the image's defaults and the started process; before, B cannot restore it.
+func TestImageSnapshotAcrossNodes(t *testing.T) {
+	testenv.RealTier(t)
+	blobs, err := local.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	withBlobs := func(c *node.Config) { c.Blobs = blobs }
+	a := imageEnv(t, "spy", t.TempDir(), withBlobs)
+	b := imageEnv(t, "spz", t.TempDir(), withBlobs)
+	ctx := ctxFor(t)
+	reg := newCountingRegistry(t)
+	ref := reg.push(t, "app:v1", testImage(t))
+	insecure := oci.Options{Insecure: true}
+
+	if _, err := a.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-a", Ref: ref, Registry: insecure,
+		Start: []string{"/bin/sh", "-c", "echo $$ > /tmp/start.pid; exec sleep 100000"},
+		Ready: []string{"/bin/sh", "-c", "test -s /tmp/start.pid"}}); err != nil {
+		t.Fatal(err)
+	}
+	sb := a.create(ctx, engine.CreateOptions{Template: "img-a"})
+	a.client(sb).shell(ctx, "echo from-node-a > /srv/work/mark")
+	snap, err := a.n.Engine.Snapshot(ctx, sb.ID, engine.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.n.Sync.Upload(ctx, snap.Manifest.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err == nil {
+		t.Fatal("node B restored a snapshot over an image it never pulled")
+	} else {
+		t.Logf("before the pull, node B: %v", err)
+	}
+	// B pulls the image (another template of it: its own tree, own files).
+	if _, err := b.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: ref, Registry: insecure}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err != nil {
+		t.Fatalf("node B after the pull: %v", err)
+	}
+	moved := b.create(ctx, engine.CreateOptions{Template: snap.Manifest.ID})
+	got := b.client(moved).shell(ctx, `id -un; pwd; cat mark; echo "$GREETING"; kill -0 $(cat /tmp/start.pid) && echo running`)
+	if want := "app\n/srv/work\nfrom-node-a\nhello from the image\nrunning\n"; got != want {
+		t.Fatalf("on node B: %q, want %q", got, want)
 	}
 }
