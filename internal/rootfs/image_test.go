@@ -212,3 +212,44 @@ func TestRegisterImageNeverWritesOutside(t *testing.T) {
 		t.Fatalf("bad key: %v", err)
 	}
 }
+
+// Concurrent registrations of one image (two builds of templates from it)
+// make it once; all get the same name and identity.
+func TestRegisterImageConcurrent(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root")
+	}
+	base := t.TempDir()
+	tree := filepath.Join(base, "tree")
+	imageTree(t, tree)
+	dir := filepath.Join(base, "rootfs")
+	key := "sha256:" + strings.Repeat("ef", 32)
+	type res struct {
+		name, id string
+		created  bool
+		err      error
+	}
+	out := make(chan res, 8)
+	for range 8 {
+		go func() {
+			name, st, created, err := RegisterImage(context.Background(), dir, key, tree)
+			out <- res{name, st.ID, created, err}
+		}()
+	}
+	made := 0
+	for range 8 {
+		r := <-out
+		if r.err != nil || r.name != ImageName(key) || r.id != ImageID(key) {
+			t.Fatalf("%+v", r)
+		}
+		if r.created {
+			made++
+		}
+	}
+	if made != 1 {
+		t.Fatalf("made %d times", made)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(dir, ".build-*")); len(ents) != 0 {
+		t.Fatalf("staging left: %v", ents)
+	}
+}
