@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log"
 	"net/http"
@@ -128,17 +129,25 @@ func testImage(t *testing.T) v1.Image {
 // countingRegistry is go-containerregistry's registry served in-process,
 // counting blob downloads.
 type countingRegistry struct {
-	host string
-	mu   sync.Mutex
-	gets map[string]int
+	host       string
+	user, pass string // basic auth required when set
+	mu         sync.Mutex
+	gets       map[string]int
 }
 
 var blobGet = regexp.MustCompile(`^/v2/.+/blobs/(sha256:[0-9a-f]{64})$`)
 
-func newCountingRegistry(t *testing.T) *countingRegistry {
-	r := &countingRegistry{gets: map[string]int{}}
+func newCountingRegistry(t *testing.T, user, pass string) *countingRegistry {
+	r := &countingRegistry{gets: map[string]int{}, user: user, pass: pass}
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if u, p, ok := req.BasicAuth(); r.user != "" && (!ok || u != r.user || p != r.pass) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="spore-test"`)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+			return
+		}
 		if m := blobGet.FindStringSubmatch(req.URL.Path); m != nil && req.Method == http.MethodGet {
 			r.mu.Lock()
 			r.gets[m[1]]++
@@ -157,7 +166,11 @@ func (r *countingRegistry) push(t *testing.T, repoTag string, img v1.Image) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := remote.Write(ref, img, remote.WithAuth(authn.Anonymous)); err != nil {
+	var auth authn.Authenticator = authn.Anonymous
+	if r.user != "" {
+		auth = &authn.Basic{Username: r.user, Password: r.pass}
+	}
+	if err := remote.Write(ref, img, remote.WithAuth(auth)); err != nil {
 		t.Fatal(err)
 	}
 	return ref.String()
@@ -225,7 +238,7 @@ func TestImageTemplate(t *testing.T) {
 	e := imageEnv(t, "spx", rootfsDir, nil)
 	ctx := ctxFor(t)
 
-	reg := newCountingRegistry(t)
+	reg := newCountingRegistry(t, "spore", "s3cret")
 	img := testImage(t)
 	tagRef := reg.push(t, "app:v1", img)
 	digest, _ := img.Digest()
@@ -234,7 +247,7 @@ func TestImageTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	insecure := oci.Options{Insecure: true}
+	insecure := oci.Options{Insecure: true, Username: "spore", Password: "s3cret"}
 	nothingLeft := func(what, template string) {
 		t.Helper()
 		if left, _ := filepath.Glob(filepath.Join(rootfsDir, "img-*")); len(left) > 0 {
@@ -262,6 +275,13 @@ func TestImageTemplate(t *testing.T) {
 		}
 		t.Logf("%s: %v", c.what, err)
 		nothingLeft(c.what, "img-bad")
+	}
+	for _, o := range []oci.Options{{Insecure: true}, {Insecure: true, Username: "spore", Password: "wrong"}} {
+		_, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-bad", Ref: tagRef, Registry: o})
+		if !errors.Is(err, oci.ErrUnauthorized) || !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("credentials %q: got %v", o.Password, err)
+		}
+		nothingLeft("refused credentials", "img-bad")
 	}
 	// A build failing after the image was registered (its readiness check
 	// never passes) removes the root filesystem it registered.
@@ -389,7 +409,7 @@ func TestImageSnapshotAcrossNodes(t *testing.T) {
 	a := imageEnv(t, "spy", t.TempDir(), withBlobs)
 	b := imageEnv(t, "spz", t.TempDir(), withBlobs)
 	ctx := ctxFor(t)
-	reg := newCountingRegistry(t)
+	reg := newCountingRegistry(t, "", "")
 	ref := reg.push(t, "app:v1", testImage(t))
 	insecure := oci.Options{Insecure: true}
 
