@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -252,4 +254,34 @@ func TestRegisterImageConcurrent(t *testing.T) {
 	if ents, _ := filepath.Glob(filepath.Join(dir, ".build-*")); len(ents) != 0 {
 		t.Fatalf("staging left: %v", ents)
 	}
+}
+
+// BenchmarkRegisterImage: registering a tree of 20,000 files in 400
+// directories (hard links, no data copied; Debian's base tree has ~15,000
+// entries).
+func BenchmarkRegisterImage(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Fatal("needs root")
+	}
+	base := b.TempDir()
+	tree := filepath.Join(base, "tree")
+	for d := range 400 {
+		dir := filepath.Join(tree, "d"+strconv.Itoa(d))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := range 50 {
+			if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(f)), []byte("x"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		key := fmt.Sprintf("sha256:%064x", i)
+		if _, _, _, err := RegisterImage(context.Background(), filepath.Join(base, "rootfs"), key, tree); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(20000, "files/op")
 }
