@@ -19,8 +19,15 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
+	return newFleetOver(t, func(st store.Store) store.Store { return st })
+}
+
+// newFleetOver is newFleet with the control plane (and the test) on
+// wrap's store over the configuration's.
+func newFleetOver(t *testing.T, wrap func(store.Store) store.Store) *fleet {
+	t.Helper()
 	c := controltest.ConfigOf(t)
-	st := c.Store(t)
+	st := wrap(c.Store(t))
 	a, b := controltest.New(t), controltest.New(t)
 	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
 	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
-	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -124,18 +123,12 @@ func (c *counting) PutSnapshot(ctx context.Context, s store.Snapshot) error {
 // countingFleet is newFleet over a counting store.
 func countingFleet(t *testing.T) (*fleet, *counting) {
 	t.Helper()
-	c := controltest.ConfigOf(t)
-	cs := &counting{Store: c.Store(t), calls: map[string]int{}}
-	a, b := controltest.New(t), controltest.New(t)
-	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
-	h := &harness{t: t, n: a, st: cs, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
-	h.nodes = control.Nodes{"na": c.Node(t, la), "nb": c.Node(t, lb)}
-	h.ctl = control.New(control.Config{Store: cs, Nodes: h.nodes, Now: h.clk.Now})
-	t.Cleanup(h.ctl.Close)
-	if err := h.ctl.RegisterNodes(ctxFor(t)); err != nil {
-		t.Fatal(err)
-	}
-	return &fleet{harness: h, a: a, b: b}, cs
+	var cs *counting
+	f := newFleetOver(t, func(st store.Store) store.Store {
+		cs = &counting{Store: st, calls: map[string]int{}}
+		return cs
+	})
+	return f, cs
 }
 
 // What a create, a create from a named snapshot and a rollback read and
