@@ -56,13 +56,57 @@ type ImageTemplateSpec struct {
 // hard links to the shared tree (same filesystem, no data copied).
 func OCIStoreDir(rootfsDir string) string { return filepath.Join(rootfsDir, ".oci") }
 
-// imageBuilds counts the builds in progress per image root filesystem, so
-// a failed build removes the root filesystem it registered only when no
-// other build is using it.
+// imageBuilds counts the builds in progress per image root filesystem,
+// so that a failed build removes the root filesystem it registered only
+// when no other build uses it; while one is being removed, new builds of
+// it wait (they would find it registered, then gone).
 var imageBuilds = struct {
 	sync.Mutex
-	n map[string]int
-}{n: map[string]int{}}
+	n        map[string]int
+	removing map[string]chan struct{}
+}{n: map[string]int{}, removing: map[string]chan struct{}{}}
+
+// acquireImage counts a build of root filesystem name in.
+func acquireImage(ctx context.Context, name string) error {
+	for {
+		imageBuilds.Lock()
+		ch := imageBuilds.removing[name]
+		if ch == nil {
+			imageBuilds.n[name]++
+			imageBuilds.Unlock()
+			return nil
+		}
+		imageBuilds.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// releaseImage counts a build out; the last one out runs cleanup (nil:
+// none) with new builds held off.
+func releaseImage(name string, cleanup func()) {
+	imageBuilds.Lock()
+	imageBuilds.n[name]--
+	if imageBuilds.n[name] > 0 || cleanup == nil {
+		if imageBuilds.n[name] == 0 {
+			delete(imageBuilds.n, name)
+		}
+		imageBuilds.Unlock()
+		return
+	}
+	delete(imageBuilds.n, name)
+	ch := make(chan struct{})
+	imageBuilds.removing[name] = ch
+	imageBuilds.Unlock()
+	cleanup()
+	imageBuilds.Lock()
+	delete(imageBuilds.removing, name)
+	imageBuilds.Unlock()
+	close(ch)
+}
 
 // BuildImageTemplate pulls the image, registers its tree as a root
 // filesystem (shared by every template of the same layers, see
@@ -96,26 +140,25 @@ func (n *Node) BuildImageTemplate(ctx context.Context, spec ImageTemplateSpec) (
 		return snapshot.Manifest{}, fmt.Errorf("template %s: %w", spec.Name, err)
 	}
 	name := rootfs.ImageName(tree.Key)
-	imageBuilds.Lock()
-	imageBuilds.n[name]++
-	imageBuilds.Unlock()
-	created := false
-	ok := false
+	if err := acquireImage(ctx, name); err != nil {
+		return snapshot.Manifest{}, err
+	}
+	created, ok := false, false
 	defer func() {
-		imageBuilds.Lock()
-		imageBuilds.n[name]--
-		last := imageBuilds.n[name] == 0
-		if last {
-			delete(imageBuilds.n, name)
-		}
-		imageBuilds.Unlock()
-		if !ok && created && last && !n.rootfsInUse(name, rootfs.ImageID(tree.Key)) {
-			if err := rootfs.Remove(n.rootfsDir, name); err != nil {
-				n.log.Warn("remove root filesystem of a failed build", "rootfs", name, "err", err)
+		var cleanup func()
+		if !ok && created {
+			cleanup = func() {
+				if n.rootfsInUse(name, rootfs.ImageID(tree.Key)) {
+					return
+				}
+				if err := rootfs.Remove(n.rootfsDir, name); err != nil {
+					n.log.Warn("remove root filesystem of a failed build", "rootfs", name, "err", err)
+				}
 			}
 		}
+		releaseImage(name, cleanup)
 	}()
-	name, _, created, err = rootfs.RegisterImage(ctx, n.rootfsDir, tree.Key, tree.Rootfs)
+	_, _, created, err = rootfs.RegisterImage(ctx, n.rootfsDir, tree.Key, tree.Rootfs)
 	if err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("template %s: %w", spec.Name, err)
 	}

@@ -257,7 +257,7 @@ func TestRegisterImageConcurrent(t *testing.T) {
 }
 
 // BenchmarkRegisterImage: registering a tree of 20,000 files in 400
-// directories (hard links, no data copied; Debian's base tree has ~15,000
+// directories (hard links, no data copied; Debian's base tree has ~12,500
 // entries).
 func BenchmarkRegisterImage(b *testing.B) {
 	if os.Geteuid() != 0 {
