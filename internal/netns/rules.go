@@ -63,10 +63,16 @@ func (m *Manager) hostRules() error {
 	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
 	if port := m.cfg.DNSPort; port != 0 {
 		// The DNS forwarder: sandboxes' queries (DNAT'd by their gateway)
-		// in, everyone else's out: it is no open resolver for the LAN.
+		// in, other hosts' out: it is no open resolver for the LAN. Only
+		// flows opened toward the port from outside are dropped: the same
+		// port number is also a client's ephemeral port (replies to it
+		// must pass) or, once this table outlives its forwarder (a node
+		// killed, a server stopped: the table stays for the sandboxes
+		// left running), a local listener's; dropping those stalled
+		// unrelated loopback connections until they timed out.
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
-			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictDrop))})
+			c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "lo", expr.CmpOpNeq), nftexpr.CtNew(), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictDrop))})
 		}
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})

@@ -38,6 +38,18 @@ func CtEstablished() []expr.Any {
 	}
 }
 
+// CtNew matches a packet that opens a flow (conntrack state new): not a
+// reply, not a later packet of one.
+func CtNew() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitNEW)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
 // InPrefix matches the IPv4 source (offset 12) or destination (16) against
 // a prefix.
 func InPrefix(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
