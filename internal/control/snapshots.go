@@ -397,10 +397,26 @@ func (s *Service) dropForkImage(ctx context.Context, snapID string) {
 // sandbox is rolled back too and runs afterwards; a failed rollback leaves
 // it as it was.
 func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox, error) {
+	// The sandbox's row and the snapshot's resolution are independent
+	// reads: one round trip's wait instead of two.
+	type resolved struct {
+		src *sourceInfo
+		err error
+	}
+	ref := make(chan resolved, 1)
+	go func() {
+		src, err := s.sourceOf(ctx, snapshotID)
+		ref <- resolved{src, err}
+	}()
 	rec, err := s.st.GetSandbox(ctx, id)
+	r := <-ref
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if r.err != nil {
+		return Sandbox{}, r.err
+	}
+	src := r.src
 	if rec.State == store.StateHibernated {
 		if _, _, err := s.Connect(ctx, id, 0); err != nil {
 			return Sandbox{}, err
@@ -412,10 +428,6 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	}
 	// A user snapshot goes by its ID: a node that does not hold it (it was
 	// taken on another node) fetches it when it is durable.
-	src, err := s.sourceOf(ctx, snapshotID)
-	if err != nil {
-		return Sandbox{}, err
-	}
 	ns, err := n.Rollback(ctx, id, src.sourceID(snapshotID))
 	if err == nil {
 		s.noteCopy(ctx, src, rec.NodeID)
