@@ -62,6 +62,7 @@ note_load() { echo "$1: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/load.tx
 fleet_up() {
 	"$SPORE" fleet up --nodes "$1" --replicas 1 --dir "$FLEET_DIR" --prefix b --base-port "$PORT" \
 		--node-arg=--rootfs-dir="$DATA_DIR/rootfs" --node-arg=--runsc="$DATA_DIR/bin/runsc" --api-arg=--pool=0 >&2
+	sleep 20 # the nodes built their templates at start: let the load settle
 	export SPORE_API_URL=http://127.0.0.1:$PORT
 	SPORE_API_KEY=$(tr -d '\n' <"$FLEET_DIR/api-key")
 	export SPORE_API_KEY
