@@ -81,6 +81,7 @@ type Service struct {
 	// proxy's streams to it end; where a sandbox is comes from the store.
 	mu      sync.RWMutex
 	targets map[string]Target
+	gates   map[string]gate // what the proxy checks, per sandbox routed to (resolve.go)
 	// poolWake wakes this instance's pool filler (RunPool), if any.
 	poolWake chan struct{}
 	view     viewCache
@@ -122,7 +123,7 @@ func New(cfg Config) *Service {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = leaseTTL
 	}
-	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, following: map[string]bool{},
+	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, gates: map[string]gate{}, following: map[string]bool{},
 		uploadSem: make(chan struct{}, uploadWorkers)}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.ctx, s.stop = ctx, cancel
@@ -476,6 +477,7 @@ func (s *Service) setTarget(id, addr, state string) {
 func (s *Service) dropTarget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(s.gates, id)
 	if old, ok := s.targets[id]; ok {
 		close(old.Gone)
 		delete(s.targets, id)

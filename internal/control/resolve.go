@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -33,8 +34,12 @@ func (s *Service) LookupVia(id string) (via string, addr netip.Addr, running, fo
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil || (rec.State != store.StateRunning && rec.State != store.StatePaused) {
 		// Being created, hibernated (no instance) or dead: nothing to reach.
+		if errdefs.IsNotFound(err) {
+			s.forgetGate(id)
+		}
 		return "", netip.Addr{}, false, false, nil
 	}
+	s.noteGate(id, gate{private: rec.PrivateTraffic, accessToken: rec.EnvdAccessToken})
 	if rec.State != store.StateRunning || rec.Addr == "" {
 		return "", netip.Addr{}, false, true, nil
 	}
@@ -133,6 +138,9 @@ func (s *Service) Wake(ctx context.Context, id string) (woken bool, err error) {
 // false). A row that cannot be read counts as private: the proxy then
 // asks for the token rather than let a request through.
 func (s *Service) PrivateTraffic(ctx context.Context, id string) bool {
+	if g, ok := s.gateOf(id); ok {
+		return g.private
+	}
 	rec, err := s.st.GetSandbox(ctx, id)
 	return err != nil || rec.PrivateTraffic
 }
@@ -158,6 +166,9 @@ func (s *Service) TrafficAllowed(ctx context.Context, id, trafficToken string) (
 	if trafficToken == "" {
 		return "", false
 	}
+	if g, ok := s.gateOf(id); ok && g.accessToken != "" {
+		return g.accessToken, subtle.ConstantTimeCompare([]byte(trafficToken), []byte(TrafficToken(g.accessToken))) == 1
+	}
 	rec, err := s.st.GetSandbox(ctx, id)
 	if err != nil || rec.EnvdAccessToken == "" || rec.State == store.StateCreating || rec.State == store.StatePooled {
 		return "", false
@@ -168,3 +179,38 @@ func (s *Service) TrafficAllowed(ctx context.Context, id, trafficToken string) (
 	}
 	return rec.EnvdAccessToken, true
 }
+
+// gate is what the proxy checks a request against, beyond where the
+// sandbox is: both are fixed for a sandbox's life (its envd token, and
+// allowPublicTraffic, which a network update cannot change), so what the
+// proxy's lookup read serves the checks of the same request and the next
+// ones without reading the row again.
+type gate struct {
+	private     bool
+	accessToken string
+}
+
+func (s *Service) noteGate(id string, g gate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.gates) >= maxGates {
+		clear(s.gates) // bounded: the next requests read their rows again
+	}
+	s.gates[id] = g
+}
+
+func (s *Service) gateOf(id string) (gate, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	g, ok := s.gates[id]
+	return g, ok
+}
+
+func (s *Service) forgetGate(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.gates, id)
+}
+
+// maxGates bounds the remembered gates (one per sandbox routed to).
+const maxGates = 1 << 16

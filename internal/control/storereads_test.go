@@ -262,3 +262,51 @@ func TestPlacementViewRefreshedWhilePlacing(t *testing.T) {
 		}
 	}
 }
+
+// The proxy's checks of a request to a user port (is the sandbox private,
+// is this its traffic token) use what its lookup read: one row read per
+// request, not three. Both are fixed for a sandbox's life; a kill forgets
+// them.
+func TestProxyChecksReadTheRowOnce(t *testing.T) { controltest.Each(t, testProxyChecksReadTheRowOnce) }
+
+func testProxyChecksReadTheRowOnce(t *testing.T, _ controltest.Config) {
+	f, cs := countingFleet(t)
+	cctx := countIn(ctxFor(t))
+	priv := f.create(control.CreateRequest{PrivateTraffic: true})
+	pub := f.create(control.CreateRequest{})
+	tok := control.TrafficToken(priv.EnvdAccessToken)
+	for _, sb := range []control.Sandbox{priv, pub} {
+		cs.take()
+		// As the proxy: the lookup (it reads the row; not counted, it
+		// carries no request context), then the checks.
+		if _, _, running, found, _ := f.ctl.LookupVia(sb.ID); !running || !found {
+			t.Fatalf("%s: lookup running %v found %v", sb.ID, running, found)
+		}
+		if got := f.ctl.PrivateTraffic(cctx, sb.ID); got != sb.PrivateTraffic {
+			t.Fatalf("%s: private %v, want %v", sb.ID, got, sb.PrivateTraffic)
+		}
+		if at, ok := f.ctl.TrafficAllowed(cctx, sb.ID, control.TrafficToken(sb.EnvdAccessToken)); !ok || at != sb.EnvdAccessToken {
+			t.Fatalf("%s: its own traffic token refused", sb.ID)
+		}
+		if _, ok := f.ctl.TrafficAllowed(cctx, sb.ID, tok+"x"); ok {
+			t.Fatalf("%s: a wrong traffic token accepted", sb.ID)
+		}
+		if got := cs.take(); got != "" {
+			t.Fatalf("%s: the checks read the store: %s", sb.ID, got)
+		}
+	}
+	if _, ok := f.ctl.TrafficAllowed(cctx, pub.ID, tok); ok {
+		t.Fatal("another sandbox's traffic token accepted")
+	}
+	// Killed: its checks read the store again (and find nothing).
+	if err := f.ctl.Kill(ctxFor(t), priv.ID); err != nil {
+		t.Fatal(err)
+	}
+	cs.take()
+	if _, ok := f.ctl.TrafficAllowed(cctx, priv.ID, tok); ok {
+		t.Fatal("a killed sandbox's traffic token accepted")
+	}
+	if got := cs.take(); got != "GetSandbox×1" {
+		t.Fatalf("after the kill: %s, want one read", got)
+	}
+}
