@@ -90,3 +90,21 @@ func TestDNSPortRuleSparesLoopback(t *testing.T) {
 		c.Close()
 	}
 }
+
+// Removing the host table twice is no error (a node's Close removes it
+// when no sandbox network is left, and a purge removes it again).
+func TestRemoveHostRulesTwice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("network tests need root")
+	}
+	m, err := netns.New(context.Background(), netns.Config{Prefix: "spk", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveHostRules(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RemoveHostRules(); err != nil {
+		t.Fatalf("second removal: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package netns
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
@@ -83,7 +84,8 @@ func (m *Manager) hostRules() error {
 	return c.Flush()
 }
 
-// RemoveHostRules deletes the root namespace's table (tests).
+// RemoveHostRules deletes the root namespace's table; one already gone is
+// no error.
 func (m *Manager) RemoveHostRules() error {
 	c, err := nftables.New()
 	if err != nil {
@@ -91,7 +93,10 @@ func (m *Manager) RemoveHostRules() error {
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.cfg.Prefix + "-host"}
 	c.DelTable(t)
-	return c.Flush()
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
 }
 
 // gatewayRules installs the gateway namespace's table: DNAT of the host's

@@ -230,7 +230,19 @@ func HostCPUFeatures() []string {
 
 // Close releases the node; sandboxes keep running (without name
 // resolution until the node is back).
-func (n *Node) Close() error { return errors.Join(n.Engine.Close(), n.dns.Close()) }
+//
+// When no sandbox network is left, the root namespace's table goes too:
+// nothing needs its masquerading any more, and its rule for the DNS
+// forwarder's port would keep naming a port the forwarder no longer holds
+// (another program may take it). Sandboxes left running keep it (the
+// node re-attaches them at its next start).
+func (n *Node) Close() error {
+	err := errors.Join(n.Engine.Close(), n.dns.Close())
+	if nets, lerr := n.Net.List(); lerr == nil && len(nets) == 0 {
+		err = errors.Join(err, n.Net.RemoveHostRules())
+	}
+	return err
+}
 
 // EnvdDir is the installed daemon's directory (bound at /opt/spore).
 func (n *Node) EnvdDir() string { return n.envdDir }
