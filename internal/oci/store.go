@@ -183,28 +183,8 @@ func (s *Store) flock(ctx context.Context, key v1.Hash) (func(), error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, dirName(key)+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
-	}
-	// Non-blocking attempts, so a waiter honours ctx; only another process
-	// unpacking the same image makes this wait.
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("%w: lock %s: %v", errdefs.ErrInternal, key, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	// Only another process unpacking the same image makes this wait.
+	return atomicfs.Lock(ctx, filepath.Join(dir, dirName(key)+".lock"))
 }
 
 // unpack makes the tree of key; the caller holds its lock.

@@ -124,32 +124,13 @@ func Remove(dir, name string) error {
 	return os.RemoveAll(Path(dir, name))
 }
 
-// lockName takes an exclusive flock on dir/.<name>.lock; flock conflicts
-// between two opens in one process too, so it serializes goroutines.
+// lockName serializes the registrations of one name (processes and
+// goroutines) with a flock on dir/.<name>.lock.
 func lockName(ctx context.Context, dir, name string) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "."+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("%w: lock %s: %v", errdefs.ErrInternal, name, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return atomicfs.Lock(ctx, filepath.Join(dir, "."+name+".lock"))
 }
 
 // linkTree recreates src at dst: directories and symbolic links anew
