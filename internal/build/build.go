@@ -1,0 +1,355 @@
+package build
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+)
+
+// Platform is what a build needs from Spore: sandboxes and snapshots (the
+// control plane), and the uploaded files (the blob store).
+type Platform interface {
+	// ImageBase returns a template of image ref (pulled by a node), made
+	// once per reference and credentials and kept; force makes it again
+	// (a tag may have moved).
+	ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error)
+	// Resolve returns the ID of the snapshot ref (a template, snapshot
+	// ID or name) is at now: errdefs.ErrNotFound when none.
+	Resolve(ctx context.Context, ref string) (string, error)
+	// Start starts a sandbox from ref.
+	Start(ctx context.Context, ref string) (Sandbox, error)
+	// Snapshot takes a live snapshot of sandbox id under name and
+	// returns its ID; template makes it the template name.
+	Snapshot(ctx context.Context, id, name string, template bool) (string, error)
+	DeleteSnapshot(ctx context.Context, ref string) error
+	Kill(ctx context.Context, id string) error
+	// Files opens the archive uploaded under hash for template.
+	Files(ctx context.Context, template, hash string) (io.ReadCloser, error)
+}
+
+// Sandbox is a running build sandbox, reached through its daemon.
+type Sandbox interface {
+	ID() string
+	// Run runs argv as user ("" = the daemon's default user) in the
+	// default working directory, sending output lines to out, and
+	// returns its exit code.
+	Run(ctx context.Context, argv []string, user string, out func(line string)) (int, error)
+	// Background starts argv as user and leaves it running.
+	Background(ctx context.Context, argv []string, user string) error
+	// WriteFile writes r to path, as root; Remove removes path.
+	WriteFile(ctx context.Context, path string, r io.Reader) error
+	Remove(ctx context.Context, path string) error
+	// Init merges env into the daemon's default environment and sets its
+	// default user and working directory ("" keeps them): they are in the
+	// daemon's memory, so in every snapshot taken after.
+	Init(ctx context.Context, env map[string]string, user, workdir string) error
+}
+
+// Log is one build log entry.
+type Log struct {
+	Time    time.Time
+	Level   string // "info", "error"
+	Message string
+	Step    string // StepBase, StepName(i), StepFinalize
+}
+
+// StepError is a build that failed at a step.
+type StepError struct {
+	Step string
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// Builder runs builds.
+type Builder struct {
+	P   Platform
+	Log *slog.Logger
+	// ReadyTimeout bounds the ready command's wait (default 5 min).
+	ReadyTimeout time.Duration
+	// EnvdPath is the daemon's binary inside sandboxes (its copy mode
+	// unpacks COPY archives without the image's tools).
+	EnvdPath string
+}
+
+// CachePrefix names the snapshots that hold the build cache: one per
+// step result, named by the hash of the step and everything before it.
+const CachePrefix = "build-cache-"
+
+// shell runs script with bash when the image has it, else sh (minimal
+// images have no bash).
+func shell(script string) []string {
+	return []string{"/bin/sh", "-c", `if [ -x /bin/bash ]; then exec /bin/bash -c "$0"; fi; exec /bin/sh -c "$0"`, script}
+}
+
+// Build runs spec for template name and returns the template's snapshot
+// ID. logf receives the log as it happens. A failure is a *StepError
+// naming the step (its Err keeps the error's kind).
+func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(Log)) (string, error) {
+	if err := spec.Validate(); err != nil {
+		return "", &StepError{Step: StepBase, Err: err}
+	}
+	info := func(step, format string, a ...any) {
+		logf(Log{Time: time.Now(), Level: "info", Step: step, Message: fmt.Sprintf(format, a...)})
+	}
+	base := spec.FromTemplate
+	if spec.FromImage != "" {
+		info(StepBase, "FROM %s", spec.FromImage)
+		ref, err := b.P.ImageBase(ctx, spec.FromImage, spec.FromImageRegistry, spec.Force)
+		if err != nil {
+			return "", &StepError{Step: StepBase, Err: fmt.Errorf("image %s: %w", spec.FromImage, err)}
+		}
+		base = ref
+	} else {
+		info(StepBase, "FROM template %s", spec.FromTemplate)
+	}
+	baseSnap, err := b.P.Resolve(ctx, base)
+	if err != nil {
+		return "", &StepError{Step: StepBase, Err: fmt.Errorf("base %s: %w", base, err)}
+	}
+	// keys[i] is the cache key of the state after i steps; the last is the
+	// finalized state (start command running, ready).
+	keys := make([]string, len(spec.Steps)+2)
+	keys[0] = key("base", baseSnap)
+	firstForced := len(keys) // none
+	for i, st := range spec.Steps {
+		args, _ := json.Marshal(st.Args)
+		keys[i+1] = key(keys[i], st.Type, string(args), st.FilesHash)
+		if (st.Force || spec.Force) && firstForced > i+1 {
+			firstForced = i + 1
+		}
+	}
+	keys[len(keys)-1] = key(keys[len(keys)-2], "start", spec.StartCmd, "ready", spec.ReadyCmd)
+	if spec.Force {
+		firstForced = 1
+	}
+	// The longest cached prefix before any forced step.
+	from, done := base, 0
+	for i := min(firstForced-1, len(keys)-1); i >= 1; i-- {
+		if _, err := b.P.Resolve(ctx, CachePrefix+keys[i]); err == nil {
+			from, done = CachePrefix+keys[i], i
+			break
+		} else if !errdefs.IsNotFound(err) {
+			return "", &StepError{Step: StepBase, Err: err}
+		}
+	}
+	for i := 1; i <= min(done, len(spec.Steps)); i++ {
+		info(StepName(i-1), "CACHED [%d/%d] %s", i, len(spec.Steps), describe(spec.Steps[i-1]))
+	}
+	sb, err := b.P.Start(ctx, from)
+	if err != nil {
+		return "", &StepError{Step: StepBase, Err: fmt.Errorf("start a build sandbox from %s: %w", from, err)}
+	}
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := b.P.Kill(kctx, sb.ID()); err != nil && !errdefs.IsNotFound(err) {
+			b.log().Warn("kill build sandbox", "sandbox_id", sb.ID(), "err", err)
+		}
+	}()
+	for i := done + 1; i <= len(spec.Steps); i++ {
+		st, step := spec.Steps[i-1], StepName(i-1)
+		info(step, "[%d/%d] %s", i, len(spec.Steps), describe(st))
+		out := func(line string) { info(step, "%s", line) }
+		if err := b.step(ctx, name, sb, st, out); err != nil {
+			return "", &StepError{Step: step, Err: fmt.Errorf("step %d (%s): %w", i, describe(st), err)}
+		}
+		if err := b.cache(ctx, sb, keys[i], i >= firstForced); err != nil {
+			return "", &StepError{Step: step, Err: err}
+		}
+	}
+	if done < len(keys)-1 {
+		if err := b.finalize(ctx, sb, spec, info); err != nil {
+			return "", &StepError{Step: StepFinalize, Err: err}
+		}
+		if err := b.cache(ctx, sb, keys[len(keys)-1], firstForced < len(keys)); err != nil {
+			return "", &StepError{Step: StepFinalize, Err: err}
+		}
+	} else {
+		info(StepFinalize, "CACHED start and ready")
+	}
+	id, err := b.P.Snapshot(ctx, sb.ID(), name, true)
+	if err != nil {
+		return "", &StepError{Step: StepFinalize, Err: fmt.Errorf("snapshot the template: %w", err)}
+	}
+	info(StepFinalize, "template %s is snapshot %s", name, id)
+	return id, nil
+}
+
+// step runs one step in sb.
+func (b *Builder) step(ctx context.Context, template string, sb Sandbox, st Step, out func(string)) error {
+	arg := func(i int) string {
+		if i < len(st.Args) {
+			return st.Args[i]
+		}
+		return ""
+	}
+	switch st.Type {
+	case StepRun:
+		code, err := sb.Run(ctx, shell(st.Args[0]), arg(1), out)
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return errdefs.Invalidf("the command exited %d", code)
+		}
+	case StepCopy:
+		f, err := b.P.Files(ctx, template, st.FilesHash)
+		if err != nil {
+			return fmt.Errorf("files %s: %w", st.FilesHash, err)
+		}
+		archive := "/tmp/.spore-copy-" + st.FilesHash
+		err = sb.WriteFile(ctx, archive, f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("upload files into the sandbox: %w", err)
+		}
+		argv := []string{b.envd(), "-copy", "-archive", archive, "-src", st.Args[0], "-dest", st.Args[1]}
+		if u := arg(2); u != "" {
+			argv = append(argv, "-user", u)
+		}
+		if m := arg(3); m != "" {
+			argv = append(argv, "-mode", m)
+		}
+		code, err := sb.Run(ctx, argv, "root", out)
+		if rerr := sb.Remove(ctx, archive); rerr != nil {
+			b.log().Warn("remove a copy archive from a build sandbox", "sandbox_id", sb.ID(), "err", rerr)
+		}
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return errdefs.Invalidf("copy %s to %s failed (exit %d)", st.Args[0], st.Args[1], code)
+		}
+	case StepEnv:
+		env := map[string]string{}
+		for i := 0; i+1 < len(st.Args); i += 2 {
+			env[st.Args[i]] = st.Args[i+1]
+		}
+		return sb.Init(ctx, env, "", "")
+	case StepWorkdir:
+		// Created if missing; a relative one is resolved against the
+		// current working directory, as in a Dockerfile.
+		var dir string
+		code, err := sb.Run(ctx, []string{"/bin/sh", "-c", `mkdir -p -- "$0" && cd -- "$0" && pwd`, st.Args[0]}, "root", func(l string) { dir = l })
+		if err != nil {
+			return err
+		}
+		if code != 0 || !path.IsAbs(dir) {
+			return errdefs.Invalidf("cannot create working directory %s", st.Args[0])
+		}
+		return sb.Init(ctx, nil, "", dir)
+	case StepUser:
+		return sb.Init(ctx, nil, st.Args[0], "")
+	}
+	return nil
+}
+
+// finalize starts the start command and waits for the ready command.
+func (b *Builder) finalize(ctx context.Context, sb Sandbox, spec Spec, info func(step, format string, a ...any)) error {
+	if spec.StartCmd != "" {
+		info(StepFinalize, "start: %s", spec.StartCmd)
+		if err := sb.Background(ctx, shell(spec.StartCmd), ""); err != nil {
+			return fmt.Errorf("start command: %w", err)
+		}
+	}
+	if spec.ReadyCmd == "" {
+		return nil
+	}
+	info(StepFinalize, "waiting for: %s", spec.ReadyCmd)
+	timeout := b.ReadyTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Minute
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last string
+	for {
+		code, err := sb.Run(rctx, shell(spec.ReadyCmd), "", func(l string) { last = l })
+		if err == nil && code == 0 {
+			info(StepFinalize, "ready")
+			return nil
+		}
+		select {
+		case <-rctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: the ready command did not pass within %v (last exit %d, %v): %s", errdefs.ErrUnavailable, timeout, code, err, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// cache snapshots sb as the cache entry of key; replace drops an entry of
+// that key first (a forced step).
+func (b *Builder) cache(ctx context.Context, sb Sandbox, k string, replace bool) error {
+	name := CachePrefix + k
+	if replace {
+		if err := b.P.DeleteSnapshot(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("drop cache entry %s: %w", name, err)
+		}
+	}
+	if _, err := b.P.Snapshot(ctx, sb.ID(), name, false); err != nil {
+		if errors.Is(err, errdefs.ErrAlreadyExists) {
+			return nil // a concurrent build of the same steps cached it
+		}
+		return fmt.Errorf("cache the step: %w", err)
+	}
+	return nil
+}
+
+func (b *Builder) envd() string {
+	if b.EnvdPath != "" {
+		return b.EnvdPath
+	}
+	return "/opt/spore/bin/spore-envd"
+}
+
+func (b *Builder) log() *slog.Logger {
+	if b.Log != nil {
+		return b.Log
+	}
+	return slog.Default()
+}
+
+// key hashes parts, each length-prefixed so that no two lists collide.
+func key(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:%s;", len(p), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:40]
+}
+
+// describe is a step as a Dockerfile line, for the log.
+func describe(st Step) string {
+	switch st.Type {
+	case StepEnv:
+		var kv []string
+		for i := 0; i+1 < len(st.Args); i += 2 {
+			kv = append(kv, st.Args[i]+"="+st.Args[i+1])
+		}
+		return "ENV " + strings.Join(kv, " ")
+	case StepCopy:
+		return "COPY " + st.Args[0] + " " + st.Args[1]
+	case StepRun:
+		s := "RUN " + st.Args[0]
+		if len(st.Args) > 1 && st.Args[1] != "" {
+			s += " (as " + st.Args[1] + ")"
+		}
+		return s
+	}
+	return st.Type + " " + strings.Join(st.Args, " ")
+}
