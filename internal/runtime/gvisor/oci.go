@@ -115,7 +115,7 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		// with EAGAIN inside the sandbox. The host pids cgroup is only a
 		// backstop, because reaching it kills the whole sandbox; systrap
 		// uses about 2.5 host tasks per guest process, measured.
-		r.Pids = &specs.LinuxPids{Limit: pidsMax(l)}
+		r.Pids = &specs.LinuxPids{Limit: new(pidsMax(l))}
 	}
 	return r
 }
