@@ -1,6 +1,7 @@
 // Package store is the control plane's metadata contract and the fleet's
 // source of truth: sandboxes (with their node and a version for
-// compare-and-swap), snapshots, templates, nodes, leases and API keys.
+// compare-and-swap), snapshots, templates, template builds (with their
+// logs) and tags, nodes, leases and API keys.
 // SQLite (store/sqlite) backs one machine (`spore up`); PostgreSQL
 // (store/postgres) backs a fleet of API replicas. Both are held to the
 // same contract by the conformance suite in store/storetest.
@@ -208,6 +209,7 @@ type Store interface {
 	Nodes
 	Leases
 	APIKeys
+	Builds
 	Close() error
 }
 

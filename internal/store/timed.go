@@ -156,3 +156,58 @@ func (x timed) CountAPIKeys(ctx context.Context) (int, error) {
 	defer timing.Track(ctx, "store")()
 	return x.st.CountAPIKeys(ctx)
 }
+
+func (x timed) CreateBuild(ctx context.Context, b Build) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateBuild(ctx, b)
+}
+
+func (x timed) GetBuild(ctx context.Context, id string) (Build, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetBuild(ctx, id)
+}
+
+func (x timed) UpdateBuild(ctx context.Context, id string, fn func(*Build) error) (Build, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateBuild(ctx, id, fn)
+}
+
+func (x timed) ListBuilds(ctx context.Context, template string) ([]Build, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListBuilds(ctx, template)
+}
+
+func (x timed) DeleteBuilds(ctx context.Context, template string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteBuilds(ctx, template)
+}
+
+func (x timed) AppendBuildLogs(ctx context.Context, id string, logs ...BuildLog) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.AppendBuildLogs(ctx, id, logs...)
+}
+
+func (x timed) BuildLogs(ctx context.Context, id string, offset, limit int) ([]BuildLog, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.BuildLogs(ctx, id, offset, limit)
+}
+
+func (x timed) SetTag(ctx context.Context, t TemplateTag) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.SetTag(ctx, t)
+}
+
+func (x timed) DeleteTag(ctx context.Context, template, tag string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteTag(ctx, template, tag)
+}
+
+func (x timed) ListTags(ctx context.Context, template string) ([]TemplateTag, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListTags(ctx, template)
+}
+
+func (x timed) GetTag(ctx context.Context, template, tag string) (TemplateTag, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetTag(ctx, template, tag)
+}

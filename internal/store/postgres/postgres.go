@@ -5,7 +5,8 @@
 // replicas starting together apply each once.
 //
 // Concurrency: read-change-write (UpdateSandbox, UpdateTemplate,
-// UpdateNode) locks the row (SELECT ... FOR UPDATE) for its transaction;
+// UpdateNode, UpdateBuild, and AppendBuildLogs on the build's row) locks
+// the row (SELECT ... FOR UPDATE) for its transaction;
 // compare-and-swap, upserts and leases are single statements. Lease expiry
 // is judged by the database's clock (now()), never a replica's.
 package postgres
@@ -84,6 +85,31 @@ var migrations = []string{
 		name TEXT PRIMARY KEY,
 		holder TEXT NOT NULL,
 		expires_at TIMESTAMPTZ NOT NULL
+	);`,
+	// 3: template builds, their logs (n: the entry's index in the build's
+	// log, assigned under the build row's lock; log_count the next one)
+	// and the templates' tags. Builds and log entries are JSON in TEXT,
+	// not JSONB: JSONB refuses a \u0000, and a build's output may hold one.
+	`CREATE TABLE builds (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		template TEXT NOT NULL,
+		log_count INTEGER NOT NULL DEFAULT 0,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX builds_template ON builds(template, seq);
+	CREATE TABLE build_logs (
+		build_id TEXT NOT NULL REFERENCES builds(id) ON DELETE CASCADE,
+		n INTEGER NOT NULL,
+		data TEXT NOT NULL,
+		PRIMARY KEY (build_id, n)
+	);
+	CREATE TABLE template_tags (
+		template TEXT NOT NULL,
+		tag TEXT NOT NULL,
+		build_id TEXT NOT NULL,
+		created_at TIMESTAMPTZ NOT NULL,
+		PRIMARY KEY (template, tag)
 	);`,
 }
 

@@ -48,3 +48,45 @@ func TestMigrateFromV1(t *testing.T) {
 		t.Fatalf("swap = %+v, %v", upd, err)
 	}
 }
+
+// A database at schema version 2 (before template builds) opens with its
+// templates intact and gains the builds, logs and tags tables.
+func TestMigrateFromV2(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "spore.db")
+	raw, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)`,
+		migrations[0], migrations[1],
+		`INSERT INTO schema_migrations(version) VALUES (1), (2)`,
+		`INSERT INTO templates(name, data) VALUES ('py', '{"name":"py","snapshotID":"s1"}')`,
+	} {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	raw.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if tpl, err := s.GetTemplate(ctx, "py"); err != nil || tpl.SnapshotID != "s1" {
+		t.Fatalf("old template = %+v, %v", tpl, err)
+	}
+	if err := s.CreateBuild(ctx, store.Build{ID: "b1", Template: "py", Status: store.BuildWaiting}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AppendBuildLogs(ctx, "b1", store.BuildLog{Message: "hello"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTag(ctx, store.TemplateTag{Template: "py", Tag: "latest", BuildID: "b1"}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := s.BuildLogs(ctx, "b1", 0, 0); err != nil || len(l) != 1 {
+		t.Fatalf("logs after the migration = %v, %v", l, err)
+	}
+}

@@ -85,6 +85,30 @@ var migrations = []string{
 		holder TEXT NOT NULL,
 		expires_at INTEGER NOT NULL
 	);`,
+	// 3: template builds, their logs (n: the entry's index in the build's
+	// log, assigned under the build row's write lock; log_count the next
+	// one) and the templates' tags.
+	`CREATE TABLE builds (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		template TEXT NOT NULL,
+		log_count INTEGER NOT NULL DEFAULT 0,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX builds_template ON builds(template, seq);
+	CREATE TABLE build_logs (
+		build_id TEXT NOT NULL REFERENCES builds(id) ON DELETE CASCADE,
+		n INTEGER NOT NULL,
+		data TEXT NOT NULL,
+		PRIMARY KEY (build_id, n)
+	);
+	CREATE TABLE template_tags (
+		template TEXT NOT NULL,
+		tag TEXT NOT NULL,
+		build_id TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (template, tag)
+	);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with

@@ -53,6 +53,14 @@ func Run(t *testing.T, b Backend) {
 	t.Run("TwoHandles/LeaseExclusive", func(t *testing.T) { testLeases(t, two) })
 	t.Run("TwoHandles/LeaseRace", func(t *testing.T) { testLeaseRace(t, two) })
 	t.Run("TwoHandles/LeaseExpiryAndRenewal", func(t *testing.T) { testLeaseExpiry(t, two) })
+
+	t.Run("Builds", func(t *testing.T) { testBuilds(t, open(t)) })
+	t.Run("BuildLogs", func(t *testing.T) { testBuildLogs(t, open(t)) })
+	t.Run("BuildLogCap", func(t *testing.T) { testBuildLogCap(t, open(t)) })
+	t.Run("Tags", func(t *testing.T) { testTags(t, open(t)) })
+	t.Run("DeleteBuilds", func(t *testing.T) { testDeleteBuilds(t, open(t)) })
+	t.Run("TwoHandles/BuildNoLostUpdate", func(t *testing.T) { testBuildNoLostUpdate(t, two) })
+	t.Run("TwoHandles/BuildLogsConcurrentAppends", func(t *testing.T) { testBuildLogsConcurrent(t, two) })
 }
 
 func (b Backend) handle(t *testing.T, db string) store.Store {
