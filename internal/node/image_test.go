@@ -1,31 +1,15 @@
 package node_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"errors"
-	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/engine"
@@ -37,144 +21,6 @@ import (
 	"github.com/spore-run/spore/internal/testenv"
 	processpb "github.com/spore-run/spore/proto/gen/process"
 )
-
-// busybox is the static busybox of the host (Debian's busybox-static,
-// installed by `make setup`): the one binary of the test image.
-const busybox = "/usr/bin/busybox"
-
-type tarEntry struct {
-	name, body, link string
-	typ              byte
-	mode             int64
-	uid, gid         int
-}
-
-func tarLayer(t *testing.T, entries []tarEntry) v1.Layer {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Uid: e.uid, Gid: e.gid, Linkname: e.link,
-			Size: int64(len(e.body)), ModTime: time.Unix(1.7e9, 0)}
-		if e.typ != tar.TypeReg {
-			h.Size = 0
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if e.typ == tar.TypeReg {
-			io.WriteString(tw, e.body)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// testImage is a two-layer image: busybox with its applets, accounts, an
-// "app" user (uid 1234), /data files; the second layer deletes one of
-// them (a whiteout), adds another and the working directory.
-func testImage(t *testing.T) v1.Image {
-	t.Helper()
-	bb, err := os.ReadFile(busybox)
-	if err != nil {
-		t.Fatalf("%s (busybox-static, installed by `make setup`): %v", busybox, err)
-	}
-	dir := func(n string, mode int64, uid int) tarEntry {
-		return tarEntry{name: n, typ: tar.TypeDir, mode: mode, uid: uid, gid: uid}
-	}
-	file := func(n, body string, mode int64) tarEntry {
-		return tarEntry{name: n, typ: tar.TypeReg, body: body, mode: mode}
-	}
-	l1 := []tarEntry{
-		dir("bin/", 0o755, 0), file("bin/busybox", string(bb), 0o755),
-		dir("etc/", 0o755, 0),
-		file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n", 0o644),
-		file("etc/group", "root:x:0:\napp:x:1234:\n", 0o644),
-		dir("home/", 0o755, 0), dir("home/app/", 0o755, 1234), dir("root/", 0o700, 0),
-		dir("data/", 0o755, 0), file("data/kept.txt", "kept by layer 2\n", 0o644), file("data/gone.txt", "deleted by layer 2\n", 0o644),
-	}
-	for _, a := range []string{"sh", "cat", "id", "pwd", "echo", "ls", "test", "env", "false", "true", "sleep", "whoami", "kill", "stat"} {
-		l1 = append(l1, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox", mode: 0o777})
-	}
-	l2 := []tarEntry{
-		dir("data/", 0o755, 0), file("data/.wh.gone.txt", "", 0o644), file("data/new.txt", "added by layer 2\n", 0o644),
-		dir("srv/", 0o755, 0), dir("srv/work/", 0o755, 1234),
-	}
-	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, l1), tarLayer(t, l2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config.Env = []string{"PATH=/bin", "GREETING=hello from the image"}
-	cf.Config.WorkingDir = "/srv/work"
-	cf.Config.User = "app"
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	return img
-}
-
-// countingRegistry is go-containerregistry's registry served in-process,
-// counting blob downloads.
-type countingRegistry struct {
-	host       string
-	user, pass string // basic auth required when set
-	mu         sync.Mutex
-	gets       map[string]int
-}
-
-var blobGet = regexp.MustCompile(`^/v2/.+/blobs/(sha256:[0-9a-f]{64})$`)
-
-func newCountingRegistry(t *testing.T, user, pass string) *countingRegistry {
-	r := &countingRegistry{gets: map[string]int{}, user: user, pass: pass}
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if u, p, ok := req.BasicAuth(); r.user != "" && (!ok || u != r.user || p != r.pass) {
-			w.Header().Set("WWW-Authenticate", `Basic realm="spore-test"`)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
-			return
-		}
-		if m := blobGet.FindStringSubmatch(req.URL.Path); m != nil && req.Method == http.MethodGet {
-			r.mu.Lock()
-			r.gets[m[1]]++
-			r.mu.Unlock()
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	t.Cleanup(srv.Close)
-	r.host = strings.TrimPrefix(srv.URL, "http://")
-	return r
-}
-
-func (r *countingRegistry) push(t *testing.T, repoTag string, img v1.Image) string {
-	t.Helper()
-	ref, err := name.ParseReference(r.host+"/"+repoTag, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var auth authn.Authenticator = authn.Anonymous
-	if r.user != "" {
-		auth = &authn.Basic{Username: r.user, Password: r.pass}
-	}
-	if err := remote.Write(ref, img, remote.WithAuth(auth)); err != nil {
-		t.Fatal(err)
-	}
-	return ref.String()
-}
 
 // shell runs a script with the image's /bin/sh through envd, as the
 // sandbox's default user unless c.user says otherwise.
@@ -238,11 +84,11 @@ func TestImageTemplate(t *testing.T) {
 	e := imageEnv(t, "spx", rootfsDir, nil)
 	ctx := ctxFor(t)
 
-	reg := newCountingRegistry(t, "spore", "s3cret")
-	img := testImage(t)
-	tagRef := reg.push(t, "app:v1", img)
+	reg := testenv.NewRegistry(t, "spore", "s3cret")
+	img := testenv.BusyboxImage(t)
+	tagRef := reg.Push(t, "app:v1", img)
 	digest, _ := img.Digest()
-	digestRef := reg.host + "/app@" + digest.String()
+	digestRef := reg.Host + "/app@" + digest.String()
 	key, err := oci.ChainID(img)
 	if err != nil {
 		t.Fatal(err)
@@ -264,9 +110,9 @@ func TestImageTemplate(t *testing.T) {
 		what, ref string
 		is        func(error) bool
 	}{
-		{"malformed ref", reg.host + "/App::v1", errdefs.IsInvalidArgument},
-		{"unknown tag", reg.host + "/app:nope", errdefs.IsNotFound},
-		{"unknown repository", reg.host + "/other:v1", errdefs.IsNotFound},
+		{"malformed ref", reg.Host + "/App::v1", errdefs.IsInvalidArgument},
+		{"unknown tag", reg.Host + "/app:nope", errdefs.IsNotFound},
+		{"unknown repository", reg.Host + "/other:v1", errdefs.IsNotFound},
 		{"registry down", "127.0.0.1:1/app:v1", errdefs.IsUnavailable},
 	} {
 		_, err := e.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-bad", Ref: c.ref, Registry: insecure})
@@ -323,10 +169,7 @@ func TestImageTemplate(t *testing.T) {
 	layers, _ := img.Layers()
 	for _, l := range layers {
 		d, _ := l.Digest()
-		reg.mu.Lock()
-		n := reg.gets[d.String()]
-		reg.mu.Unlock()
-		if n != 1 {
+		if n := reg.BlobGets(d.String()); n != 1 {
 			t.Fatalf("layer %s downloaded %d times", d, n)
 		}
 	}
@@ -409,8 +252,8 @@ func TestImageSnapshotAcrossNodes(t *testing.T) {
 	a := imageEnv(t, "spy", t.TempDir(), withBlobs)
 	b := imageEnv(t, "spz", t.TempDir(), withBlobs)
 	ctx := ctxFor(t)
-	reg := newCountingRegistry(t, "", "")
-	ref := reg.push(t, "app:v1", testImage(t))
+	reg := testenv.NewRegistry(t, "", "")
+	ref := reg.Push(t, "app:v1", testenv.BusyboxImage(t))
 	insecure := oci.Options{Insecure: true}
 
 	if _, err := a.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-a", Ref: ref, Registry: insecure,

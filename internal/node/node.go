@@ -74,7 +74,11 @@ type Config struct {
 	// PeerToken authenticates this node to its peers' chunk handlers (the
 	// cluster token).
 	PeerToken string
-	Logger    *slog.Logger
+	// InsecureRegistries are the registries (host or host:port) this
+	// node pulls images from over plain HTTP; every other registry only
+	// over HTTPS (see BuildImage).
+	InsecureRegistries []string
+	Logger             *slog.Logger
 }
 
 // DefaultChunkCacheBytes bounds a node's chunk cache by default.
@@ -95,6 +99,7 @@ type Node struct {
 	CPUFeatures []string
 	envdDir     string
 	dns         *dnsfwd.Forwarder
+	insecure    map[string]bool // registries pulled over plain HTTP
 	log         *slog.Logger
 }
 
@@ -106,6 +111,10 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	insecure, err := ParseInsecureRegistries(cfg.InsecureRegistries)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.RootFSDir == "" {
 		cfg.RootFSDir = setup.RootFSDir(dataDir)
@@ -172,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
-		rootfsDir: cfg.RootFSDir}
+		rootfsDir: cfg.RootFSDir, insecure: insecure}
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
 			n.Close()

@@ -131,6 +131,27 @@ type Node interface {
 	// uploads in flight: see package chunk). ErrConflict without a blob
 	// store.
 	CollectGarbage(ctx context.Context, req GCRequest) (GCReport, error)
+	// BuildImage builds template req.Name from an OCI image, pulled by
+	// this node from its registry, and returns the template's snapshot
+	// info (Kind template) as GetSnapshot would. A template of that name
+	// already there is replaced, as Snapshot with Template does. It takes
+	// minutes at most (pull, unpack, boot, snapshot): the caller's ctx
+	// bounds it. Errors: ErrInvalidArgument for a malformed name, ref or
+	// platform, refused credentials (oci.ErrUnauthorized, which stays
+	// InvalidArgument over the wire) or a registry over plain HTTP that
+	// is not in the node's insecure list; ErrNotFound for an unknown
+	// repository, tag, digest or platform; ErrUnavailable for an
+	// unreachable or failing registry.
+	BuildImage(ctx context.Context, req ImageBuildRequest) (SnapshotInfo, error)
+}
+
+// ImageBuildRequest asks for a template built from an OCI image.
+type ImageBuildRequest struct {
+	Name string // template name (ids.ValidateName)
+	// Ref is "registry/repo:tag" or "registry/repo@sha256:...".
+	Ref                string
+	Username, Password string // registry basic auth; both or neither
+	Platform           string // optional "os/arch[/variant]" (default linux/amd64)
 }
 
 // GCRequest asks for a garbage collection of the blob store.

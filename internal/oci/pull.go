@@ -167,9 +167,9 @@ func remoteOptions(ctx context.Context, o Options, want v1.Platform) ([]remote.O
 	return opts, nil
 }
 
-// errPlainHTTP is returned by schemeGuard; classify turns it into a clear
+// ErrPlainHTTP is returned by schemeGuard; classify turns it into a clear
 // ErrInvalidArgument.
-var errPlainHTTP = errors.New("registry is reachable only over plain HTTP; allowed only with Options.Insecure")
+var ErrPlainHTTP = errors.New("registry is reachable only over plain HTTP; allowed only with Options.Insecure")
 
 // schemeGuard refuses plain-HTTP requests unless the caller allowed them:
 // go-containerregistry falls back to HTTP on its own for localhost and
@@ -181,7 +181,7 @@ type schemeGuard struct {
 
 func (g schemeGuard) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "https" && !g.insecure {
-		return nil, errPlainHTTP
+		return nil, ErrPlainHTTP
 	}
 	return g.base.RoundTrip(req)
 }
@@ -235,8 +235,8 @@ func classify(ctx context.Context, ref string, err error) error {
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return err
 	}
-	if errors.Is(err, errPlainHTTP) {
-		return fmt.Errorf("%w: %s: %v", errdefs.ErrInvalidArgument, ref, err)
+	if errors.Is(err, ErrPlainHTTP) {
+		return fmt.Errorf("%w: %s: %w", errdefs.ErrInvalidArgument, ref, err)
 	}
 	var terr *transport.Error
 	if errors.As(err, &terr) {

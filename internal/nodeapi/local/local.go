@@ -16,12 +16,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/oci"
 	"github.com/spore-run/spore/internal/snapshot"
 	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/timing"
@@ -42,6 +46,15 @@ type Config struct {
 	// Sync, when set, is the node's way to the blob store: snapshots can
 	// be uploaded, and durable ones it lacks are fetched on use.
 	Sync *snapsync.Syncer
+	// Images, when set, builds templates from OCI images (the node: a
+	// *node.Node); without it BuildImage answers ErrConflict.
+	Images ImageBuilder
+}
+
+// ImageBuilder builds a template from an OCI image, reaching the registry
+// as the node's configuration says (node.Node.BuildImage).
+type ImageBuilder interface {
+	BuildImage(ctx context.Context, spec node.ImageTemplateSpec) (snapshot.Manifest, error)
 }
 
 // Node is a nodeapi.Node over an engine in this process.
@@ -509,4 +522,29 @@ func (n *Node) Adopt(ctx context.Context, req nodeapi.AdoptRequest) (nodeapi.San
 		return nodeapi.Sandbox{}, err
 	}
 	return Sandbox(es), nil
+}
+
+// BuildImage builds template req.Name from an OCI image. The request is
+// checked here first, so a malformed one is ErrInvalidArgument on any
+// node, one that builds images or not.
+func (n *Node) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) (nodeapi.SnapshotInfo, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.ValidateName("template name", req.Name); err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	if _, err := name.ParseReference(req.Ref); err != nil {
+		return nodeapi.SnapshotInfo{}, errdefs.Invalidf("template %s: image reference %q: %v", req.Name, req.Ref, err)
+	}
+	if (req.Username == "") != (req.Password == "") {
+		return nodeapi.SnapshotInfo{}, errdefs.Invalidf("template %s: registry auth needs both a username and a password", req.Name)
+	}
+	if n.cfg.Images == nil {
+		return nodeapi.SnapshotInfo{}, errdefs.Conflictf("node %s does not build templates from images", n.cfg.ID)
+	}
+	m, err := n.cfg.Images.BuildImage(ctx, node.ImageTemplateSpec{Name: req.Name, Ref: req.Ref,
+		Registry: oci.Options{Username: req.Username, Password: req.Password, Platform: req.Platform}})
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	return SnapshotInfo(m), nil
 }

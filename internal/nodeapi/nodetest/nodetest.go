@@ -35,6 +35,10 @@ type Target struct {
 	// blob store the suite checks Upload, Adopt and CollectGarbage
 	// answer Conflict.
 	Peer nodeapi.Node
+	// Images, when set, lets the suite build templates from images (see
+	// Images); without it the suite checks BuildImage refuses malformed
+	// requests and answers Conflict to the rest.
+	Images *Images
 }
 
 // Timeout bounds each check (real sandboxes restore in about a second;
@@ -64,6 +68,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		{"BadInput", testBadInput},
 		{"EventsDied", testEventsDied},
 		{"BlobStore", testBlobStore},
+		{"BuildImage", testBuildImage},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), Timeout)

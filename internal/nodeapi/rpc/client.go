@@ -267,6 +267,18 @@ func (c *Client) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (nod
 		YoungChunks: res.GetYoungChunks(), Manifests: res.GetManifests()}, nil
 }
 
+// BuildImage builds a template from an OCI image on the node. It takes
+// minutes at most: like every call, only ctx bounds it (the client sets
+// no timeout of its own, and pings keep the connection's silence short).
+func (c *Client) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) (nodeapi.SnapshotInfo, error) {
+	res, err := call(ctx, c.c.BuildImage, &nodev1.BuildImageRequest{Name: req.Name, Ref: req.Ref, Username: req.Username,
+		Password: req.Password, Platform: req.Platform})
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	return snapshotInfo(res.GetSnapshot()), nil
+}
+
 // Snapshots lists what the node holds.
 func (c *Client) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
 	res, err := call(ctx, c.c.Snapshots, &nodev1.SnapshotsRequest{})

@@ -332,6 +332,16 @@ func (s *server) CollectGarbage(ctx context.Context, req *connect.Request[nodev1
 		YoungChunks: rep.YoungChunks, Manifests: rep.Manifests})
 }
 
+func (s *server) BuildImage(ctx context.Context, req *connect.Request[nodev1.BuildImageRequest]) (*connect.Response[nodev1.BuildImageResponse], error) {
+	m := req.Msg
+	info, err := s.node.BuildImage(ctx, nodeapi.ImageBuildRequest{Name: m.GetName(), Ref: m.GetRef(), Username: m.GetUsername(),
+		Password: m.GetPassword(), Platform: m.GetPlatform()})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.BuildImageResponse{Snapshot: snapshotPB(info)})
+}
+
 func (s *server) Snapshots(ctx context.Context, _ *connect.Request[nodev1.SnapshotsRequest]) (*connect.Response[nodev1.SnapshotsResponse], error) {
 	list, err := s.node.Snapshots(ctx)
 	if err != nil {

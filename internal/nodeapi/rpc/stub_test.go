@@ -47,6 +47,9 @@ func (s *stubNode) Upload(context.Context, string) (nodeapi.UploadInfo, error) {
 func (s *stubNode) CollectGarbage(context.Context, nodeapi.GCRequest) (nodeapi.GCReport, error) {
 	return nodeapi.GCReport{}, s.hit()
 }
+func (s *stubNode) BuildImage(context.Context, nodeapi.ImageBuildRequest) (nodeapi.SnapshotInfo, error) {
+	return nodeapi.SnapshotInfo{}, s.hit()
+}
 func (s *stubNode) Snapshot(context.Context, string, nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
 	return nodeapi.SnapshotInfo{}, s.hit()
 }

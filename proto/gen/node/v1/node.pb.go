@@ -2019,6 +2019,129 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
+// BuildImageRequest: template name from image ref ("registry/repo:tag"
+// or "registry/repo@sha256:..."), with the registry's basic auth (both or
+// neither) and an optional platform ("os/arch[/variant]").
+type BuildImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Ref           string                 `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	Username      string                 `protobuf:"bytes,3,opt,name=username,proto3" json:"username,omitempty"`
+	Password      string                 `protobuf:"bytes,4,opt,name=password,proto3" json:"password,omitempty"`
+	Platform      string                 `protobuf:"bytes,5,opt,name=platform,proto3" json:"platform,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageRequest) Reset() {
+	*x = BuildImageRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageRequest) ProtoMessage() {}
+
+func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
+func (*BuildImageRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *BuildImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *BuildImageRequest) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+type BuildImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *SnapshotInfo          `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildImageResponse) Reset() {
+	*x = BuildImageResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildImageResponse) ProtoMessage() {}
+
+func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
+func (*BuildImageResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
 // Adopt takes over a sandbox hibernated on another node: its durable
 // hibernation snapshot is fetched (peers first) and the sandbox recorded
 // here, hibernated; Resume wakes it.
@@ -2034,7 +2157,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2169,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2182,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2099,7 +2222,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2234,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2247,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2143,7 +2266,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2278,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2291,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2188,7 +2311,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2323,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2336,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2242,7 +2365,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2377,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2390,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2297,7 +2420,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2432,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2445,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2368,7 +2491,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2503,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2516,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 type SnapshotsResponse struct {
@@ -2405,7 +2528,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2540,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2553,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2450,7 +2573,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2585,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2598,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2500,7 +2623,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2635,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2648,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 type ReconfigureRequest struct {
@@ -2539,7 +2662,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2674,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2687,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2597,7 +2720,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2732,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2745,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2641,7 +2764,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +2776,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +2789,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2690,7 +2813,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2825,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2838,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2768,7 +2891,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2903,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2916,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 type Event struct {
@@ -2811,7 +2934,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2946,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +2959,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Event) GetKind() string {
@@ -2898,7 +3021,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2910,7 +3033,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2923,7 +3046,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3075,7 +3198,15 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\")\n" +
 	"\x15DeleteSnapshotRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\x94\x01\n" +
+	"\x16DeleteSnapshotResponse\"\x8d\x01\n" +
+	"\x11BuildImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1a\n" +
+	"\busername\x18\x03 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1a\n" +
+	"\bplatform\x18\x05 \x01(\tR\bplatform\"M\n" +
+	"\x12BuildImageResponse\x127\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\"\x94\x01\n" +
 	"\fAdoptRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12 \n" +
@@ -3136,7 +3267,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xa6\f\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xf9\f\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3157,7 +3288,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12E\n" +
 	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12B\n" +
 	"\x05Adopt\x12\x1b.spore.node.v1.AdoptRequest\x1a\x1c.spore.node.v1.AdoptResponse\x12]\n" +
-	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12G\n" +
+	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12Q\n" +
+	"\n" +
+	"BuildImage\x12 .spore.node.v1.BuildImageRequest\x1a!.spore.node.v1.BuildImageResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -3172,7 +3305,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -3210,38 +3343,40 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*GetSnapshotResponse)(nil),    // 33: spore.node.v1.GetSnapshotResponse
 	(*DeleteSnapshotRequest)(nil),  // 34: spore.node.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
-	(*AdoptRequest)(nil),           // 36: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 37: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 38: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 39: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 40: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 41: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 42: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 43: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 44: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 45: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 46: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 47: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 48: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 49: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 50: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 51: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 52: spore.node.v1.EventsResponse
-	nil,                            // 53: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 55: google.protobuf.Duration
+	(*BuildImageRequest)(nil),      // 36: spore.node.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),     // 37: spore.node.v1.BuildImageResponse
+	(*AdoptRequest)(nil),           // 38: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 39: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 40: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 41: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 42: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 43: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 44: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 45: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 46: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 47: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 48: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 49: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 50: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 51: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 52: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 53: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 54: spore.node.v1.EventsResponse
+	nil,                            // 55: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 56: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 57: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	54, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	56, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	54, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	56, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	54, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	56, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	53, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	55, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -3255,64 +3390,67 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	28, // 20: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
 	4,  // 21: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	5,  // 22: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 23: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 24: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	55, // 25: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
-	5,  // 26: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 27: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 28: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 29: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	54, // 30: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	55, // 31: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	54, // 32: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	51, // 33: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 34: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 35: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 36: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 37: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 38: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 39: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 40: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 41: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 42: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 43: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 44: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 45: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 46: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	42, // 47: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	44, // 48: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	46, // 49: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	48, // 50: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	38, // 51: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	36, // 52: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	40, // 53: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	50, // 54: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 55: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 56: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 57: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 58: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 59: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 60: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 61: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 62: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 63: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 64: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 65: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 66: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 67: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	43, // 68: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	45, // 69: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	47, // 70: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	49, // 71: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	39, // 72: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	37, // 73: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	41, // 74: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	52, // 75: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	55, // [55:76] is the sub-list for method output_type
-	34, // [34:55] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	5,  // 23: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 24: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 25: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	57, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	5,  // 27: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 28: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 29: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	4,  // 30: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	56, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	57, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	56, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	53, // 34: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	7,  // 35: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 36: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 37: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 38: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 39: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 40: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 41: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 42: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 43: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 44: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 45: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 46: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 47: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	44, // 48: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	46, // 49: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	48, // 50: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	50, // 51: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	40, // 52: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	38, // 53: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	42, // 54: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	36, // 55: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	52, // 56: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 57: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 58: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 59: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 60: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 61: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 62: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 63: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 64: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 65: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 66: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 67: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 68: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 69: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	45, // 70: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	47, // 71: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	49, // 72: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	51, // 73: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	41, // 74: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	39, // 75: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	43, // 76: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	37, // 77: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	54, // 78: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	57, // [57:79] is the sub-list for method output_type
+	35, // [35:57] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -3326,7 +3464,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -82,6 +82,8 @@ const (
 	NodeAdoptProcedure = "/spore.node.v1.Node/Adopt"
 	// NodeCollectGarbageProcedure is the fully-qualified name of the Node's CollectGarbage RPC.
 	NodeCollectGarbageProcedure = "/spore.node.v1.Node/CollectGarbage"
+	// NodeBuildImageProcedure is the fully-qualified name of the Node's BuildImage RPC.
+	NodeBuildImageProcedure = "/spore.node.v1.Node/BuildImage"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -108,6 +110,9 @@ type NodeClient interface {
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
+	// BuildImage builds a template from an OCI image the node pulls itself;
+	// it takes minutes at most: the caller's deadline bounds it.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -245,6 +250,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("CollectGarbage")),
 			connect.WithClientOptions(opts...),
 		),
+		buildImage: connect.NewClient[v1.BuildImageRequest, v1.BuildImageResponse](
+			httpClient,
+			baseURL+NodeBuildImageProcedure,
+			connect.WithSchema(nodeMethods.ByName("BuildImage")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -276,6 +287,7 @@ type nodeClient struct {
 	upload         *connect.Client[v1.UploadRequest, v1.UploadResponse]
 	adopt          *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
+	buildImage     *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -379,6 +391,11 @@ func (c *nodeClient) CollectGarbage(ctx context.Context, req *connect.Request[v1
 	return c.collectGarbage.CallUnary(ctx, req)
 }
 
+// BuildImage calls spore.node.v1.Node.BuildImage.
+func (c *nodeClient) BuildImage(ctx context.Context, req *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error) {
+	return c.buildImage.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -406,6 +423,9 @@ type NodeHandler interface {
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
+	// BuildImage builds a template from an OCI image the node pulls itself;
+	// it takes minutes at most: the caller's deadline bounds it.
+	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -539,6 +559,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("CollectGarbage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeBuildImageHandler := connect.NewUnaryHandler(
+		NodeBuildImageProcedure,
+		svc.BuildImage,
+		connect.WithSchema(nodeMethods.ByName("BuildImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -587,6 +613,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeAdoptHandler.ServeHTTP(w, r)
 		case NodeCollectGarbageProcedure:
 			nodeCollectGarbageHandler.ServeHTTP(w, r)
+		case NodeBuildImageProcedure:
+			nodeBuildImageHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -676,6 +704,10 @@ func (UnimplementedNodeHandler) Adopt(context.Context, *connect.Request[v1.Adopt
 
 func (UnimplementedNodeHandler) CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.CollectGarbage is not implemented"))
+}
+
+func (UnimplementedNodeHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.BuildImage is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {
