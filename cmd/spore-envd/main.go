@@ -33,11 +33,16 @@ func main() {
 		python   = flag.String("python", "/usr/bin/python3", "python for the code interpreter")
 		health   = flag.Bool("health", false, "check a running envd's health and exit 0 if it answers")
 		oomWatch = flag.Bool("oom-watch", true, "as the sandbox's init, kill the largest process when memory nears the sandbox's limit")
+		copyMode = flag.Bool("copy", false, "unpack a template build's COPY archive (-archive, -src, -dest, -user, -mode, -workdir) and exit: 0 done, 2 invalid, 1 other failure")
 		oomIdle  = flag.Duration("oom-watch-idle", 0, "poll interval of the OOM watchdog while memory is low, when the host sends SIGUSR2 as memory rises (0: poll by the headroom, at most 1 s)")
 	)
+	copyFlags := registerCopyFlags()
 	flag.Parse()
 	if *health {
 		os.Exit(checkHealth(*addr))
+	}
+	if *copyMode {
+		os.Exit(runCopy(copyFlags, *user))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if *oomWatch && os.Getpid() == 1 {
