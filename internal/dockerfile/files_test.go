@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spore-run/spore/internal/envd/copyin"
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
@@ -166,5 +168,33 @@ func TestTarFilesEntries(t *testing.T) {
 	}
 	if want := []string{".dockerignore", "src", "src/a.txt", "src/sub", "src/sub/b.sh", "src/sub/l", "top.txt"}; !reflect.DeepEqual(files, want) {
 		t.Errorf("ListFiles(.) = %q", files)
+	}
+}
+
+// What TarFiles writes, the daemon's copy mode unpacks with COPY's
+// meaning: the two ends of a COPY step agree.
+func TestTarFilesRoundTrip(t *testing.T) {
+	dir := writeTree(t, map[string]string{
+		"src/a.txt":    "A",
+		"src/sub/b.sh": "B",
+		"src/sub/l":    "->b.sh",
+	})
+	var buf bytes.Buffer
+	if err := TarFiles(&buf, dir, "src", true); err != nil {
+		t.Fatal(err)
+	}
+	arch := filepath.Join(t.TempDir(), "a.tar.gz")
+	os.WriteFile(arch, buf.Bytes(), 0o600)
+	root := t.TempDir()
+	if err := copyin.Copy(context.Background(), copyin.Options{Root: root, Archive: arch, Src: "src", Dest: "/app"}); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"app/a.txt": "A", "app/sub/b.sh": "B", "app/sub/l": "B"} {
+		if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != want {
+			t.Errorf("%s: %q %v", p, b, err)
+		}
+	}
+	if l, _ := os.Readlink(filepath.Join(root, "app/sub/l")); l != "b.sh" {
+		t.Errorf("symlink: %q", l)
 	}
 }
