@@ -60,6 +60,7 @@ is generated as spore up does.`,
 	f.StringVar(&cfg.DataDir, "data-dir", "", "where a generated API key is kept (none: keys must exist or be given)")
 	f.IntVar(&cfg.PoolSize, "pool", 2, "warm-pool sandboxes per default template across the fleet (every replica serves from it; give all replicas the same)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
+	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "the nodes' shared blob store (as spore node --blob-store), where files uploaded for template builds go; none: such uploads are refused (env SPORE_BLOB_STORE)")
 	cmd.MarkFlagRequired("database-url")
 	cmd.MarkFlagRequired("cluster-token-file")
 	return cmd

@@ -40,6 +40,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	var cacheMiB int64
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")
 	f.Int64Var(&cacheMiB, "chunk-cache-size", 0, "MiB of snapshot chunks the node keeps in <data-dir>/chunk-cache for restores and peers (0: 10240)")
+	f.StringArrayVar(&cfg.InsecureRegistries, "insecure-registry", nil, "registry (host or host:port) this node pulls images from over plain HTTP, repeatable; every other registry only over HTTPS")
 	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
 	return func() error {
 		if reserveMiB < -1 {
@@ -71,6 +72,9 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 			return fmt.Errorf("--dns-port must be 0-65535, got %d", dnsPort)
 		}
 		cfg.DNSPort = uint16(dnsPort)
+		if _, err := node.ParseInsecureRegistries(cfg.InsecureRegistries); err != nil {
+			return fmt.Errorf("--insecure-registry: %w", err)
+		}
 		if cacheMiB < 0 {
 			return fmt.Errorf("--chunk-cache-size must be a size in MiB, got %d", cacheMiB)
 		}

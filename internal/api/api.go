@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -55,6 +56,9 @@ type Config struct {
 	// Keys checks API keys (nil: NewKeys(Store)); share it with the proxy's
 	// key check so both remember the same keys.
 	Keys *Keys
+	// Builds runs template builds (E2B's template build API); nil: the
+	// build routes answer 409.
+	Builds *build.Service
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -77,6 +81,7 @@ type Server struct {
 	node   func() NodeReport
 	domain string
 	keys   *Keys
+	builds *build.Service
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -87,7 +92,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds}
 	if s.keys == nil {
 		s.keys = NewKeys(cfg.Store)
 	}
@@ -132,7 +137,7 @@ var muxPattern = map[string]string{"GET /templates/aliases/{alias}": "GET /templ
 
 // table is every route of the API.
 func (s *Server) table() []route {
-	return []route{
+	routes := []route{
 		{"GET /health", s.health, true},
 		{"GET /openapi.yaml", s.openapi, true},
 		{"POST /sandboxes", s.create, false},
@@ -156,7 +161,7 @@ func (s *Server) table() []route {
 		{"GET /snapshots/{snapshotID}", s.getSnapshot, false},
 		{"GET /templates", s.templates, false},
 		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
-		// It and E2B's (unimplemented) GET /templates/{templateID}/tags
+		// It and E2B's GET /templates/{templateID}/tags
 		// overlap for ServeMux: both are served by one pattern.
 		{"GET /templates/aliases/{alias}", s.templateSub, false},
 		{"GET /nodes", s.listNodes, false},
@@ -169,6 +174,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, false},
 		{"GET /debug/pprof/symbol", pprof.Symbol, false},
 	}
+	return append(routes, s.buildRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).
@@ -205,9 +211,7 @@ func (s *Server) routes() {
 		s.mux.HandleFunc(p, withTiming(h))
 	}
 	for _, p := range e2bUnimplemented {
-		if p != e2bTemplateTags { // served by templateSub
-			s.mux.HandleFunc(p, s.auth(notImplemented(p)))
-		}
+		s.mux.HandleFunc(p, s.auth(notImplemented(p)))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

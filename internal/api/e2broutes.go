@@ -29,25 +29,15 @@ var e2bUnimplemented = []string{
 	"GET /teams",
 	"GET /teams/{teamID}/metrics",
 	"GET /teams/{teamID}/metrics/max",
-	"GET /templates/{templateID}",
 	"PATCH /templates/{templateID}",
 	"GET /templates/{templateID}/builds/{buildID}/logs",
-	"GET /templates/{templateID}/builds/{buildID}/status",
-	"GET /templates/{templateID}/files/{hash}",
-	e2bTemplateTags,
-	"POST /templates/tags",
-	"DELETE /templates/tags",
 	"GET /v2/templates",
 	"PATCH /v2/templates/{templateID}",
-	"POST /v2/templates/{templateID}/builds/{buildID}",
-	"POST /v3/templates",
 	"GET /volumes",
 	"POST /volumes",
 	"GET /volumes/{volumeID}",
 	"DELETE /volumes/{volumeID}",
 }
-
-const e2bTemplateTags = "GET /templates/{templateID}/tags"
 
 // E2BUnimplemented lists the E2B routes that answer 501 (for tests).
 func E2BUnimplemented() []string { return append([]string(nil), e2bUnimplemented...) }
@@ -66,13 +56,13 @@ type AliasResponse struct {
 }
 
 // templateSub serves GET /templates/aliases/{alias} and E2B's GET
-// /templates/{templateID}/tags (501).
+// /templates/{templateID}/tags.
 func (s *Server) templateSub(w http.ResponseWriter, r *http.Request) {
 	switch first, sub := r.PathValue("templateID"), r.PathValue("sub"); {
 	case first == "aliases":
 		s.templateAlias(w, r, sub)
 	case sub == "tags":
-		notImplemented(e2bTemplateTags)(w, r)
+		s.templateTags(w, r, first)
 	default:
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	}

@@ -201,6 +201,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	tid, err := s.resolveTagged(r.Context(), req.TemplateID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	req.TemplateID = tid
 	cr, err := ParseCreate(req)
 	if err != nil {
 		s.fail(w, r, err)

@@ -93,12 +93,22 @@ func shell(script string) []string {
 	return []string{"/bin/sh", "-c", `if [ -x /bin/bash ]; then exec /bin/bash -c "$0"; fi; exec /bin/sh -c "$0"`, script}
 }
 
-// Build runs spec for template name and returns the template's snapshot
-// ID. logf receives the log as it happens. A failure is a *StepError
-// naming the step (its Err keeps the error's kind).
-func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(Log)) (string, error) {
+// Result is what a build made.
+type Result struct {
+	// Template is the template's snapshot (replaced by its next build).
+	Template string
+	// Build is the build's own result, the cache entry of its final
+	// state: it stays when the template is built again, so a tag can
+	// keep naming it.
+	Build string
+}
+
+// Build runs spec for template name. logf receives the log as it
+// happens. A failure is a *StepError naming the step (its Err keeps the
+// error's kind).
+func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(Log)) (Result, error) {
 	if err := spec.Validate(); err != nil {
-		return "", &StepError{Step: StepBase, Err: err}
+		return Result{}, &StepError{Step: StepBase, Err: err}
 	}
 	info := func(step, format string, a ...any) {
 		logf(Log{Time: time.Now(), Level: "info", Step: step, Message: fmt.Sprintf(format, a...)})
@@ -108,7 +118,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 		info(StepBase, "FROM %s", spec.FromImage)
 		ref, err := b.P.ImageBase(ctx, spec.FromImage, spec.FromImageRegistry, spec.Force)
 		if err != nil {
-			return "", &StepError{Step: StepBase, Err: fmt.Errorf("image %s: %w", spec.FromImage, err)}
+			return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("image %s: %w", spec.FromImage, err)}
 		}
 		base = ref
 	} else {
@@ -116,7 +126,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 	}
 	baseSnap, err := b.P.Resolve(ctx, base)
 	if err != nil {
-		return "", &StepError{Step: StepBase, Err: fmt.Errorf("base %s: %w", base, err)}
+		return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("base %s: %w", base, err)}
 	}
 	// keys[i] is the cache key of the state after i steps; the last is the
 	// finalized state (start command running, ready).
@@ -141,7 +151,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 			from, done = CachePrefix+keys[i], i
 			break
 		} else if !errdefs.IsNotFound(err) {
-			return "", &StepError{Step: StepBase, Err: err}
+			return Result{}, &StepError{Step: StepBase, Err: err}
 		}
 	}
 	for i := 1; i <= min(done, len(spec.Steps)); i++ {
@@ -149,7 +159,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 	}
 	sb, err := b.P.Start(ctx, from)
 	if err != nil {
-		return "", &StepError{Step: StepBase, Err: fmt.Errorf("start a build sandbox from %s: %w", from, err)}
+		return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("start a build sandbox from %s: %w", from, err)}
 	}
 	defer func() {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -163,28 +173,32 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 		info(step, "[%d/%d] %s", i, len(spec.Steps), describe(st))
 		out := func(line string) { info(step, "%s", line) }
 		if err := b.step(ctx, name, sb, st, out); err != nil {
-			return "", &StepError{Step: step, Err: fmt.Errorf("step %d (%s): %w", i, describe(st), err)}
+			return Result{}, &StepError{Step: step, Err: fmt.Errorf("step %d (%s): %w", i, describe(st), err)}
 		}
 		if err := b.cache(ctx, sb, keys[i], i >= firstForced); err != nil {
-			return "", &StepError{Step: step, Err: err}
+			return Result{}, &StepError{Step: step, Err: err}
 		}
 	}
 	if done < len(keys)-1 {
 		if err := b.finalize(ctx, sb, spec, info); err != nil {
-			return "", &StepError{Step: StepFinalize, Err: err}
+			return Result{}, &StepError{Step: StepFinalize, Err: err}
 		}
 		if err := b.cache(ctx, sb, keys[len(keys)-1], firstForced < len(keys)); err != nil {
-			return "", &StepError{Step: StepFinalize, Err: err}
+			return Result{}, &StepError{Step: StepFinalize, Err: err}
 		}
 	} else {
 		info(StepFinalize, "CACHED start and ready")
 	}
 	id, err := b.P.Snapshot(ctx, sb.ID(), name, true)
 	if err != nil {
-		return "", &StepError{Step: StepFinalize, Err: fmt.Errorf("snapshot the template: %w", err)}
+		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("snapshot the template: %w", err)}
+	}
+	final, err := b.P.Resolve(ctx, CachePrefix+keys[len(keys)-1])
+	if err != nil {
+		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("the build's cache entry: %w", err)}
 	}
 	info(StepFinalize, "template %s is snapshot %s", name, id)
-	return id, nil
+	return Result{Template: id, Build: final}, nil
 }
 
 // step runs one step in sb.

@@ -200,8 +200,11 @@ func spec3() Spec {
 func run(t *testing.T, b *Builder, name string, s Spec) (string, []Log, error) {
 	t.Helper()
 	var logs []Log
-	id, err := b.Build(context.Background(), name, s, func(l Log) { logs = append(logs, l) })
-	return id, logs, err
+	r, err := b.Build(context.Background(), name, s, func(l Log) { logs = append(logs, l) })
+	if err == nil && r.Build == "" {
+		t.Fatal("no build snapshot")
+	}
+	return r.Template, logs, err
 }
 
 func TestBuildRunsStepsInOrderAndSnapshotsTheTemplate(t *testing.T) {

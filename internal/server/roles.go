@@ -46,8 +46,12 @@ type APIConfig struct {
 	APIKey   string
 	DataDir  string
 	PoolSize int
-	Logger   *slog.Logger
-	Ready    func(addr, apiKey string)
+	// BlobStore holds the files uploaded for template builds (see
+	// blobconf.Open): the nodes' shared one, so that any replica can run
+	// a build whose files another took. "" or "none": uploads refused.
+	BlobStore string
+	Logger    *slog.Logger
+	Ready     func(addr, apiKey string)
 }
 
 // OpenStore opens the metadata store a database URL names.
@@ -138,13 +142,19 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
 	}()
 	defer func() { <-poolDone }()
+	bs, err := newBuilds(ctx, ctl, store.Timed(st), cfg.BlobStore, ids.New('r'), log)
+	if err != nil {
+		return err
+	}
+	defer bs.Close()
 	keys := api.NewKeys(st)
 	px := proxy.New(ctl, keys.Check, log).WithHop(cfg.ClusterToken)
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys})
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service})
 	mux := http.NewServeMux()
 	mux.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, cfg.ClusterToken, log))
 	mux.Handle("/", apiH)
 	return serve(ctx, cfg.Listen, mux, log, func(addr string) {
+		bs.listening(addr)
 		log.Info("spore api", "listen", addr, "nodes", len(ready))
 		if cfg.Ready != nil {
 			cfg.Ready(addr, key)
@@ -239,7 +249,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	}
 	defer n.Close()
 	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit,
-		Sync: n.Sync, CPUFeatures: n.CPUFeatures})
+		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n})
 	rpcPath, rpcH, err := rpc.NewHandler(ln0, cfg.ClusterToken)
 	if err != nil {
 		return err

@@ -68,6 +68,8 @@ type Config struct {
 	EgressFloor  []netip.Prefix
 	DNSUpstreams []netip.AddrPort
 	DNSPort      uint16
+	// InsecureRegistries: see node.Config.
+	InsecureRegistries []string
 	// BlobStore names the blob store snapshots are made durable in (see
 	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
 	// `spore up`, none for a node agent.
@@ -113,7 +115,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// The one node of `spore up`, in process, behind the same contract a
 	// remote node agent serves; it registers itself in the store.
 	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit,
-		Sync: n.Sync, CPUFeatures: n.CPUFeatures})
+		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n})
 	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {
@@ -130,13 +132,19 @@ func Run(ctx context.Context, cfg Config) error {
 		ctl.RunPool(ctx, control.PoolConfig{Templates: []string{node.TemplateBase, node.TemplateCodeInterpreter}, Size: cfg.PoolSize})
 	}()
 	defer func() { <-poolDone }()
+	bs, err := newBuilds(ctx, ctl, store.Timed(st), cfg.BlobStore, LocalNodeID, log)
+	if err != nil {
+		return err
+	}
+	defer bs.Close()
 	keys := api.NewKeys(st)
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys})
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
 	}
+	bs.listening(ln.Addr().String())
 	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -171,6 +179,7 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
 		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
+		InsecureRegistries: cfg.InsecureRegistries,
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,95 @@
+package build
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/spore-run/spore/internal/blob"
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+)
+
+// Control is the Platform of a Spore API replica: sandboxes and snapshots
+// through its control plane, build sandboxes' daemons through its own
+// sandbox proxy (Base), uploaded files in the blob store.
+type Control struct {
+	C     *control.Service
+	Blobs blob.Store // nil: no uploads (COPY steps fail)
+	// Base returns the address this replica serves on (its proxy).
+	Base func() string
+	HTTP *http.Client
+	// CPUCount and MemoryMB size build sandboxes (0: the defaults).
+	CPUCount, MemoryMB int
+}
+
+// FilesKey is where the archive uploaded under hash is in the blob store.
+// Content-addressed by the SDK's hash of the files (not of the archive),
+// shared by every template.
+func FilesKey(hash string) string { return "template-files/" + hash }
+
+// ImageName is the template an image base is kept as: one per reference
+// and registry user.
+func ImageName(ref string, reg *Registry) string {
+	user := ""
+	if reg != nil {
+		user = reg.Username
+	}
+	return "image-" + key(ref, user)[:16]
+}
+
+func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error) {
+	name := ImageName(ref, reg)
+	if !force {
+		if _, err := p.C.Resolve(ctx, name); err == nil {
+			return name, nil
+		} else if !errdefs.IsNotFound(err) {
+			return "", err
+		}
+	}
+	req := nodeapi.ImageBuildRequest{Name: name, Ref: ref}
+	if reg != nil {
+		req.Username, req.Password = reg.Username, reg.Password
+	}
+	if _, err := p.C.BuildImage(ctx, req); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func (p *Control) Resolve(ctx context.Context, ref string) (string, error) {
+	return p.C.Resolve(ctx, ref)
+}
+
+func (p *Control) Start(ctx context.Context, ref string) (Sandbox, error) {
+	sb, err := p.C.Create(ctx, control.CreateRequest{TemplateID: ref, Timeout: 2 * time.Hour,
+		Metadata: map[string]string{"spore.build": "true"}, CPUCount: p.CPUCount, MemoryMB: p.MemoryMB})
+	if err != nil {
+		return nil, err
+	}
+	return &Remote{HTTP: p.HTTP, Base: p.Base(), SID: sb.ID, Token: sb.EnvdAccessToken}, nil
+}
+
+func (p *Control) Snapshot(ctx context.Context, id, name string, template bool) (string, error) {
+	sn, err := p.C.Snapshot(ctx, id, name, template)
+	if err != nil {
+		return "", err
+	}
+	return sn.ID, nil
+}
+
+func (p *Control) DeleteSnapshot(ctx context.Context, ref string) error {
+	return p.C.DeleteSnapshot(ctx, ref)
+}
+
+func (p *Control) Kill(ctx context.Context, id string) error { return p.C.Kill(ctx, id) }
+
+func (p *Control) Files(ctx context.Context, _ string, hash string) (io.ReadCloser, error) {
+	if p.Blobs == nil {
+		return nil, fmt.Errorf("%w: this server has no blob store for uploaded files", errdefs.ErrConflict)
+	}
+	return p.Blobs.Get(ctx, FilesKey(hash))
+}

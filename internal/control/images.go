@@ -1,0 +1,57 @@
+package control
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// BuildImage makes template req.Name from an OCI image on a node the
+// scheduler picks (the node pulls it from its registry) and catalogs it
+// as Snapshot with a template does: the template replaces an older one of
+// its name, and is made durable in the background so every node can
+// create from it. It returns the template's snapshot ID.
+func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) (string, error) {
+	if err := ids.ValidateName("template name", req.Name); err != nil {
+		return "", err
+	}
+	nodeID, n, err := s.place(ctx, CreateRequest{}, nil)
+	if err != nil {
+		return "", fmt.Errorf("place the image build: %w", err)
+	}
+	info, err := n.BuildImage(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	sn := snapshotRecord(info, nodeID)
+	if nr, err := s.st.GetNode(ctx, nodeID); err == nil {
+		sn.RunscBuild, sn.CPUFeatures = nr.RunscBuild, nr.CPUFeatures
+	}
+	old, oerr := s.st.GetTemplate(ctx, req.Name)
+	if _, err := s.st.PutTemplate(ctx, store.Template{Name: req.Name, SnapshotID: info.ID, NodeIDs: []string{nodeID},
+		Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures}); err != nil {
+		return "", err
+	}
+	if oerr == nil && old.SnapshotID != "" && old.SnapshotID != info.ID {
+		go s.dropEverywhere(context.WithoutCancel(ctx), old.SnapshotID)
+	}
+	s.invalidateView()
+	s.startTemplateUpload(req.Name, info.ID)
+	return info.ID, nil
+}
+
+// Resolve returns the ID of the snapshot ref names now: a snapshot by ID
+// or name, or a template by name (errdefs.ErrNotFound: none).
+func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
+	r, err := s.st.ResolveRef(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	if r.Snapshot != nil {
+		return r.Snapshot.ID, nil
+	}
+	return r.Template.SnapshotID, nil
+}
