@@ -22,7 +22,7 @@ func registerCopyFlags() copyFlags {
 		src:     flag.String("src", "", "-copy: the path or glob in the archive to copy"),
 		dest:    flag.String("dest", "", "-copy: where to (Docker COPY semantics)"),
 		mode:    flag.String("mode", "", "-copy: octal mode of every file written (default: as archived)"),
-		workdir: flag.String("workdir", "/", "-copy: what a relative -dest is relative to"),
+		workdir: flag.String("workdir", "", "-copy: what a relative -dest is relative to (default: the working directory, which the daemon starts commands in: its default one)"),
 	}
 }
 
@@ -37,6 +37,13 @@ func runCopy(f copyFlags, user string) int {
 			owner = user
 		}
 	})
+	if *f.workdir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			wd = "/"
+		}
+		*f.workdir = wd
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	err := copyin.Copy(ctx, copyin.Options{
