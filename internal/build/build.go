@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path"
 	"strings"
 	"time"
@@ -49,6 +50,10 @@ type Sandbox interface {
 	// WriteFile writes r to path, as root; Remove removes path.
 	WriteFile(ctx context.Context, path string, r io.Reader) error
 	Remove(ctx context.Context, path string) error
+	// Env is the daemon's default environment; MakeDir creates a
+	// directory and its parents, as root.
+	Env(ctx context.Context) (map[string]string, error)
+	MakeDir(ctx context.Context, path string) error
 	// Init merges env into the daemon's default environment and sets its
 	// default user and working directory ("" keeps them): they are in the
 	// daemon's memory, so in every snapshot taken after.
@@ -247,21 +252,35 @@ func (b *Builder) step(ctx context.Context, template string, sb Sandbox, st Step
 			return errdefs.Invalidf("copy %s to %s failed (exit %d)", st.Args[0], st.Args[1], code)
 		}
 	case StepEnv:
-		env := map[string]string{}
-		for i := 0; i+1 < len(st.Args); i += 2 {
-			env[st.Args[i]] = st.Args[i+1]
-		}
-		return sb.Init(ctx, env, "", "")
-	case StepWorkdir:
-		// Created if missing; a relative one is resolved against the
-		// current working directory, as in a Dockerfile.
-		var dir string
-		code, err := sb.Run(ctx, []string{"/bin/sh", "-c", `mkdir -p -- "$0" && cd -- "$0" && pwd`, st.Args[0]}, "root", func(l string) { dir = l })
+		// Values may name variables set before ($PATH, ${HOME}), as in a
+		// Dockerfile: expanded against the environment so far.
+		cur, err := sb.Env(ctx)
 		if err != nil {
 			return err
 		}
-		if code != 0 || !path.IsAbs(dir) {
-			return errdefs.Invalidf("cannot create working directory %s", st.Args[0])
+		env := map[string]string{}
+		for i := 0; i+1 < len(st.Args); i += 2 {
+			env[st.Args[i]] = os.Expand(st.Args[i+1], func(k string) string { return cur[k] })
+		}
+		return sb.Init(ctx, env, "", "")
+	case StepWorkdir:
+		// Created if missing (by the daemon: the image needs no mkdir); a
+		// relative one is resolved against the current working directory,
+		// as in a Dockerfile.
+		dir := st.Args[0]
+		if !path.IsAbs(dir) {
+			var wd string
+			code, err := sb.Run(ctx, []string{"/bin/sh", "-c", "pwd"}, "root", func(l string) { wd = l })
+			if err != nil {
+				return err
+			}
+			if code != 0 || !path.IsAbs(wd) {
+				return errdefs.Invalidf("cannot resolve the relative working directory %s", dir)
+			}
+			dir = path.Join(wd, dir)
+		}
+		if err := sb.MakeDir(ctx, dir); err != nil {
+			return fmt.Errorf("create working directory %s: %w", dir, err)
 		}
 		return sb.Init(ctx, nil, "", dir)
 	case StepUser:

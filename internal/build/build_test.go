@@ -121,8 +121,8 @@ func (s *fakeSandbox) Run(_ context.Context, argv []string, user string, out fun
 	s.f.ran = append(s.f.ran, cmd)
 	fail := s.f.failOn != "" && cmd == s.f.failOn
 	s.f.mu.Unlock()
-	if strings.Contains(argv[len(argv)-2], "pwd") {
-		out("/abs/" + strings.TrimPrefix(cmd, "/"))
+	if cmd == "pwd" {
+		out("/wd")
 		return 0, nil
 	}
 	s.hist = append(s.hist, "run "+user+" "+cmd)
@@ -143,6 +143,13 @@ func (s *fakeSandbox) WriteFile(_ context.Context, p string, r io.Reader) error 
 	return nil
 }
 func (s *fakeSandbox) Remove(context.Context, string) error { return nil }
+func (s *fakeSandbox) Env(context.Context) (map[string]string, error) {
+	return map[string]string{"PATH": "/bin"}, nil
+}
+func (s *fakeSandbox) MakeDir(_ context.Context, p string) error {
+	s.hist = append(s.hist, "mkdir "+p)
+	return nil
+}
 func (s *fakeSandbox) Init(_ context.Context, env map[string]string, user, workdir string) error {
 	keys := make([]string, 0, len(env))
 	for k, v := range env {
@@ -192,7 +199,7 @@ func newBuilder() (*Builder, *snapPlatform) {
 func spec3() Spec {
 	return Spec{FromImage: "reg/app:1", Steps: []Step{
 		{Type: StepRun, Args: []string{"echo one"}},
-		{Type: StepEnv, Args: []string{"A", "1"}},
+		{Type: StepEnv, Args: []string{"A", "1:$PATH"}},
 		{Type: StepRun, Args: []string{"echo three", "root"}},
 	}, StartCmd: "server", ReadyCmd: "check"}
 }
@@ -216,7 +223,7 @@ func TestBuildRunsStepsInOrderAndSnapshotsTheTemplate(t *testing.T) {
 	if p.templates["app"] != id {
 		t.Fatalf("template app = %q, built %q", p.templates["app"], id)
 	}
-	want := []string{"image reg/app:1", "run  echo one", "init [A=1]  ", "run root echo three", "start server", "run  check"}
+	want := []string{"image reg/app:1", "run  echo one", "init [A=1:/bin]  ", "run root echo three", "start server", "run  check"}
 	if got := p.snaps["app"]; !slices.Equal(got, want) {
 		t.Fatalf("template history\n got %q\nwant %q", got, want)
 	}
@@ -253,7 +260,7 @@ func TestRebuildIsACacheHit(t *testing.T) {
 	if p.images != 1 {
 		t.Fatalf("image base made %d times", p.images)
 	}
-	want := []string{"image reg/app:1", "run  echo one", "init [A=1]  ", "run root echo three", "start server", "run  check"}
+	want := []string{"image reg/app:1", "run  echo one", "init [A=1:/bin]  ", "run root echo three", "start server", "run  check"}
 	if got := p.snaps["app"]; !slices.Equal(got, want) {
 		t.Fatalf("template history\n got %q\nwant %q", got, want)
 	}
@@ -273,7 +280,7 @@ func TestChangedStepRerunsFromThere(t *testing.T) {
 	if got, want := p.ran[ran:], []string{"echo THREE", "check"}; !slices.Equal(got, want) {
 		t.Fatalf("rebuild ran %q, want %q", got, want)
 	}
-	want := []string{"image reg/app:1", "run  echo one", "init [A=1]  ", "run root echo THREE", "start server", "run  check"}
+	want := []string{"image reg/app:1", "run  echo one", "init [A=1:/bin]  ", "run root echo THREE", "start server", "run  check"}
 	if got := p.snaps["app"]; !slices.Equal(got, want) {
 		t.Fatalf("template history\n got %q\nwant %q", got, want)
 	}
@@ -363,7 +370,7 @@ func TestCopyAndWorkdirAndUser(t *testing.T) {
 	if _, _, err := run(t, b, "t", s); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"init []  /abs/app", "write /tmp/.spore-copy-" + h + " TAR",
+	want := []string{"mkdir /wd/app", "init []  /wd/app", "write /tmp/.spore-copy-" + h + " TAR",
 		"run root -copy -archive /tmp/.spore-copy-" + h + " -src src -dest dest/ -user user -mode 0755", "init [] user "}
 	if got := p.snaps["t"]; !slices.Equal(got, want) {
 		t.Fatalf("history\n got %q\nwant %q", got, want)

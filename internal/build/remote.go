@@ -132,6 +132,41 @@ func (r *Remote) Remove(ctx context.Context, path string) error {
 	return err
 }
 
+// Env reads the daemon's default environment (envd's GET /envs).
+func (r *Remote) Env(ctx context.Context) (map[string]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.Base+"/envs", nil)
+	if err != nil {
+		return nil, err
+	}
+	r.header(req.Header, "")
+	resp, err := r.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("%w: GET /envs: HTTP %d: %s", errdefs.ErrUnavailable, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	env := map[string]string{}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&env); err != nil {
+		return nil, fmt.Errorf("%w: GET /envs: %v", errdefs.ErrUnavailable, err)
+	}
+	return env, nil
+}
+
+// MakeDir creates path and its parents as root (envd's MakeDir); one
+// that exists is fine.
+func (r *Remote) MakeDir(ctx context.Context, path string) error {
+	req := connect.NewRequest(&filesystempb.MakeDirRequest{Path: path})
+	r.header(req.Header(), "root")
+	_, err := filesystempbconnect.NewFilesystemClient(r.HTTP, r.Base).MakeDir(ctx, req)
+	if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeAlreadyExists {
+		return nil
+	}
+	return err
+}
+
 // Init sets the daemon's defaults (envd's POST /init).
 func (r *Remote) Init(ctx context.Context, env map[string]string, user, workdir string) error {
 	b, err := json.Marshal(map[string]any{"envVars": env, "defaultUser": user, "defaultWorkdir": workdir})
