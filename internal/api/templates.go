@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -201,6 +202,10 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.builds.PutFiles(r.Context(), r.PathValue("hash"), r.Body, r.ContentLength); err != nil {
+		if errors.Is(err, errdefs.ErrResourceLimit) {
+			writeError(w, http.StatusRequestEntityTooLarge, err.Error())
+			return
+		}
 		s.fail(w, r, err)
 		return
 	}

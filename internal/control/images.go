@@ -3,7 +3,9 @@ package control
 import (
 	"context"
 	"fmt"
+	"slices"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
@@ -47,6 +49,20 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 // or name, or a template by name (errdefs.ErrNotFound: none).
 func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
 	r, err := s.st.ResolveRef(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		// A template every node builds (base) has no row: the first
+		// node's (in ID order) stands for it.
+		list, lerr := s.Templates(ctx)
+		if lerr != nil {
+			return "", lerr
+		}
+		for _, m := range list {
+			if m.ID == ref || slices.Contains(m.Names, ref) {
+				return m.ID, nil
+			}
+		}
+		return "", err
+	}
 	if err != nil {
 		return "", err
 	}
