@@ -225,6 +225,7 @@ func Routes() map[string]bool {
 	for _, r := range (&Server{}).table() {
 		out[r.pattern] = !r.public
 	}
+	out[templateTagsRoute] = true // served by templateSub, as the alias route
 	return out
 }
 

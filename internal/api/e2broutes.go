@@ -55,6 +55,9 @@ type AliasResponse struct {
 	Public     bool   `json:"public"`
 }
 
+// templateTagsRoute is served by templateSub.
+const templateTagsRoute = "GET /templates/{templateID}/tags"
+
 // templateSub serves GET /templates/aliases/{alias} and E2B's GET
 // /templates/{templateID}/tags.
 func (s *Server) templateSub(w http.ResponseWriter, r *http.Request) {
