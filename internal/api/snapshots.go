@@ -105,9 +105,21 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "template ID "+ref+" is malformed")
 		return
 	}
-	if err := s.c.DeleteSnapshot(r.Context(), ref); err != nil {
+	// A template's builds and tags go with it (a template whose builds
+	// all failed has only those).
+	name, nerr := s.templateName(r.Context(), ref)
+	err := s.c.DeleteSnapshot(r.Context(), ref)
+	switch {
+	case err == nil, errdefs.IsNotFound(err) && nerr == nil:
+	default:
 		s.fail(w, r, err)
 		return
+	}
+	if nerr == nil {
+		if err := s.st.DeleteBuilds(r.Context(), name); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -24,6 +24,18 @@ func TestTemplateBuildThroughTheSDK(t *testing.T) {
 	if !strings.Contains(out, "7 passed, 0 failed") {
 		t.Fatal("template flow did not pass")
 	}
+	// Deleting a template takes its builds and tags along.
+	if code, b := s.rest("DELETE", "/templates/sdk-app", ""); code != 204 {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	for _, p := range []string{"/templates/aliases/sdk-app", "/templates/sdk-app/tags", "/templates/sdk-app"} {
+		if code, b := s.rest("GET", p, ""); code != 404 {
+			t.Errorf("GET %s after the delete: %d %s", p, code, b)
+		}
+	}
+	if code, b := s.rest("POST", "/v2/sandboxes", `{"templateID":"sdk-app:v2"}`); code != 404 {
+		t.Errorf("create from a deleted template's tag: %d %s", code, b)
+	}
 }
 
 func registryHost(t *testing.T, ref string) string {
