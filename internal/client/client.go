@@ -63,6 +63,19 @@ func (e *Error) Unwrap() error {
 	return errdefs.ErrInternal
 }
 
+// errorOf is the *Error of an answer with status and body b (an
+// api.ErrorBody, or text).
+func errorOf(status int, b []byte) *Error {
+	var e api.ErrorBody
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		e.Message = strings.TrimSpace(string(b))
+	}
+	if e.Message == "" {
+		e.Message = http.StatusText(status)
+	}
+	return &Error{Status: status, Message: e.Message}
+}
+
 type headersKey struct{}
 
 // WithResponseHeaders returns ctx that makes API calls made with it pass
@@ -97,11 +110,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (http
 		fn(resp.Header)
 	}
 	if resp.StatusCode >= 300 {
-		var e api.ErrorBody
-		if json.Unmarshal(b, &e) != nil || e.Message == "" {
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return resp.Header, &Error{Status: resp.StatusCode, Message: e.Message}
+		return resp.Header, errorOf(resp.StatusCode, b)
 	}
 	if out != nil && len(b) > 0 {
 		if err := json.Unmarshal(b, out); err != nil {
@@ -351,11 +360,7 @@ func (s *Sandbox) fileDo(req *http.Request, w io.Writer) error {
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		b, _ := io.ReadAll(resp.Body)
-		var e api.ErrorBody
-		if json.Unmarshal(b, &e) != nil || e.Message == "" {
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return &Error{Status: resp.StatusCode, Message: e.Message}
+		return errorOf(resp.StatusCode, b)
 	}
 	if w == nil {
 		w = io.Discard
