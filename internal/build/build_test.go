@@ -25,6 +25,7 @@ type fakePlatform struct {
 	killed    int
 	live      int
 	failOn    string // a RUN script that exits 1
+	block     string // a RUN script that runs until its ctx ends
 	files     map[string]string
 	templates map[string]string
 }
@@ -112,8 +113,12 @@ type fakeSandbox struct {
 }
 
 func (s *fakeSandbox) ID() string { return s.id }
-func (s *fakeSandbox) Run(_ context.Context, argv []string, user string, out func(string)) (int, error) {
+func (s *fakeSandbox) Run(ctx context.Context, argv []string, user string, out func(string)) (int, error) {
 	cmd := argv[len(argv)-1]
+	if s.f.block != "" && cmd == s.f.block {
+		<-ctx.Done()
+		return -1, ctx.Err()
+	}
 	if strings.Contains(argv[0], "spore-envd") {
 		cmd = strings.Join(argv[1:], " ")
 	}

@@ -34,6 +34,9 @@ const (
 	maxLogsPerPoll = 1000
 )
 
+// staleClock is the clock stale builds are judged by (tests move it).
+var staleClock = time.Now
+
 var tagRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // Service is the template builds of one API replica: builds and tags are
@@ -276,9 +279,9 @@ func (s *Service) Status(ctx context.Context, template, id string, offset int) (
 	if err != nil {
 		return store.Build{}, nil, err
 	}
-	if b.Status == store.BuildBuilding && time.Since(b.UpdatedAt) > staleAfter {
+	if b.Status == store.BuildBuilding && staleClock().Sub(b.UpdatedAt) > staleAfter {
 		b, err = s.St.UpdateBuild(ctx, id, func(x *store.Build) error {
-			if x.Status == store.BuildBuilding && time.Since(x.UpdatedAt) > staleAfter {
+			if x.Status == store.BuildBuilding && staleClock().Sub(x.UpdatedAt) > staleAfter {
 				x.Status, x.Reason = store.BuildError, fmt.Sprintf("the API replica running the build (%s) stopped answering", x.Owner)
 			}
 			return nil
