@@ -122,4 +122,49 @@ try {
 }
 ok('a Dockerfile through fromDockerfile')
 
+// On another template, and on a snapshot of a sandbox (its files and
+// the running start command come along).
+await build(Template().fromTemplate('sdk-df').runCmd('echo layered > /srv/work/layered.txt', { user: 'root' }), 'sdk-layered')
+const src = await Sandbox.create('sdk-app')
+let snapshotId
+try {
+  await src.files.write('/srv/work/from-snapshot.txt', 'kept\n')
+  snapshotId = (await src.createSnapshot()).snapshotId
+} finally {
+  await src.kill()
+}
+await build(Template().fromTemplate(snapshotId).runCmd('cat /srv/work/from-snapshot.txt > /srv/work/copied.txt'), 'sdk-from-snap')
+const l = await Sandbox.create('sdk-layered')
+const f = await Sandbox.create('sdk-from-snap')
+try {
+  assert.equal(await l.files.read('/srv/df/hello.txt'), 'hello from copy\n', 'the base template\'s files')
+  assert.equal(await l.files.read('/srv/work/layered.txt'), 'layered\n')
+  assert.equal(await f.files.read('/srv/work/copied.txt'), 'kept\n', 'the snapshot\'s file')
+  assert.equal(await f.files.read('/tmp/started'), 'test\n', 'the snapshot\'s start command output')
+} finally {
+  await l.kill()
+  await f.kill()
+}
+ok('from another template and from a snapshot')
+
+// In the background: the status and its logs are polled while it builds.
+const bg = await Template.buildInBackground(Template().fromTemplate('sdk-df').runCmd('echo step-one; sleep 2; echo step-two', { user: 'root' }), 'sdk-bg')
+let status
+let offset = 0
+const seen = []
+let logsWhileBuilding = 0
+for (let i = 0; i < 600; i++) {
+  status = await Template.getBuildStatus({ templateId: bg.templateId, buildId: bg.buildId }, { logsOffset: offset })
+  offset += status.logEntries.length
+  seen.push(...status.logEntries.map((e) => e.message))
+  if (status.status === 'building') logsWhileBuilding += status.logEntries.length
+  if (status.status === 'ready' || status.status === 'error') break
+  await new Promise((r) => setTimeout(r, 100))
+}
+assert.equal(status.status, 'ready', seen.join('\n'))
+assert.ok(logsWhileBuilding > 0, 'log entries arrive while the build runs')
+assert.ok(seen.includes('step-one') && seen.includes('step-two'), 'the command\'s output is in the log: ' + seen.join('\n'))
+assert.equal(new Set(seen).size > 3, true)
+ok('buildInBackground and getBuildStatus with logsOffset')
+
 console.log(`${passed} passed, 0 failed`)
