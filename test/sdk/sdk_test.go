@@ -30,7 +30,7 @@ const apiKey = "spore_test_key_for_sdk_acceptance"
 // server is a `spore up` process.
 type server struct {
 	extra  []string // extra `spore up` flags
-	t      *testing.T
+	t      testing.TB
 	bin    string
 	data   string
 	cgroup string
@@ -38,7 +38,7 @@ type server struct {
 	cmd    *exec.Cmd
 }
 
-func buildBinaries(t *testing.T) string {
+func buildBinaries(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, b := range []struct{ out, pkg string }{{"spore", "./cmd/spore"}, {"spore-envd", "./cmd/spore-envd"}} {
@@ -52,7 +52,7 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newServer(t *testing.T, extra ...string) *server {
+func newServer(t testing.TB, extra ...string) *server {
 	testenv.RequireRoot(t)
 	if _, err := os.Stat("node_modules/e2b/package.json"); err != nil {
 		t.Fatal("test/sdk/node_modules missing: `make test` installs it (npm ci --prefix test/sdk)")

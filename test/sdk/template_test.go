@@ -38,7 +38,7 @@ func TestTemplateBuildThroughTheSDK(t *testing.T) {
 	}
 }
 
-func registryHost(t *testing.T, ref string) string {
+func registryHost(t testing.TB, ref string) string {
 	host, _, _ := strings.Cut(ref, "/")
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		t.Fatalf("registry ref %q: %v", ref, err)
