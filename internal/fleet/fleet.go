@@ -367,8 +367,14 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 func startAPI(cfg Config, st *State, i int) error {
 	port := cfg.BasePort + i
 	dataDir := filepath.Join(cfg.Dir, "api", strconv.Itoa(i))
-	args := append([]string{"api", "--listen", "0.0.0.0:" + strconv.Itoa(port), "--database-url", st.Postgres.DSN,
-		"--cluster-token-file", st.TokenFile, "--api-key-file", st.KeyFile, "--data-dir", dataDir}, cfg.APIArgs...)
+	args := []string{"api", "--listen", "0.0.0.0:" + strconv.Itoa(port), "--database-url", st.Postgres.DSN,
+		"--cluster-token-file", st.TokenFile, "--api-key-file", st.KeyFile, "--data-dir", dataDir}
+	if cfg.BlobStore != "" && cfg.BlobStore != "none" {
+		// The nodes' store, reached from the host: files uploaded for a
+		// template build are read by whichever replica runs it.
+		args = append(args, "--blob-store", strings.ReplaceAll(cfg.BlobStore, "{host}", "127.0.0.1"))
+	}
+	args = append(args, cfg.APIArgs...)
 	p, err := start(exec.Command(cfg.Executable, args...), filepath.Join(cfg.Dir, "logs", fmt.Sprintf("api-%d.log", i)), "")
 	if err != nil {
 		return err
