@@ -29,10 +29,8 @@ var e2bUnimplemented = []string{
 	"GET /teams",
 	"GET /teams/{teamID}/metrics",
 	"GET /teams/{teamID}/metrics/max",
-	"PATCH /templates/{templateID}",
 	"GET /templates/{templateID}/builds/{buildID}/logs",
 	"GET /v2/templates",
-	"PATCH /v2/templates/{templateID}",
 	"GET /volumes",
 	"POST /volumes",
 	"GET /volumes/{volumeID}",
@@ -85,7 +83,14 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias str
 	}
 	for _, m := range list {
 		if m.ID == alias || slices.Contains(m.Names, alias) {
-			writeJSON(w, http.StatusOK, AliasResponse{TemplateID: m.ID})
+			public := false
+			if len(m.Names) > 0 {
+				if public, err = s.templatePublic(r.Context(), m.Names[0]); err != nil {
+					s.fail(w, r, err)
+					return
+				}
+			}
+			writeJSON(w, http.StatusOK, AliasResponse{TemplateID: m.ID, Public: public})
 			return
 		}
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -124,30 +125,82 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// TemplateInfo is a template as the API lists it.
+// TemplateInfo is a template as the API lists it: E2B's Template (the
+// stock CLI's `e2b template list` reads it) plus sizeBytes.
 type TemplateInfo struct {
-	TemplateID string   `json:"templateID"`
+	TemplateID string   `json:"templateID"` // the template's snapshot ID
+	Names      []string `json:"names"`
 	Aliases    []string `json:"aliases"`
 	Public     bool     `json:"public"`
-	CPUCount   int      `json:"cpuCount"`
-	MemoryMB   int      `json:"memoryMB"`
-	DiskSizeMB int      `json:"diskSizeMB"`
-	CreatedAt  string   `json:"createdAt"`
-	SizeBytes  int64    `json:"sizeBytes"`
-	Status     string   `json:"buildStatus"`
+	// BuildID: the build that made this snapshot ("" for a template no
+	// build made: base, or one saved from a sandbox).
+	BuildID    string `json:"buildID"`
+	BuildCount int    `json:"buildCount"`
+	Status     string `json:"buildStatus"`
+	CPUCount   int    `json:"cpuCount"`
+	MemoryMB   int    `json:"memoryMB"`
+	DiskSizeMB int    `json:"diskSizeMB"`
+	// EnvdVersion: the envd every sandbox runs (Spore injects its own).
+	EnvdVersion string `json:"envdVersion"`
+	CreatedAt   string `json:"createdAt"`
+	UpdatedAt   string `json:"updatedAt"`
+	// CreatedBy is always null: Spore has no users or teams.
+	CreatedBy *struct{} `json:"createdBy"`
+	// LastSpawnedAt and SpawnCount: Spore does not count spawns (always
+	// null and 0).
+	LastSpawnedAt *string `json:"lastSpawnedAt"`
+	SpawnCount    int64   `json:"spawnCount"`
+	SizeBytes     int64   `json:"sizeBytes"`
 }
 
 func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
+	// ?teamID= (the E2B CLI's --project) is accepted and ignored: Spore
+	// has no teams.
 	out := []TemplateInfo{}
 	list, err := s.c.Templates(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	rows, err := s.st.ListTemplates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	byName := map[string]store.Template{}
+	for _, tp := range rows {
+		byName[tp.Name] = tp
+	}
 	for _, m := range list {
-		out = append(out, TemplateInfo{TemplateID: m.ID, Aliases: m.Names, CPUCount: int(m.Limits.VCPUs),
-			MemoryMB: int(m.Limits.MemoryMB), DiskSizeMB: int(m.Limits.DiskMB), CreatedAt: rfc3339(m.CreatedAt),
-			SizeBytes: m.SizeBytes, Status: "ready"})
+		names := m.Names
+		if names == nil {
+			names = []string{}
+		}
+		ti := TemplateInfo{TemplateID: m.ID, Names: names, Aliases: names, CPUCount: int(m.Limits.VCPUs),
+			MemoryMB: int(m.Limits.MemoryMB), DiskSizeMB: int(m.Limits.DiskMB), EnvdVersion: envd.Version,
+			CreatedAt: rfc3339(m.CreatedAt), UpdatedAt: rfc3339(m.CreatedAt), SizeBytes: m.SizeBytes, Status: store.BuildReady}
+		for _, name := range names {
+			tp, ok := byName[name]
+			if !ok {
+				continue
+			}
+			ti.Public = specPublic(tp.Spec)
+			ti.CreatedAt, ti.UpdatedAt = rfc3339(tp.CreatedAt), rfc3339(tp.UpdatedAt)
+			builds, err := s.st.ListBuilds(r.Context(), name)
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			ti.BuildCount = len(builds)
+			for _, b := range builds {
+				if b.SnapshotID == m.ID {
+					ti.BuildID = b.ID
+					break
+				}
+			}
+			break
+		}
+		out = append(out, ti)
 	}
 	writeJSON(w, http.StatusOK, out)
 }

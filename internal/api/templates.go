@@ -112,6 +112,8 @@ func (s *Server) buildRoutes() []route {
 		{"POST /templates/tags", s.assignTags, false},
 		{"DELETE /templates/tags", s.removeTags, false},
 		{"GET /templates/{templateID}", s.getTemplate, false},
+		{"PATCH /templates/{templateID}", s.templateUpdateV1, false}, // e2bcli.go
+		{"PATCH /v2/templates/{templateID}", s.templateUpdateV2, false},
 	}
 }
 
@@ -373,6 +375,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	created, updated := time.Time{}, time.Time{}
 	if tp, err := s.st.GetTemplate(r.Context(), name); err == nil {
 		created, updated = tp.CreatedAt, tp.UpdatedAt
+		out.Public = specPublic(tp.Spec)
 	}
 	for _, b := range builds {
 		tb := TemplateBuild{BuildID: b.ID, Status: b.Status, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB,
