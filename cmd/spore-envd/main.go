@@ -34,12 +34,23 @@ func main() {
 		health   = flag.Bool("health", false, "check a running envd's health and exit 0 if it answers")
 		oomWatch = flag.Bool("oom-watch", true, "as the sandbox's init, kill the largest process when memory nears the sandbox's limit")
 		copyMode = flag.Bool("copy", false, "unpack a template build's COPY archive (-archive, -src, -dest, -user, -mode, -workdir) and exit: 0 done, 2 invalid, 1 other failure")
+		manifest = flag.Bool("manifest", false, "print the root filesystem's entries, one a line, and exit (export)")
+		tarMode  = flag.Bool("tar", false, "write a tar of the paths read from stdin (one quoted path a line) to stdout and exit (export)")
+		defaults = flag.Bool("defaults", false, "print this command's user, working directory and environment as JSON and exit (started without options: the daemon's defaults)")
 		oomIdle  = flag.Duration("oom-watch-idle", 0, "poll interval of the OOM watchdog while memory is low, when the host sends SIGUSR2 as memory rises (0: poll by the headroom, at most 1 s)")
 	)
 	copyFlags := registerCopyFlags()
 	flag.Parse()
 	if *health {
 		os.Exit(checkHealth(*addr))
+	}
+	switch {
+	case *manifest:
+		os.Exit(runManifest())
+	case *tarMode:
+		os.Exit(runTar())
+	case *defaults:
+		os.Exit(runDefaults())
 	}
 	if *copyMode {
 		os.Exit(runCopy(copyFlags, *user))
