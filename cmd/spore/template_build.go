@@ -309,9 +309,10 @@ func buildFailed(template string, info api.BuildInfo) error {
 		msg, step = info.Reason.Message, info.Reason.Step
 	}
 	where := ""
-	switch step {
-	case "":
-	case build.StepBase, build.StepFinalize:
+	switch {
+	case step == "" || strings.HasPrefix(msg, "step "+step+" "):
+		// The reason names the step already.
+	case step == build.StepBase || step == build.StepFinalize:
 		where = " at " + step
 	default:
 		where = " at step " + step

@@ -55,7 +55,7 @@ func newFakeBuilds(t *testing.T) *fakeBuilds {
 	mux.HandleFunc("POST /v3/templates", func(w http.ResponseWriter, r *http.Request) {
 		json.NewDecoder(r.Body).Decode(&f.req)
 		name, _, _ := strings.Cut(f.req.Name, ":")
-		reply(w, 202, api.BuildRequestResponse{TemplateID: name, BuildID: "b-1", Names: []string{name}, Tags: []string{"latest"}})
+		reply(w, 202, api.BuildRequestResponse{TemplateID: name, BuildID: "b-1", Names: []string{name}, Tags: []string{"default"}})
 	})
 	mux.HandleFunc("GET /templates/{t}/files/{hash}", func(w http.ResponseWriter, r *http.Request) {
 		h := r.PathValue("hash")
@@ -290,7 +290,7 @@ func TestTemplateBuildFailure(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a failed build succeeded: %s %s", out, errs)
 	}
-	if !strings.Contains(err.Error(), "failed at step 1") || !strings.Contains(err.Error(), "the command exited 1") {
+	if !strings.Contains(err.Error(), "failed: step 1 (RUN false)") || !strings.Contains(err.Error(), "the command exited 1") {
 		t.Fatalf("error %q does not name the step and reason", err)
 	}
 	if !strings.Contains(errs, "[1/1] RUN false") || out != "" {
@@ -371,5 +371,23 @@ func TestTemplateBuildBadInput(t *testing.T) {
 	}
 	if len(f.requests) != 0 {
 		t.Fatalf("bad input reached the server: %v", f.requests)
+	}
+}
+
+// A failure names its step once: the reason's own words when they name
+// it, else "at step N" / "at base" / "at finalize".
+func TestBuildFailedNamesTheStep(t *testing.T) {
+	for _, c := range []struct {
+		reason *api.BuildReason
+		want   string
+	}{
+		{&api.BuildReason{Step: "3", Message: "step 3 (RUN x): exited 1"}, "template t build b failed: step 3 (RUN x): exited 1"},
+		{&api.BuildReason{Step: "3", Message: "timed out"}, "template t build b failed at step 3: timed out"},
+		{&api.BuildReason{Step: "finalize", Message: "not ready"}, "template t build b failed at finalize: not ready"},
+		{nil, "template t build b failed: no reason given"},
+	} {
+		if got := buildFailed("t", api.BuildInfo{BuildID: "b", Status: "error", Reason: c.reason}).Error(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.reason, got, c.want)
+		}
 	}
 }

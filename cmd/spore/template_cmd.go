@@ -96,9 +96,9 @@ Logs stream to stderr; on success the template's snapshot ID goes to stdout
 	fl.StringVar(&o.user, "user", "", "the template's default user")
 	fl.StringVar(&o.start, "start", "", "a command started at the end of the build that keeps running in the template")
 	fl.StringVar(&o.ready, "ready", "", "a shell command run until it exits 0 before the snapshot")
-	fl.IntVar(&o.readyPort, "ready-port", 0, "ready once something listens on this port (E2B's waitForPort)")
-	fl.StringVar(&o.readyURL, "ready-url", "", "ready once this URL answers 200 (E2B's waitForURL)")
-	fl.StringArrayVar(&o.tags, "tag", nil, "a tag for the build (repeatable; default latest, or the tag of name:tag)")
+	fl.IntVar(&o.readyPort, "ready-port", 0, "ready once something listens on this port (E2B's waitForPort: needs ss in the image)")
+	fl.StringVar(&o.readyURL, "ready-url", "", "ready once this URL answers 200 (E2B's waitForURL: needs curl in the image)")
+	fl.StringArrayVar(&o.tags, "tag", nil, "a tag for the build (repeatable; with none, and no name:tag, the build gets the tag default)")
 	fl.BoolVar(&o.skipCache, "skip-cache", false, "rerun every step, ignoring the build cache")
 	fl.IntVar(&o.cpu, "cpu", 0, "vCPUs of the template's sandboxes (0: the default)")
 	fl.IntVar(&o.memory, "memory-mb", 0, "memory of the template's sandboxes in MiB (0: the default)")
@@ -240,7 +240,7 @@ func newTemplateTagsCmd(f *cliFlags) *cobra.Command {
 func newTemplateTagCmd(f *cliFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "tag <name[:tag]> <newtag>...",
-		Short: "Give more tags to the build name:tag names (name alone: its latest tag)",
+		Short: "Give more tags to the build name:tag names (name alone: name:default)",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
