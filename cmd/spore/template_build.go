@@ -364,6 +364,10 @@ func runBuild(ctx context.Context, c *client.Client, nameTag string, o *buildOpt
 	}
 	info, err := followBuild(ctx, c, tpl, req.BuildID, 0, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The build runs on the server: only the following stopped.
+			return fmt.Errorf("stopped following build %s, which goes on (spore template logs %s %s --follow): %w", req.BuildID, tpl, req.BuildID, err)
+		}
 		return err
 	}
 	if info.Status != "ready" {

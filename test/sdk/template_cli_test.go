@@ -133,6 +133,17 @@ func TestTemplateCLI(t *testing.T) {
 		t.Fatalf("after untag: %v", tags)
 	}
 
+	// Without a Dockerfile: flags on the base template, a start command
+	// and E2B's waitForURL ready check.
+	s.ok("template", "build", "cli-web", "--run", "mkdir -p /srv/www && echo hi > /srv/www/index.html", "--env", "MODE=web",
+		"--workdir", "/srv/www", "--user", "user", "--start", "python3 -m http.server 8000 -d /srv/www", "--ready-url", "http://localhost:8000/index.html")
+	web := s.ok("start", "cli-web")
+	if got := s.ok("exec", web, "--", `curl -s localhost:8000/index.html; echo "$MODE"; pwd; id -un`); got != "hi\nweb\n/srv/www\nuser" {
+		t.Errorf("a sandbox of the flag-built template: %q", got)
+	}
+	s.ok("kill", web)
+	s.ok("template", "rm", "cli-web")
+
 	// A failing RUN: non-zero, naming the step and the command.
 	bad := filepath.Join(dir, "Dockerfile.bad")
 	os.WriteFile(bad, []byte("FROM "+image+"\nUSER app\nRUN echo before\nRUN echo failing >&2; false\n"), 0o644)
