@@ -143,6 +143,42 @@ type Node interface {
 	// repository, tag, digest or platform; ErrUnavailable for an
 	// unreachable or failing registry.
 	BuildImage(ctx context.Context, req ImageBuildRequest) (SnapshotInfo, error)
+	// Export writes a running sandbox's filesystem as an OCI image: to a
+	// registry (req.Ref, pushed with the node's registry rules: plain
+	// HTTP only to its insecure registries) or into an OCI image layout
+	// directory on the node (req.LayoutDir). Two layers: the sandbox's
+	// root filesystem and what the sandbox changed over it; the config
+	// has the sandbox daemon's default user, working directory and
+	// environment (without the variables its create added). The sandbox
+	// keeps running. Errors: ErrNotFound (no such sandbox), ErrConflict
+	// (not running, or a node that does not export),
+	// ErrInvalidArgument (malformed request or ref, a registry over plain
+	// HTTP not in the insecure list, refused credentials),
+	// ErrUnavailable (registry unreachable).
+	Export(ctx context.Context, req ExportRequest) (ExportInfo, error)
+}
+
+// ExportRequest asks for a sandbox's filesystem as an OCI image.
+type ExportRequest struct {
+	SandboxID string
+	// Ref is "registry/repo:tag" to push to; exclusive with LayoutDir.
+	Ref                string
+	Username, Password string // registry basic auth; both or neither
+	// LayoutDir is an absolute directory on the node (absent or empty) to
+	// write an OCI image layout into instead: for operators and tests,
+	// not for tenants (it writes where it is told on the node).
+	LayoutDir string
+}
+
+// ExportInfo describes an exported image.
+type ExportInfo struct {
+	Ref       string // as pushed ("" for a layout)
+	Digest    string // the image manifest's digest
+	Layers    int
+	Bytes     int64 // compressed bytes of all layers
+	DiffBytes int64 // compressed bytes of the sandbox's changes (the top layer)
+	Changed   int64 // entries in the top layer
+	Deleted   int64 // whiteouts in it
 }
 
 // ImageBuildRequest asks for a template built from an OCI image.

@@ -57,6 +57,13 @@ type ImageBuilder interface {
 	BuildImage(ctx context.Context, spec node.ImageTemplateSpec) (snapshot.Manifest, error)
 }
 
+// Exporter writes a sandbox's filesystem as an OCI image
+// (node.Node.Export). The node's Images, when it implements it, does
+// exports too (a *node.Node does).
+type Exporter interface {
+	Export(ctx context.Context, spec node.ExportSpec) (node.ExportResult, error)
+}
+
 // Node is a nodeapi.Node over an engine in this process.
 type Node struct {
 	eng *engine.Engine
@@ -547,4 +554,36 @@ func (n *Node) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) (n
 		return nodeapi.SnapshotInfo{}, err
 	}
 	return SnapshotInfo(m), nil
+}
+
+// Export writes a sandbox's filesystem as an OCI image. The request is
+// checked here first, so a malformed one is ErrInvalidArgument on any
+// node.
+func (n *Node) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("sandbox ID", req.SandboxID); err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	if (req.Ref == "") == (req.LayoutDir == "") {
+		return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: give a registry reference or a layout directory (one)", req.SandboxID)
+	}
+	if req.Ref != "" {
+		if _, err := name.ParseReference(req.Ref); err != nil {
+			return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: image reference %q: %v", req.SandboxID, req.Ref, err)
+		}
+	}
+	if (req.Username == "") != (req.Password == "") {
+		return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: registry auth needs both a username and a password", req.SandboxID)
+	}
+	ex, ok := n.cfg.Images.(Exporter)
+	if !ok {
+		return nodeapi.ExportInfo{}, errdefs.Conflictf("node %s does not export sandboxes as images", n.cfg.ID)
+	}
+	res, err := ex.Export(ctx, node.ExportSpec{SandboxID: req.SandboxID, Ref: req.Ref, LayoutDir: req.LayoutDir,
+		Registry: oci.Options{Username: req.Username, Password: req.Password}})
+	if err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	return nodeapi.ExportInfo{Ref: res.Ref, Digest: res.Digest, Layers: res.Layers, Bytes: res.Bytes, DiffBytes: res.DiffBytes,
+		Changed: int64(res.Changed), Deleted: int64(res.Deleted)}, nil
 }

@@ -69,6 +69,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		{"EventsDied", testEventsDied},
 		{"BlobStore", testBlobStore},
 		{"BuildImage", testBuildImage},
+		{"Export", testExport},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), Timeout)

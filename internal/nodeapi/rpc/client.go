@@ -279,6 +279,18 @@ func (c *Client) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) 
 	return snapshotInfo(res.GetSnapshot()), nil
 }
 
+// Export writes a sandbox's filesystem as an OCI image on the node. Like
+// BuildImage, only ctx bounds it.
+func (c *Client) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	res, err := call(ctx, c.c.Export, &nodev1.ExportRequest{SandboxId: req.SandboxID, Ref: req.Ref, Username: req.Username,
+		Password: req.Password, LayoutDir: req.LayoutDir})
+	if err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	return nodeapi.ExportInfo{Ref: res.GetRef(), Digest: res.GetDigest(), Layers: int(res.GetLayers()), Bytes: res.GetBytes(),
+		DiffBytes: res.GetDiffBytes(), Changed: res.GetChanged(), Deleted: res.GetDeleted()}, nil
+}
+
 // Snapshots lists what the node holds.
 func (c *Client) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
 	res, err := call(ctx, c.c.Snapshots, &nodev1.SnapshotsRequest{})

@@ -50,6 +50,9 @@ func (s *stubNode) CollectGarbage(context.Context, nodeapi.GCRequest) (nodeapi.G
 func (s *stubNode) BuildImage(context.Context, nodeapi.ImageBuildRequest) (nodeapi.SnapshotInfo, error) {
 	return nodeapi.SnapshotInfo{}, s.hit()
 }
+func (s *stubNode) Export(context.Context, nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	return nodeapi.ExportInfo{}, s.hit()
+}
 func (s *stubNode) Snapshot(context.Context, string, nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
 	return nodeapi.SnapshotInfo{}, s.hit()
 }

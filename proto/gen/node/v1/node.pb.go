@@ -2142,6 +2142,177 @@ func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
 	return nil
 }
 
+// ExportRequest: the sandbox, and where to: ref ("registry/repo:tag") with
+// the registry's basic auth (both or neither), or layout_dir (absolute, a
+// directory on the node that does not exist or is empty).
+type ExportRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Ref           string                 `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	Username      string                 `protobuf:"bytes,3,opt,name=username,proto3" json:"username,omitempty"`
+	Password      string                 `protobuf:"bytes,4,opt,name=password,proto3" json:"password,omitempty"`
+	LayoutDir     string                 `protobuf:"bytes,5,opt,name=layout_dir,json=layoutDir,proto3" json:"layout_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportRequest) Reset() {
+	*x = ExportRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportRequest) ProtoMessage() {}
+
+func (x *ExportRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
+func (*ExportRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ExportRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ExportRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ExportRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *ExportRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *ExportRequest) GetLayoutDir() string {
+	if x != nil {
+		return x.LayoutDir
+	}
+	return ""
+}
+
+type ExportResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	Layers        int32                  `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"`
+	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DiffBytes     int64                  `protobuf:"varint,5,opt,name=diff_bytes,json=diffBytes,proto3" json:"diff_bytes,omitempty"`
+	Changed       int64                  `protobuf:"varint,6,opt,name=changed,proto3" json:"changed,omitempty"`
+	Deleted       int64                  `protobuf:"varint,7,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportResponse) Reset() {
+	*x = ExportResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportResponse) ProtoMessage() {}
+
+func (x *ExportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
+func (*ExportResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ExportResponse) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ExportResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ExportResponse) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *ExportResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportResponse) GetDiffBytes() int64 {
+	if x != nil {
+		return x.DiffBytes
+	}
+	return 0
+}
+
+func (x *ExportResponse) GetChanged() int64 {
+	if x != nil {
+		return x.Changed
+	}
+	return 0
+}
+
+func (x *ExportResponse) GetDeleted() int64 {
+	if x != nil {
+		return x.Deleted
+	}
+	return 0
+}
+
 // Adopt takes over a sandbox hibernated on another node: its durable
 // hibernation snapshot is fetched (peers first) and the sandbox recorded
 // here, hibernated; Resume wakes it.
@@ -2157,7 +2328,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2340,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2353,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2222,7 +2393,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2405,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2418,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2266,7 +2437,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2449,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2462,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2311,7 +2482,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2494,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2507,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2365,7 +2536,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2548,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2561,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2420,7 +2591,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2603,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2616,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2491,7 +2662,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2674,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2687,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 type SnapshotsResponse struct {
@@ -2528,7 +2699,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2711,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2724,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2573,7 +2744,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2756,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2769,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2623,7 +2794,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2806,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2819,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 type ReconfigureRequest struct {
@@ -2662,7 +2833,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +2845,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +2858,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2720,7 +2891,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2903,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2916,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2764,7 +2935,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2776,7 +2947,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2789,7 +2960,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -2813,7 +2984,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +2996,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +3009,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -2891,7 +3062,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3074,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3087,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 type Event struct {
@@ -2934,7 +3105,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3117,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3130,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Event) GetKind() string {
@@ -3021,7 +3192,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3033,7 +3204,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3046,7 +3217,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3206,7 +3377,24 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1a\n" +
 	"\bplatform\x18\x05 \x01(\tR\bplatform\"M\n" +
 	"\x12BuildImageResponse\x127\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\"\x94\x01\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\"\x97\x01\n" +
+	"\rExportRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x1a\n" +
+	"\busername\x18\x03 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1d\n" +
+	"\n" +
+	"layout_dir\x18\x05 \x01(\tR\tlayoutDir\"\xbb\x01\n" +
+	"\x0eExportResponse\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x1d\n" +
+	"\n" +
+	"diff_bytes\x18\x05 \x01(\x03R\tdiffBytes\x12\x18\n" +
+	"\achanged\x18\x06 \x01(\x03R\achanged\x12\x18\n" +
+	"\adeleted\x18\a \x01(\x03R\adeleted\"\x94\x01\n" +
 	"\fAdoptRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12 \n" +
@@ -3267,7 +3455,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xf9\f\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xc0\r\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3290,7 +3478,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Adopt\x12\x1b.spore.node.v1.AdoptRequest\x1a\x1c.spore.node.v1.AdoptResponse\x12]\n" +
 	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12Q\n" +
 	"\n" +
-	"BuildImage\x12 .spore.node.v1.BuildImageRequest\x1a!.spore.node.v1.BuildImageResponse\x12G\n" +
+	"BuildImage\x12 .spore.node.v1.BuildImageRequest\x1a!.spore.node.v1.BuildImageResponse\x12E\n" +
+	"\x06Export\x12\x1c.spore.node.v1.ExportRequest\x1a\x1d.spore.node.v1.ExportResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -3305,7 +3494,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -3345,38 +3534,40 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
 	(*BuildImageRequest)(nil),      // 36: spore.node.v1.BuildImageRequest
 	(*BuildImageResponse)(nil),     // 37: spore.node.v1.BuildImageResponse
-	(*AdoptRequest)(nil),           // 38: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 39: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 40: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 41: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 42: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 43: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 44: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 45: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 46: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 47: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 48: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 49: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 50: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 51: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 52: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 53: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 54: spore.node.v1.EventsResponse
-	nil,                            // 55: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 56: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 57: google.protobuf.Duration
+	(*ExportRequest)(nil),          // 38: spore.node.v1.ExportRequest
+	(*ExportResponse)(nil),         // 39: spore.node.v1.ExportResponse
+	(*AdoptRequest)(nil),           // 40: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 41: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 42: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 43: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 44: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 45: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 46: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 47: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 48: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 49: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 50: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 51: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 52: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 53: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 54: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 55: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 56: spore.node.v1.EventsResponse
+	nil,                            // 57: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 58: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 59: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	56, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	58, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	56, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	58, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	56, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	58, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	55, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	57, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -3393,15 +3584,15 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	5,  // 23: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 24: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 25: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	57, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	59, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	5,  // 27: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 28: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 29: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 30: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	56, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	57, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	56, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	53, // 34: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	58, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	59, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	58, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	55, // 34: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
 	7,  // 35: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
 	10, // 36: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
 	12, // 37: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
@@ -3415,39 +3606,41 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	30, // 45: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
 	32, // 46: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
 	34, // 47: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	44, // 48: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	46, // 49: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	48, // 50: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	50, // 51: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	40, // 52: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	38, // 53: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	42, // 54: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	46, // 48: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	48, // 49: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	50, // 50: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	52, // 51: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	42, // 52: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	40, // 53: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	44, // 54: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
 	36, // 55: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	52, // 56: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 57: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 58: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 59: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 60: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 61: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 62: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 63: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 64: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 65: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 66: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 67: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 68: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 69: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	45, // 70: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	47, // 71: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	49, // 72: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	51, // 73: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	41, // 74: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	39, // 75: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	43, // 76: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	37, // 77: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	54, // 78: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	57, // [57:79] is the sub-list for method output_type
-	35, // [35:57] is the sub-list for method input_type
+	38, // 56: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	54, // 57: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 58: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 59: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 60: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 61: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 62: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 63: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 64: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 65: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 66: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 67: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 68: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 69: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 70: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	47, // 71: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	49, // 72: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	51, // 73: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	53, // 74: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	43, // 75: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	41, // 76: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	45, // 77: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	37, // 78: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	39, // 79: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	56, // 80: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	58, // [58:81] is the sub-list for method output_type
+	35, // [35:58] is the sub-list for method input_type
 	35, // [35:35] is the sub-list for extension type_name
 	35, // [35:35] is the sub-list for extension extendee
 	0,  // [0:35] is the sub-list for field type_name
@@ -3464,7 +3657,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   56,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -84,6 +84,8 @@ const (
 	NodeCollectGarbageProcedure = "/spore.node.v1.Node/CollectGarbage"
 	// NodeBuildImageProcedure is the fully-qualified name of the Node's BuildImage RPC.
 	NodeBuildImageProcedure = "/spore.node.v1.Node/BuildImage"
+	// NodeExportProcedure is the fully-qualified name of the Node's Export RPC.
+	NodeExportProcedure = "/spore.node.v1.Node/Export"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -113,6 +115,10 @@ type NodeClient interface {
 	// BuildImage builds a template from an OCI image the node pulls itself;
 	// it takes minutes at most: the caller's deadline bounds it.
 	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error)
+	// Export writes a running sandbox's filesystem as an OCI image to a
+	// registry (or a layout directory on the node); the caller's deadline
+	// bounds it.
+	Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -256,6 +262,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("BuildImage")),
 			connect.WithClientOptions(opts...),
 		),
+		export: connect.NewClient[v1.ExportRequest, v1.ExportResponse](
+			httpClient,
+			baseURL+NodeExportProcedure,
+			connect.WithSchema(nodeMethods.ByName("Export")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -288,6 +300,7 @@ type nodeClient struct {
 	adopt          *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	buildImage     *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
+	export         *connect.Client[v1.ExportRequest, v1.ExportResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -396,6 +409,11 @@ func (c *nodeClient) BuildImage(ctx context.Context, req *connect.Request[v1.Bui
 	return c.buildImage.CallUnary(ctx, req)
 }
 
+// Export calls spore.node.v1.Node.Export.
+func (c *nodeClient) Export(ctx context.Context, req *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error) {
+	return c.export.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -426,6 +444,10 @@ type NodeHandler interface {
 	// BuildImage builds a template from an OCI image the node pulls itself;
 	// it takes minutes at most: the caller's deadline bounds it.
 	BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error)
+	// Export writes a running sandbox's filesystem as an OCI image to a
+	// registry (or a layout directory on the node); the caller's deadline
+	// bounds it.
+	Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -565,6 +587,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("BuildImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeExportHandler := connect.NewUnaryHandler(
+		NodeExportProcedure,
+		svc.Export,
+		connect.WithSchema(nodeMethods.ByName("Export")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -615,6 +643,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeCollectGarbageHandler.ServeHTTP(w, r)
 		case NodeBuildImageProcedure:
 			nodeBuildImageHandler.ServeHTTP(w, r)
+		case NodeExportProcedure:
+			nodeExportHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -708,6 +738,10 @@ func (UnimplementedNodeHandler) CollectGarbage(context.Context, *connect.Request
 
 func (UnimplementedNodeHandler) BuildImage(context.Context, *connect.Request[v1.BuildImageRequest]) (*connect.Response[v1.BuildImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.BuildImage is not implemented"))
+}
+
+func (UnimplementedNodeHandler) Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Export is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {
