@@ -36,7 +36,7 @@ func TestDiff(t *testing.T) {
 	lower := []Entry{d("a", 1), f("a/same", 1), f("a/changed", 1), f("a/gone", 1), d("b", 1), f("b/x", 1), d("c", 1), f("c/y", 1),
 		d("proc", 1), f("proc/z", 1), f("e", 1)}
 	upper := []Entry{d("a", 2), f("a/same", 1), f("a/changed", 2), f("a/new", 2), // b deleted wholly
-		f("c", 2), // dir replaced by a file
+		f("c", 2),                                                // dir replaced by a file
 		{Path: "proc", Type: TypeMount}, d("e", 2), f("e/in", 2), // file replaced by a dir
 		{Path: "sock", Type: TypeSocket}}
 	changed, deleted := Diff(lower, upper)
