@@ -221,7 +221,7 @@ func (b *Builder) step(ctx context.Context, template string, sb Sandbox, st Step
 			return err
 		}
 		if code != 0 {
-			return errdefs.Invalidf("the command exited %d", code)
+			return failed("the command exited %d", code)
 		}
 	case StepCopy:
 		f, err := b.P.Files(ctx, template, st.FilesHash)
@@ -249,7 +249,7 @@ func (b *Builder) step(ctx context.Context, template string, sb Sandbox, st Step
 			return err
 		}
 		if code != 0 {
-			return errdefs.Invalidf("copy %s to %s failed (exit %d)", st.Args[0], st.Args[1], code)
+			return failed("copy %s to %s failed (exit %d)", st.Args[0], st.Args[1], code)
 		}
 	case StepEnv:
 		// Values may name variables set before ($PATH, ${HOME}), as in a
@@ -356,6 +356,20 @@ func (b *Builder) log() *slog.Logger {
 	}
 	return slog.Default()
 }
+
+// failed is a step's own failure (a command's exit): the user's to fix,
+// so of kind ErrInvalidArgument, but its message is only what happened.
+func failed(format string, a ...any) error {
+	return kindError{msg: fmt.Sprintf(format, a...), kind: errdefs.ErrInvalidArgument}
+}
+
+type kindError struct {
+	msg  string
+	kind error
+}
+
+func (e kindError) Error() string { return e.msg }
+func (e kindError) Unwrap() error { return e.kind }
 
 // key hashes parts, each length-prefixed so that no two lists collide.
 func key(parts ...string) string {
