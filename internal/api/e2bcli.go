@@ -3,6 +3,9 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -151,4 +154,65 @@ func (s *Server) templatePublic(ctx context.Context, name string) (bool, error) 
 		return false, err
 	}
 	return specPublic(t.Spec), nil
+}
+
+// The upload URL of GET /templates/{templateID}/files/{hash} must work
+// for an SDK that PUTs to it with no headers: the E2B CLI 2.19 bundles
+// one (it expects a presigned S3 URL). So the URL is presigned: a
+// signature over the template and the hash, keyed by the ID of the
+// template's waiting build. That ID is random (122 bits), lives in the
+// store (so any API replica checks the signature) and is known only to
+// API key holders; the URL stops working when the build starts (no build
+// waits) or goes, which is when the SDK is done uploading.
+
+// SignedUploadRoute is the presigned upload: public, its signature is
+// its credential (without one it answers 401).
+const SignedUploadRoute = "PUT /templates/{templateID}/files/{hash}/signed"
+
+func uploadSignature(buildID, template, hash string) string {
+	m := hmac.New(sha256.New, []byte(buildID))
+	m.Write([]byte("spore-template-upload\x00" + template + "\x00" + hash))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// signedUploadPath is the presigned upload path for template's files
+// hash, signed with its newest waiting build ("": no build waits).
+func (s *Server) signedUploadPath(ctx context.Context, template, hash string) (string, error) {
+	builds, err := s.st.ListBuilds(ctx, template)
+	if err != nil {
+		return "", err
+	}
+	for _, b := range builds { // newest first
+		if b.Status == store.BuildWaiting {
+			return "/templates/" + template + "/files/" + hash + "/signed?signature=" + uploadSignature(b.ID, template, hash), nil
+		}
+	}
+	return "", nil
+}
+
+// signedUpload serves the presigned upload: the signature must be one of
+// a waiting build of the template; then it is the authenticated PUT.
+func (s *Server) signedUpload(w http.ResponseWriter, r *http.Request) {
+	sig, err := hex.DecodeString(r.URL.Query().Get("signature"))
+	if err != nil || len(sig) != sha256.Size {
+		writeError(w, http.StatusUnauthorized, "the upload URL has no valid signature: ask GET /templates/{templateID}/files/{hash} for one")
+		return
+	}
+	t, ok := templateOf(w, r)
+	if !ok || !s.buildsOrFail(w) {
+		return
+	}
+	builds, err := s.st.ListBuilds(r.Context(), t)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	for _, b := range builds {
+		want, _ := hex.DecodeString(uploadSignature(b.ID, t, r.PathValue("hash")))
+		if b.Status == store.BuildWaiting && hmac.Equal(sig, want) {
+			s.uploadFiles(w, r)
+			return
+		}
+	}
+	writeError(w, http.StatusUnauthorized, "the upload URL's signature is not valid (or its build no longer waits for files)")
 }

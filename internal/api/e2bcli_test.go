@@ -1,12 +1,19 @@
 package api_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/blob/local"
+	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/store"
@@ -104,4 +111,94 @@ func testFastTemplatePublish(t *testing.T, _ controltest.Config) {
 
 	f.want(204, "DELETE", "/templates/pub-app", "")
 	f.want(404, "PATCH", "/v2/templates/pub-app", `{"public":false}`)
+}
+
+// The upload URL GET /templates/{templateID}/files/{hash} answers works
+// with no headers (the E2B CLI's bundled SDK sends none: it expects a
+// presigned URL), only for that template and hash, only while a build of
+// the template waits for its files; a missing or wrong signature is a
+// JSON 401 and stores nothing.
+func TestSignedUpload(t *testing.T) {
+	st := openStore(t) // holds the test key
+	blobs, err := local.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { blobs.Close() })
+	bs := &build.Service{St: st, Blobs: blobs}
+	srv := httptest.NewServer(api.New(api.Config{Store: st, Builds: bs}))
+	t.Cleanup(srv.Close)
+	// do sends a request with only the headers given (no API key unless
+	// one is).
+	do := func(method, url, body string, hdr ...string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	hash := strings.Repeat("ab", 32)
+	other := strings.Repeat("cd", 32)
+	var req api.BuildRequestResponse
+	_, b := do("POST", srv.URL+"/v3/templates", `{"name":"signed-app"}`, "X-API-KEY", key)
+	json.Unmarshal(b, &req)
+	var link api.FileUpload
+	code, b := do("GET", srv.URL+"/templates/signed-app/files/"+hash, "", "X-API-KEY", key)
+	if json.Unmarshal(b, &link); code != 201 || link.Present || !strings.Contains(link.URL, "/signed?signature=") {
+		t.Fatalf("upload link: %d %s", code, b)
+	}
+	tarball := tarOf(t, "hello.txt", "hi\n")
+	// Tampered: another hash, another template, a changed or no signature.
+	for _, u := range []string{
+		strings.Replace(link.URL, hash, other, 1),
+		strings.Replace(link.URL, "/signed-app/", "/other-app/", 1),
+		link.URL[:len(link.URL)-1] + "0",
+		link.URL[:strings.IndexByte(link.URL, '?')],
+	} {
+		if code, b := do("PUT", u, tarball); code != 401 || !strings.Contains(string(b), `"code":401`) {
+			t.Errorf("PUT %s: %d %s, want a JSON 401", u, code, b)
+		}
+	}
+	for _, h := range []string{hash, other} {
+		if present, _ := bs.FilesPresent(context.Background(), h); present {
+			t.Fatalf("a refused upload stored %s", h)
+		}
+	}
+	if code, b := do("PUT", link.URL, tarball); code != 201 {
+		t.Fatalf("PUT the signed URL, no headers: %d %s", code, b)
+	}
+	if present, _ := bs.FilesPresent(context.Background(), hash); !present {
+		t.Fatal("the signed upload stored nothing")
+	}
+	// Once no build waits (here: the template's builds are gone), the URL
+	// is dead.
+	if err := st.DeleteBuilds(context.Background(), "signed-app"); err != nil {
+		t.Fatal(err)
+	}
+	if code, b := do("PUT", link.URL, tarball); code != 401 {
+		t.Fatalf("PUT after the build stopped waiting: %d %s, want 401", code, b)
+	}
+	// With no build waiting the link is the authenticated route.
+	_, b = do("GET", srv.URL+"/templates/signed-app/files/"+other, "", "X-API-KEY", key)
+	if json.Unmarshal(b, &link); strings.Contains(link.URL, "/signed?") || link.Headers["X-API-Key"] != key {
+		t.Fatalf("link with no waiting build: %s", b)
+	}
+}
+
+func tarOf(t *testing.T, name, text string) string {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(text)), Typeflag: tar.TypeReg})
+	tw.Write([]byte(text))
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }

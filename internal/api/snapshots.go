@@ -132,8 +132,8 @@ type TemplateInfo struct {
 	Names      []string `json:"names"`
 	Aliases    []string `json:"aliases"`
 	Public     bool     `json:"public"`
-	// BuildID: the build that made this snapshot ("" for a template no
-	// build made: base, or one saved from a sandbox).
+	// BuildID: the template's newest successful build, as E2B's ("" for
+	// a template no build made: base, or one saved from a sandbox).
 	BuildID    string `json:"buildID"`
 	BuildCount int    `json:"buildCount"`
 	Status     string `json:"buildStatus"`
@@ -192,8 +192,8 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			ti.BuildCount = len(builds)
-			for _, b := range builds {
-				if b.SnapshotID == m.ID {
+			for _, b := range builds { // newest first
+				if b.Status == store.BuildReady {
 					ti.BuildID = b.ID
 					break
 				}

@@ -113,6 +113,7 @@ func (s *Server) buildRoutes() []route {
 		{"DELETE /templates/tags", s.removeTags, false},
 		{"GET /templates/{templateID}", s.getTemplate, false},
 		{"PATCH /templates/{templateID}", s.templateUpdateV1, false}, // e2bcli.go
+		{SignedUploadRoute, s.signedUpload, true},
 		{"PATCH /v2/templates/{templateID}", s.templateUpdateV2, false},
 	}
 }
@@ -187,6 +188,16 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 		}
 		out.URL = scheme + "://" + r.Host + "/templates/" + t + "/files/" + hash
 		out.Headers = map[string]string{"X-API-Key": apiKeyOf(r)}
+		// SDKs that send no headers with the PUT (the one the E2B CLI
+		// bundles) need a URL that authorizes itself (e2bcli.go).
+		path, err := s.signedUploadPath(r.Context(), t, hash)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if path != "" {
+			out.URL = scheme + "://" + r.Host + path
+		}
 	}
 	writeJSON(w, http.StatusCreated, out)
 }
