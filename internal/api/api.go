@@ -174,7 +174,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, false},
 		{"GET /debug/pprof/symbol", pprof.Symbol, false},
 	}
-	return append(routes, s.buildRoutes()...)
+	return append(append(routes, s.buildRoutes()...), s.exportRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).

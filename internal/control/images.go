@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -70,4 +71,42 @@ func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
 		return r.Snapshot.ID, nil
 	}
 	return r.Template.SnapshotID, nil
+}
+
+// Export writes a running sandbox's filesystem as an OCI image (pushed
+// to req.Ref) on the sandbox's node. LayoutDir is for operators: the API
+// never sets it.
+func (s *Service) Export(ctx context.Context, sandboxID string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	rec, err := s.st.GetSandbox(ctx, sandboxID)
+	if err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	if rec.State != store.StateRunning {
+		return nodeapi.ExportInfo{}, errdefs.Conflictf("sandbox %s is %s: only a running sandbox exports (connect to it first)", sandboxID, rec.State)
+	}
+	n, err := s.nodeOf(rec)
+	if err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	req.SandboxID = sandboxID
+	return n.Export(ctx, req)
+}
+
+// ExportSnapshot exports the filesystem of snapshot ref (a snapshot or a
+// template): a sandbox is started from it for the export and killed
+// after.
+func (s *Service) ExportSnapshot(ctx context.Context, ref string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	sb, err := s.Create(ctx, CreateRequest{TemplateID: ref, Timeout: 30 * time.Minute,
+		Metadata: map[string]string{"spore.export": ref}})
+	if err != nil {
+		return nodeapi.ExportInfo{}, err
+	}
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := s.Kill(kctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("kill the export sandbox", "sandbox_id", sb.ID, "err", err)
+		}
+	}()
+	return s.Export(ctx, sb.ID, req)
 }

@@ -1,0 +1,23 @@
+package sdk
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spore-run/spore/internal/testenv"
+)
+
+// TestExportAndColdStart: a sandbox's and a snapshot's filesystems
+// exported as OCI images to a registry the test serves, then templates
+// built from those images (a cold start from them) have the changes
+// (export.mjs, the stock SDK and the export routes).
+func TestExportAndColdStart(t *testing.T) {
+	reg := testenv.NewRegistry(t, "", "")
+	host := registryHost(t, reg.Push(t, "seed/busybox:1", testenv.BusyboxImage(t)))
+	s := newServer(t, "--insecure-registry", host)
+	out := s.node("export.mjs", "REGISTRY="+host)
+	t.Log(out)
+	if !strings.Contains(out, "4 passed, 0 failed") {
+		t.Fatal("export flow did not pass")
+	}
+}
