@@ -429,3 +429,15 @@ func (c *Client) UndrainNode(ctx context.Context, id string) error {
 	_, err := c.do(ctx, "POST", "/nodes/"+url.PathEscape(id)+"/undrain", struct{}{}, nil)
 	return err
 }
+
+// Export pushes a filesystem as an OCI image: of a running sandbox when
+// sandbox is true, else of a snapshot or template.
+func (c *Client) Export(ctx context.Context, id string, sandbox bool, req api.ExportRequest) (api.ExportResponse, error) {
+	var out api.ExportResponse
+	path := "/snapshots/" + url.PathEscape(id) + "/export"
+	if sandbox {
+		path = "/sandboxes/" + url.PathEscape(id) + "/export"
+	}
+	_, err := c.do(ctx, "POST", path, req, &out)
+	return out, err
+}

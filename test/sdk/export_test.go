@@ -20,4 +20,18 @@ func TestExportAndColdStart(t *testing.T) {
 	if !strings.Contains(out, "4 passed, 0 failed") {
 		t.Fatal("export flow did not pass")
 	}
+	// The CLI: a template's filesystem, then bad input.
+	if got := s.ok("snapshot", "export", "base", host+"/exported/base:1"); !strings.Contains(got, host+"/exported/base:1@sha256:") {
+		t.Fatalf("spore snapshot export: %s", got)
+	}
+	for _, args := range [][]string{
+		{"snapshot", "export", "base", "Not A Ref"},
+		{"snapshot", "export", "no-such-snapshot", host + "/x:1"},
+		{"snapshot", "export", "--sandbox", "inosuchsandboxxxxxxx", host + "/x:1"},
+		{"snapshot", "export", "--registry-user", "u", "base", host + "/x:1"},
+	} {
+		if o, e, code := s.cli("", args...); code == 0 || e == "" {
+			t.Errorf("spore %v: exit %d, stdout %q, stderr %q", args, code, o, e)
+		}
+	}
 }
