@@ -43,6 +43,7 @@ const build = async (tpl, name) => {
 const run = async (sbx, cmd) => (await sbx.commands.run(cmd)).stdout.trim()
 
 assert.equal(await Template.exists('sdk-app'), false, 'exists before the build')
+assert.equal(await Template.exists('base'), true, 'the built-in template exists')
 const first = await build(recipe('built'), 'sdk-app')
 assert.ok(first.some((l) => l.includes('[1/7]')), 'the first build runs its steps: ' + first.join('\n'))
 assert.equal(await Template.exists('sdk-app'), true, 'exists after the build')
