@@ -448,8 +448,18 @@ func testTemplateOnEveryNode(t *testing.T, c controltest.Config) {
 	if tp, _ := f.st.GetTemplate(ctx, "agent-tpl"); !slices.Contains(tp.NodeIDs, "nb") {
 		t.Fatalf("the template row does not record nb's copy: %+v", tp)
 	}
-	// Replaced: the old one goes from both nodes and the store.
+	// Replaced: the old one goes from both nodes and the store; what the
+	// row's spec says (published, ...) stays.
+	if _, err := f.st.UpdateTemplate(ctx, "agent-tpl", func(tp *store.Template) error {
+		tp.Spec = []byte(`{"public":true}`)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	second, err := f.ctl.Snapshot(ctx, src.ID, "agent-tpl", true)
+	if tp, _ := f.st.GetTemplate(ctx, "agent-tpl"); string(tp.Spec) != `{"public":true}` {
+		t.Fatalf("a rebuilt template lost its spec: %q", tp.Spec)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 	}
 	old, oerr := s.st.GetTemplate(ctx, req.Name)
 	if _, err := s.st.PutTemplate(ctx, store.Template{Name: req.Name, SnapshotID: info.ID, NodeIDs: []string{nodeID},
-		Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures}); err != nil {
+		Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures, Spec: old.Spec}); err != nil {
 		return "", err
 	}
 	if oerr == nil && old.SnapshotID != "" && old.SnapshotID != info.ID {

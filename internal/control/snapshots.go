@@ -50,7 +50,7 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if template {
 		old, oerr := s.st.GetTemplate(ctx, name)
 		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID},
-			Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures}); err != nil {
+			Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures, Spec: old.Spec}); err != nil {
 			return store.Snapshot{}, err
 		}
 		if oerr == nil && old.SnapshotID != "" && old.SnapshotID != info.ID {
