@@ -27,8 +27,8 @@ type Platform interface {
 	// Resolve returns the ID of the snapshot ref (a template, snapshot
 	// ID or name) is at now: errdefs.ErrNotFound when none.
 	Resolve(ctx context.Context, ref string) (string, error)
-	// Start starts a sandbox from ref.
-	Start(ctx context.Context, ref string) (Sandbox, error)
+	// Start starts a sandbox from ref, of size (zeros: the defaults).
+	Start(ctx context.Context, ref string, size Size) (Sandbox, error)
 	// Snapshot takes a live snapshot of sandbox id under name and
 	// returns its ID; template makes it the template name.
 	Snapshot(ctx context.Context, id, name string, template bool) (string, error)
@@ -77,6 +77,16 @@ type StepError struct {
 func (e *StepError) Error() string { return e.Err.Error() }
 func (e *StepError) Unwrap() error { return e.Err }
 
+// Size is a build sandbox's (so the template's) CPUs and memory.
+type Size struct{ CPUCount, MemoryMB int }
+
+// Job is one build: template Name from Spec, in sandboxes of Size.
+type Job struct {
+	Name string
+	Spec Spec
+	Size Size
+}
+
 // Builder runs builds.
 type Builder struct {
 	P   Platform
@@ -111,7 +121,8 @@ type Result struct {
 // Build runs spec for template name. logf receives the log as it
 // happens. A failure is a *StepError naming the step (its Err keeps the
 // error's kind).
-func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(Log)) (Result, error) {
+func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, error) {
+	name, spec := job.Name, job.Spec
 	if err := spec.Validate(); err != nil {
 		return Result{}, &StepError{Step: StepBase, Err: err}
 	}
@@ -162,7 +173,7 @@ func (b *Builder) Build(ctx context.Context, name string, spec Spec, logf func(L
 	for i := 1; i <= min(done, len(spec.Steps)); i++ {
 		info(StepName(i-1), "CACHED [%d/%d] %s", i, len(spec.Steps), describe(spec.Steps[i-1]))
 	}
-	sb, err := b.P.Start(ctx, from)
+	sb, err := b.P.Start(ctx, from, job.Size)
 	if err != nil {
 		return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("start a build sandbox from %s: %w", from, err)}
 	}

@@ -26,6 +26,7 @@ type fakePlatform struct {
 	live      int
 	failOn    string // a RUN script that exits 1
 	block     string // a RUN script that runs until its ctx ends
+	sizes     []Size // of the sandboxes started
 	files     map[string]string
 	templates map[string]string
 }
@@ -56,7 +57,7 @@ func (f *fakePlatform) Resolve(_ context.Context, ref string) (string, error) {
 	return "", errdefs.NotFoundf("%s", ref)
 }
 
-func (f *fakePlatform) Start(_ context.Context, ref string) (Sandbox, error) {
+func (f *fakePlatform) Start(_ context.Context, ref string, size Size) (Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h, ok := f.snaps[ref]
@@ -64,6 +65,7 @@ func (f *fakePlatform) Start(_ context.Context, ref string) (Sandbox, error) {
 		return nil, errdefs.NotFoundf("%s", ref)
 	}
 	f.started = append(f.started, ref)
+	f.sizes = append(f.sizes, size)
 	f.live++
 	return &fakeSandbox{f: f, id: fmt.Sprintf("sb%d", len(f.started)), hist: slices.Clone(h)}, nil
 }
@@ -171,8 +173,8 @@ type snapPlatform struct {
 	sandboxes map[string]*fakeSandbox
 }
 
-func (p *snapPlatform) Start(ctx context.Context, ref string) (Sandbox, error) {
-	sb, err := p.fakePlatform.Start(ctx, ref)
+func (p *snapPlatform) Start(ctx context.Context, ref string, size Size) (Sandbox, error) {
+	sb, err := p.fakePlatform.Start(ctx, ref, size)
 	if err == nil {
 		p.mu.Lock()
 		p.sandboxes[sb.ID()] = sb.(*fakeSandbox)
@@ -212,7 +214,7 @@ func spec3() Spec {
 func run(t *testing.T, b *Builder, name string, s Spec) (string, []Log, error) {
 	t.Helper()
 	var logs []Log
-	r, err := b.Build(context.Background(), name, s, func(l Log) { logs = append(logs, l) })
+	r, err := b.Build(context.Background(), Job{Name: name, Spec: s}, func(l Log) { logs = append(logs, l) })
 	if err == nil && r.Build == "" {
 		t.Fatal("no build snapshot")
 	}

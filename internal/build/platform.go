@@ -22,8 +22,6 @@ type Control struct {
 	// Base returns the address this replica serves on (its proxy).
 	Base func() string
 	HTTP *http.Client
-	// CPUCount and MemoryMB size build sandboxes (0: the defaults).
-	CPUCount, MemoryMB int
 }
 
 // FilesKey is where the archive uploaded under hash is in the blob store.
@@ -64,9 +62,9 @@ func (p *Control) Resolve(ctx context.Context, ref string) (string, error) {
 	return p.C.Resolve(ctx, ref)
 }
 
-func (p *Control) Start(ctx context.Context, ref string) (Sandbox, error) {
+func (p *Control) Start(ctx context.Context, ref string, size Size) (Sandbox, error) {
 	sb, err := p.C.Create(ctx, control.CreateRequest{TemplateID: ref, Timeout: 2 * time.Hour,
-		Metadata: map[string]string{"spore.build": "true"}, CPUCount: p.CPUCount, MemoryMB: p.MemoryMB})
+		Metadata: map[string]string{"spore.build": "true"}, CPUCount: size.CPUCount, MemoryMB: size.MemoryMB})
 	if err != nil {
 		return nil, err
 	}

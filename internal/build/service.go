@@ -228,7 +228,7 @@ func (s *Service) run(b store.Build, spec Spec) {
 	logs := &logSink{st: s.St, id: b.ID, log: s.Log}
 	stop := logs.start(ctx)
 	logs.add(Log{Time: time.Now(), Level: "info", Step: StepBase, Message: fmt.Sprintf("building template %s (build %s)", b.Template, b.ID)})
-	res, err := s.Builder.Build(ctx, b.Template, spec, logs.add)
+	res, err := s.Builder.Build(ctx, Job{Name: b.Template, Spec: spec, Size: Size{CPUCount: b.CPUCount, MemoryMB: b.MemoryMB}}, logs.add)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && s.ctx.Err() == nil {
 		err = &StepError{Step: stepOf(err), Err: fmt.Errorf("%w: the build did not finish within %v", errdefs.ErrUnavailable, s.Timeout)}
 	}

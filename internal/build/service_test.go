@@ -73,6 +73,9 @@ func TestServiceBuildAndTags(t *testing.T) {
 		t.Fatalf("second start: %v, want Conflict", err)
 	}
 	done, logs := wait(t, s, "app", b.ID)
+	if got := p.sizes[len(p.sizes)-1]; got != (Size{CPUCount: 2, MemoryMB: 512}) {
+		t.Fatalf("build sandbox size %+v, want the request's", got)
+	}
 	if done.Status != store.BuildReady || done.SnapshotID == "" || done.SnapshotID == p.templates["app"] {
 		t.Fatalf("build: %+v (template snapshot %s)", done, p.templates["app"])
 	}
