@@ -1,12 +1,15 @@
 package sdk
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -84,4 +87,68 @@ func buildOnce(tb testing.TB, s *server, name, spec string) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// BenchmarkExportColdStart times the export of a base sandbox's
+// filesystem after a small change (pushed to an in-process registry; the
+// root filesystem's layer is made by a first export outside the timing)
+// and a cold start from the exported image: a template built from it
+// (pull, unpack, register, boot, snapshot) and a sandbox created from
+// that template.
+//
+//	go test -run '^$' -bench BenchmarkExportColdStart -benchtime 5x ./test/sdk/
+func BenchmarkExportColdStart(b *testing.B) {
+	reg := testenv.NewRegistry(b, "", "")
+	host := registryHost(b, reg.Push(b, "seed/busybox:1", testenv.BusyboxImage(b)))
+	s := newServer(b, "--insecure-registry", host)
+	code, body := s.rest("POST", "/v2/sandboxes", `{"templateID":"base","timeout":3600}`)
+	if code != 201 {
+		b.Fatalf("create: %d %s", code, body)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.Unmarshal(body, &sb)
+	rem := &build.Remote{HTTP: &http.Client{}, Base: "http://" + s.addr, SID: sb.SandboxID, Token: sb.EnvdAccessToken}
+	n := 0
+	export := func(b *testing.B) string {
+		n++
+		if code, err := rem.Run(context.Background(), []string{"/bin/sh", "-c", fmt.Sprintf("echo %d > /home/user/f%d", n, n)}, "", func(string) {}); err != nil || code != 0 {
+			b.Fatalf("write a file: %d %v", code, err)
+		}
+		ref := fmt.Sprintf("%s/bench/exported:%d", host, n)
+		b.StartTimer()
+		code, body := s.rest("POST", "/sandboxes/"+sb.SandboxID+"/export", fmt.Sprintf(`{"ref":%q}`, ref))
+		b.StopTimer()
+		if code != 200 {
+			b.Fatalf("export: %d %s", code, body)
+		}
+		return ref
+	}
+	b.StopTimer()
+	first := export(b) // the root filesystem's layer, once
+	b.Run("export-small-change", func(b *testing.B) {
+		b.StopTimer()
+		for i := 0; i < b.N; i++ {
+			export(b)
+		}
+	})
+	b.Run("cold-start-from-export", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			ref := first
+			if i > 0 || n > 1 {
+				ref = export(b)
+			}
+			name := fmt.Sprintf("from-export-%d", n)
+			b.StartTimer()
+			buildOnce(b, s, name, fmt.Sprintf(`{"fromImage":%q}`, ref))
+			code, body := s.rest("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":%q}`, name))
+			b.StopTimer()
+			if code != 201 {
+				b.Fatalf("create from %s: %d %s", name, code, body)
+			}
+			var c struct{ SandboxID string }
+			json.Unmarshal(body, &c)
+			s.rest("DELETE", "/sandboxes/"+c.SandboxID, "")
+		}
+	})
 }
