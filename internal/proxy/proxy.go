@@ -366,10 +366,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "sandbox "+id+"'s ports take requests only with its traffic access token (header E2B-Traffic-Access-Token)")
 		return
 	}
-	// One exchange per client connection: a connection reused after a
-	// proxied stream was cut at times by the stock SDK's HTTP client under
-	// load ("terminated"); a fresh local connection costs ~0.1 ms.
-	w.Header().Set("Connection", "close")
+	// The request body belongs to the transport forwarding it. Without
+	// full duplex, net/http's server, when the response headers go out on a
+	// keep-alive HTTP/1.1 connection, drains and closes the request body
+	// itself (to ready the connection for the next request), racing the
+	// transport still reading it: the transport's last read (the EOF probe
+	// after Content-Length bytes) got "http: invalid Read on closed Body",
+	// closed the connection to the sandbox and cut the response mid-stream
+	// (the stock SDK's "terminated", under CPU load; a response that
+	// starts before the body is complete deadlocked instead). See
+	// docs/reliability.md "Keep-alive through the proxy". (HTTP/2 is full
+	// duplex anyway: an error here changes nothing.)
+	http.NewResponseController(w).EnableFullDuplex()
 	// End the exchange when the instance goes away (killed, hibernated,
 	// rolled back): its network is gone and would never answer.
 	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{id: id, addr: addr, port: port, gone: gone, via: via}))
