@@ -25,6 +25,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/spore-run/spore/internal/atomicfs"
+	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/envdclient"
@@ -40,7 +41,8 @@ import (
 // ExportSpec asks for a sandbox's filesystem as an OCI image.
 type ExportSpec struct {
 	SandboxID string
-	// Ref is where to push: "registry/repo:tag". Exclusive with LayoutDir.
+	// Ref is where to push: "registry/repo:tag". Exactly one of Ref,
+	// LayoutDir and BlobKey.
 	Ref string
 	// Registry: credentials (Insecure is the node's decision, as for
 	// BuildImage: plain HTTP only to its InsecureRegistries).
@@ -48,6 +50,10 @@ type ExportSpec struct {
 	// LayoutDir: write an OCI image layout into this directory of the
 	// node instead (absolute; it must not exist or be empty).
 	LayoutDir string
+	// BlobKey: store the OCI image layout as one tar (oci-layout,
+	// index.json, blobs/sha256/...) in the node's blob store under this
+	// key, for a caller that cannot read the node's disk.
+	BlobKey string
 }
 
 // ExportResult describes an exported image.
@@ -61,6 +67,8 @@ type ExportResult struct {
 	DiffBytes int64
 	Changed   int // entries in the top layer
 	Deleted   int // whiteouts in it
+	// LayoutBytes is the size of the layout's tar (BlobKey only).
+	LayoutBytes int64
 }
 
 // exportRevision changes when what an export writes for the same tree
@@ -77,7 +85,8 @@ const exportRevision = 1
 //
 // The sandbox keeps running: a file written during the export is in the
 // image as it was when read. Errors: ErrNotFound for no such sandbox,
-// ErrConflict when it is not running, ErrInvalidArgument for a malformed
+// ErrConflict when it is not running or a BlobKey is given to a node
+// without a blob store, ErrInvalidArgument for a malformed
 // request, reference, a plain-HTTP registry not in the insecure list, or
 // refused credentials; ErrUnavailable for an unreachable registry.
 func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error) {
@@ -85,9 +94,22 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 		return ExportResult{}, err
 	}
 	var ref name.Reference
+	dests := 0
+	for _, d := range []string{spec.Ref, spec.LayoutDir, spec.BlobKey} {
+		if d != "" {
+			dests++
+		}
+	}
 	switch {
-	case (spec.Ref == "") == (spec.LayoutDir == ""):
-		return ExportResult{}, errdefs.Invalidf("export %s: give a registry reference or a layout directory (one)", spec.SandboxID)
+	case dests != 1:
+		return ExportResult{}, errdefs.Invalidf("export %s: give one of a registry reference, a layout directory or a blob key", spec.SandboxID)
+	case spec.BlobKey != "":
+		if err := blob.CheckKey(spec.BlobKey); err != nil {
+			return ExportResult{}, fmt.Errorf("export %s: %w", spec.SandboxID, err)
+		}
+		if n.blobs == nil {
+			return ExportResult{}, errdefs.Conflictf("export %s: this node has no blob store to write the OCI layout to (start it with --blob-store)", spec.SandboxID)
+		}
 	case spec.Ref != "":
 		var err error
 		if ref, err = name.ParseReference(spec.Ref); err != nil {
@@ -191,16 +213,38 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 			err = fmt.Errorf("%w (registry %s is not in this node's insecure registries: start it with --insecure-registry=%s to allow plain HTTP)", err, host, host)
 		}
 		res.Ref = ref.String()
-	} else {
+	} else if spec.LayoutDir != "" {
 		digest, err = oci.WriteLayout(spec.LayoutDir, img, "")
+	} else {
+		digest, res.LayoutBytes, err = n.exportToBlob(ctx, spec.BlobKey, img)
 	}
 	if err != nil {
 		return ExportResult{}, fmt.Errorf("export %s: %w", sb.ID, err)
 	}
 	res.Digest = digest.String()
-	n.log.Info("sandbox exported", "sandbox_id", sb.ID, "ref", res.Ref, "layout", spec.LayoutDir, "digest", res.Digest,
+	n.log.Info("sandbox exported", "sandbox_id", sb.ID, "ref", res.Ref, "layout", spec.LayoutDir, "blob", spec.BlobKey, "digest", res.Digest,
 		"changed", res.Changed, "deleted", res.Deleted, "diff_bytes", res.DiffBytes, "scan", scanned, "took", time.Since(start))
 	return res, nil
+}
+
+// exportToBlob writes img as an OCI layout in a scratch directory of the
+// node (removed after) and stores it as one tar under key.
+func (n *Node) exportToBlob(ctx context.Context, key string, img v1.Image) (v1.Hash, int64, error) {
+	exports := filepath.Join(OCIStoreDir(n.rootfsDir), "exports")
+	if err := os.MkdirAll(exports, 0o700); err != nil {
+		return v1.Hash{}, 0, err
+	}
+	tmp, err := os.MkdirTemp(exports, ".layout-")
+	if err != nil {
+		return v1.Hash{}, 0, err
+	}
+	defer os.RemoveAll(tmp)
+	digest, err := oci.WriteLayout(tmp, img, "")
+	if err != nil {
+		return v1.Hash{}, 0, err
+	}
+	size, err := PutLayoutTar(ctx, n.blobs, key, tmp)
+	return digest, size, err
 }
 
 // perProcessEnv are the variables the daemon sets for each command

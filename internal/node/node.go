@@ -100,6 +100,7 @@ type Node struct {
 	envdDir     string
 	dns         *dnsfwd.Forwarder
 	insecure    map[string]bool // registries pulled over plain HTTP
+	blobs       blob.Store      // cfg.Blobs (nil: none)
 	log         *slog.Logger
 }
 
@@ -181,7 +182,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
-		rootfsDir: cfg.RootFSDir, insecure: insecure}
+		rootfsDir: cfg.RootFSDir, insecure: insecure, blobs: cfg.Blobs}
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
 			n.Close()

@@ -145,13 +145,15 @@ type Node interface {
 	BuildImage(ctx context.Context, req ImageBuildRequest) (SnapshotInfo, error)
 	// Export writes a running sandbox's filesystem as an OCI image: to a
 	// registry (req.Ref, pushed with the node's registry rules: plain
-	// HTTP only to its insecure registries) or into an OCI image layout
-	// directory on the node (req.LayoutDir). Two layers: the sandbox's
+	// HTTP only to its insecure registries), into an OCI image layout
+	// directory on the node (req.LayoutDir) or as an OCI image layout in
+	// one tar into the node's blob store (req.BlobKey). Two layers: the sandbox's
 	// root filesystem and what the sandbox changed over it; the config
 	// has the sandbox daemon's default user, working directory and
 	// environment (without the variables its create added). The sandbox
 	// keeps running. Errors: ErrNotFound (no such sandbox), ErrConflict
-	// (not running, or a node that does not export),
+	// (not running, a node that does not export, or a BlobKey on a node
+	// without a blob store),
 	// ErrInvalidArgument (malformed request or ref, a registry over plain
 	// HTTP not in the insecure list, refused credentials),
 	// ErrUnavailable (registry unreachable).
@@ -161,13 +163,19 @@ type Node interface {
 // ExportRequest asks for a sandbox's filesystem as an OCI image.
 type ExportRequest struct {
 	SandboxID string
-	// Ref is "registry/repo:tag" to push to; exclusive with LayoutDir.
+	// Ref is "registry/repo:tag" to push to. Exactly one of Ref,
+	// LayoutDir and BlobKey.
 	Ref                string
 	Username, Password string // registry basic auth; both or neither
 	// LayoutDir is an absolute directory on the node (absent or empty) to
 	// write an OCI image layout into instead: for operators and tests,
 	// not for tenants (it writes where it is told on the node).
 	LayoutDir string
+	// BlobKey is a key of the node's blob store to write the OCI image
+	// layout to as one tar (oci-layout, index.json, blobs/sha256/...):
+	// how a caller off the node gets a layout. The caller picks the key
+	// and deletes the blob when done.
+	BlobKey string
 }
 
 // ExportInfo describes an exported image.
@@ -179,6 +187,8 @@ type ExportInfo struct {
 	DiffBytes int64 // compressed bytes of the sandbox's changes (the top layer)
 	Changed   int64 // entries in the top layer
 	Deleted   int64 // whiteouts in it
+	// LayoutBytes is the size of the layout's tar (BlobKey only).
+	LayoutBytes int64
 }
 
 // ImageBuildRequest asks for a template built from an OCI image.

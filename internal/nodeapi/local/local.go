@@ -9,6 +9,7 @@ package local
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 
+	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -564,8 +566,19 @@ func (n *Node) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.E
 	if err := ids.Validate("sandbox ID", req.SandboxID); err != nil {
 		return nodeapi.ExportInfo{}, err
 	}
-	if (req.Ref == "") == (req.LayoutDir == "") {
-		return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: give a registry reference or a layout directory (one)", req.SandboxID)
+	dests := 0
+	for _, d := range []string{req.Ref, req.LayoutDir, req.BlobKey} {
+		if d != "" {
+			dests++
+		}
+	}
+	if dests != 1 {
+		return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: give one of a registry reference, a layout directory or a blob key", req.SandboxID)
+	}
+	if req.BlobKey != "" {
+		if err := blob.CheckKey(req.BlobKey); err != nil {
+			return nodeapi.ExportInfo{}, fmt.Errorf("export %s: %w", req.SandboxID, err)
+		}
 	}
 	if req.Ref != "" {
 		if _, err := name.ParseReference(req.Ref); err != nil {
@@ -579,11 +592,11 @@ func (n *Node) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.E
 	if !ok {
 		return nodeapi.ExportInfo{}, errdefs.Conflictf("node %s does not export sandboxes as images", n.cfg.ID)
 	}
-	res, err := ex.Export(ctx, node.ExportSpec{SandboxID: req.SandboxID, Ref: req.Ref, LayoutDir: req.LayoutDir,
+	res, err := ex.Export(ctx, node.ExportSpec{SandboxID: req.SandboxID, Ref: req.Ref, LayoutDir: req.LayoutDir, BlobKey: req.BlobKey,
 		Registry: oci.Options{Username: req.Username, Password: req.Password}})
 	if err != nil {
 		return nodeapi.ExportInfo{}, err
 	}
 	return nodeapi.ExportInfo{Ref: res.Ref, Digest: res.Digest, Layers: res.Layers, Bytes: res.Bytes, DiffBytes: res.DiffBytes,
-		Changed: int64(res.Changed), Deleted: int64(res.Deleted)}, nil
+		Changed: int64(res.Changed), Deleted: int64(res.Deleted), LayoutBytes: res.LayoutBytes}, nil
 }

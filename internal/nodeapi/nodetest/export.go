@@ -26,6 +26,8 @@ func testExport(t *testing.T, s *suite) {
 		"malformed sandbox ID":  {SandboxID: "Bad/ID", Ref: good},
 		"neither ref nor dir":   {SandboxID: id},
 		"both ref and dir":      {SandboxID: id, Ref: good, LayoutDir: "/tmp/x"},
+		"ref and blob key":      {SandboxID: id, Ref: good, BlobKey: "exports/x.tar"},
+		"malformed blob key":    {SandboxID: id, BlobKey: "../x.tar"},
 		"malformed ref":         {SandboxID: id, Ref: "registry.invalid/App::v1"},
 		"username, no password": {SandboxID: id, Ref: good, Username: "u"},
 	} {

@@ -283,12 +283,12 @@ func (c *Client) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest) 
 // BuildImage, only ctx bounds it.
 func (c *Client) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
 	res, err := call(ctx, c.c.Export, &nodev1.ExportRequest{SandboxId: req.SandboxID, Ref: req.Ref, Username: req.Username,
-		Password: req.Password, LayoutDir: req.LayoutDir})
+		Password: req.Password, LayoutDir: req.LayoutDir, BlobKey: req.BlobKey})
 	if err != nil {
 		return nodeapi.ExportInfo{}, err
 	}
 	return nodeapi.ExportInfo{Ref: res.GetRef(), Digest: res.GetDigest(), Layers: int(res.GetLayers()), Bytes: res.GetBytes(),
-		DiffBytes: res.GetDiffBytes(), Changed: res.GetChanged(), Deleted: res.GetDeleted()}, nil
+		DiffBytes: res.GetDiffBytes(), Changed: res.GetChanged(), Deleted: res.GetDeleted(), LayoutBytes: res.GetLayoutBytes()}, nil
 }
 
 // Snapshots lists what the node holds.

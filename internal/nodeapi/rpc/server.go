@@ -345,12 +345,12 @@ func (s *server) BuildImage(ctx context.Context, req *connect.Request[nodev1.Bui
 func (s *server) Export(ctx context.Context, req *connect.Request[nodev1.ExportRequest]) (*connect.Response[nodev1.ExportResponse], error) {
 	m := req.Msg
 	info, err := s.node.Export(ctx, nodeapi.ExportRequest{SandboxID: m.GetSandboxId(), Ref: m.GetRef(), Username: m.GetUsername(),
-		Password: m.GetPassword(), LayoutDir: m.GetLayoutDir()})
+		Password: m.GetPassword(), LayoutDir: m.GetLayoutDir(), BlobKey: m.GetBlobKey()})
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	return ok(&nodev1.ExportResponse{Ref: info.Ref, Digest: info.Digest, Layers: int32(info.Layers), Bytes: info.Bytes,
-		DiffBytes: info.DiffBytes, Changed: info.Changed, Deleted: info.Deleted})
+		DiffBytes: info.DiffBytes, Changed: info.Changed, Deleted: info.Deleted, LayoutBytes: info.LayoutBytes})
 }
 
 func (s *server) Snapshots(ctx context.Context, _ *connect.Request[nodev1.SnapshotsRequest]) (*connect.Response[nodev1.SnapshotsResponse], error) {

@@ -2143,8 +2143,9 @@ func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
 }
 
 // ExportRequest: the sandbox, and where to: ref ("registry/repo:tag") with
-// the registry's basic auth (both or neither), or layout_dir (absolute, a
-// directory on the node that does not exist or is empty).
+// the registry's basic auth (both or neither), layout_dir (absolute, a
+// directory on the node that does not exist or is empty), or blob_key (a
+// key of the node's blob store for the layout as one tar). Exactly one.
 type ExportRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -2152,6 +2153,7 @@ type ExportRequest struct {
 	Username      string                 `protobuf:"bytes,3,opt,name=username,proto3" json:"username,omitempty"`
 	Password      string                 `protobuf:"bytes,4,opt,name=password,proto3" json:"password,omitempty"`
 	LayoutDir     string                 `protobuf:"bytes,5,opt,name=layout_dir,json=layoutDir,proto3" json:"layout_dir,omitempty"`
+	BlobKey       string                 `protobuf:"bytes,6,opt,name=blob_key,json=blobKey,proto3" json:"blob_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2221,6 +2223,13 @@ func (x *ExportRequest) GetLayoutDir() string {
 	return ""
 }
 
+func (x *ExportRequest) GetBlobKey() string {
+	if x != nil {
+		return x.BlobKey
+	}
+	return ""
+}
+
 type ExportResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -2230,6 +2239,7 @@ type ExportResponse struct {
 	DiffBytes     int64                  `protobuf:"varint,5,opt,name=diff_bytes,json=diffBytes,proto3" json:"diff_bytes,omitempty"`
 	Changed       int64                  `protobuf:"varint,6,opt,name=changed,proto3" json:"changed,omitempty"`
 	Deleted       int64                  `protobuf:"varint,7,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	LayoutBytes   int64                  `protobuf:"varint,8,opt,name=layout_bytes,json=layoutBytes,proto3" json:"layout_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2309,6 +2319,13 @@ func (x *ExportResponse) GetChanged() int64 {
 func (x *ExportResponse) GetDeleted() int64 {
 	if x != nil {
 		return x.Deleted
+	}
+	return 0
+}
+
+func (x *ExportResponse) GetLayoutBytes() int64 {
+	if x != nil {
+		return x.LayoutBytes
 	}
 	return 0
 }
@@ -3377,7 +3394,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1a\n" +
 	"\bplatform\x18\x05 \x01(\tR\bplatform\"M\n" +
 	"\x12BuildImageResponse\x127\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\"\x97\x01\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1b.spore.node.v1.SnapshotInfoR\bsnapshot\"\xb2\x01\n" +
 	"\rExportRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
@@ -3385,7 +3402,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\busername\x18\x03 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1d\n" +
 	"\n" +
-	"layout_dir\x18\x05 \x01(\tR\tlayoutDir\"\xbb\x01\n" +
+	"layout_dir\x18\x05 \x01(\tR\tlayoutDir\x12\x19\n" +
+	"\bblob_key\x18\x06 \x01(\tR\ablobKey\"\xde\x01\n" +
 	"\x0eExportResponse\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
@@ -3394,7 +3412,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"diff_bytes\x18\x05 \x01(\x03R\tdiffBytes\x12\x18\n" +
 	"\achanged\x18\x06 \x01(\x03R\achanged\x12\x18\n" +
-	"\adeleted\x18\a \x01(\x03R\adeleted\"\x94\x01\n" +
+	"\adeleted\x18\a \x01(\x03R\adeleted\x12!\n" +
+	"\flayout_bytes\x18\b \x01(\x03R\vlayoutBytes\"\x94\x01\n" +
 	"\fAdoptRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12 \n" +
