@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -59,6 +60,10 @@ type Config struct {
 	// Builds runs template builds (E2B's template build API); nil: the
 	// build routes answer 409.
 	Builds *build.Service
+	// Blobs is the nodes' shared blob store: exported OCI layouts are
+	// read from it (nil: POST .../export with format oci-layout answers
+	// 409).
+	Blobs blob.Store
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -82,6 +87,7 @@ type Server struct {
 	domain string
 	keys   *Keys
 	builds *build.Service
+	blobs  blob.Store
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -92,7 +98,7 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs}
 	if s.keys == nil {
 		s.keys = NewKeys(cfg.Store)
 	}

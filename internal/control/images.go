@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -73,10 +74,23 @@ func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
 	return r.Template.SnapshotID, nil
 }
 
-// Export writes a running sandbox's filesystem as an OCI image (pushed
-// to req.Ref) on the sandbox's node. LayoutDir is for operators: the API
-// never sets it.
+// ExportKeyPrefix is where exported OCI layouts wait in the blob store
+// for the API replica that streams them to its client (and then deletes
+// them).
+const ExportKeyPrefix = "exports/"
+
+// NewExportKey mints the blob key of one exported OCI layout (a tar).
+func NewExportKey() string { return ExportKeyPrefix + ids.New('x') + ".tar" }
+
+// Export writes a running sandbox's filesystem as an OCI image on the
+// sandbox's node: pushed to req.Ref, or as a layout tar into the blob
+// store under req.BlobKey, which must be one NewExportKey minted (so an
+// export never overwrites a snapshot's objects). LayoutDir is for
+// operators: the API never sets it.
 func (s *Service) Export(ctx context.Context, sandboxID string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	if k := req.BlobKey; k != "" && (!strings.HasPrefix(k, ExportKeyPrefix) || !strings.HasSuffix(k, ".tar") || strings.Count(k, "/") != 1) {
+		return nodeapi.ExportInfo{}, errdefs.Invalidf("export %s: blob key %q is not an export key (%s<id>.tar)", sandboxID, k, ExportKeyPrefix)
+	}
 	rec, err := s.st.GetSandbox(ctx, sandboxID)
 	if err != nil {
 		return nodeapi.ExportInfo{}, err

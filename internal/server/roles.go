@@ -149,7 +149,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	defer bs.Close()
 	keys := api.NewKeys(st)
 	px := proxy.New(ctl, keys.Check, log).WithHop(cfg.ClusterToken)
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service})
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
 	mux := http.NewServeMux()
 	mux.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, cfg.ClusterToken, log))
 	mux.Handle("/", apiH)

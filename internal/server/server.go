@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer bs.Close()
 	keys := api.NewKeys(st)
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service})
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
