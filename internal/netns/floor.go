@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
@@ -53,9 +54,24 @@ func ParsePrefixes(list []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// Validate checks a user policy: IPv4 entries only (sandboxes have no
-// IPv6 route), at most MaxPolicyEntries in each list.
+// Validate checks a user policy: addresses and CIDRs (IPv4 or IPv6),
+// domains in egress.ParseDomain's form, at most MaxPolicyEntries in each
+// list (addresses and domains together).
 func (p Policy) Validate() error {
+	for _, l := range []struct {
+		name    string
+		domains []string
+		others  int
+	}{{"allow", p.AllowDomains, len(p.Allow)}, {"deny", p.DenyDomains, len(p.Deny)}} {
+		if len(l.domains)+l.others > MaxPolicyEntries {
+			return errdefs.Invalidf("%s list has %d entries, at most %d", l.name, len(l.domains)+l.others, MaxPolicyEntries)
+		}
+		for _, d := range l.domains {
+			if got, err := egress.ParseDomain(d); err != nil || got != d {
+				return errdefs.Invalidf("%s entry %q is not a normalized domain", l.name, d)
+			}
+		}
+	}
 	for _, l := range []struct {
 		name string
 		list []netip.Prefix
@@ -126,8 +142,9 @@ func (v DNSVerdict) String() string {
 
 // DNSVerdictFor decides on a query arriving from src: the gateway address
 // (up0, 10.200.S.2) a sandbox's packets leave with. A sandbox with
-// internet access resolves names; one without does not, whatever its
-// allow list (the list is of addresses; DNS would be a way out).
+// internet access resolves names, and so does one whose allow list names
+// domains (it must look them up to reach them); one without either does
+// not, whatever its allow list of addresses (DNS would be a way out).
 func (m *Manager) DNSVerdictFor(src netip.Addr) DNSVerdict {
 	m.idxMu.RLock()
 	p, ok := m.byAddr[src.Unmap()]
@@ -135,7 +152,7 @@ func (m *Manager) DNSVerdictFor(src netip.Addr) DNSVerdict {
 	switch {
 	case !ok:
 		return DNSDrop
-	case p.Internet:
+	case p.Internet || len(p.AllowDomains) > 0:
 		return DNSForward
 	}
 	return DNSRefuse

@@ -35,6 +35,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
@@ -50,6 +51,24 @@ type Policy struct {
 	Internet bool           `json:"internet"` // outbound traffic allowed by default
 	Allow    []netip.Prefix `json:"allow,omitempty"`
 	Deny     []netip.Prefix `json:"deny,omitempty"` // Allow wins over it
+	// AllowDomains and DenyDomains are domain entries (egress.ParseDomain
+	// form: "api.example.com", "*.example.com"), enforced on the TLS SNI
+	// (port 443) and HTTP Host (port 80) by the egress proxy the gateway
+	// redirects those ports to; allow entries win over deny entries.
+	AllowDomains []string `json:"allowDomains,omitempty"`
+	DenyDomains  []string `json:"denyDomains,omitempty"`
+}
+
+// HasDomains says whether a policy needs the egress proxy.
+func (p Policy) HasDomains() bool { return len(p.AllowDomains)+len(p.DenyDomains) > 0 }
+
+// EgressProxy serves the listeners the manager opens in gateways (see
+// egress.Proxy): Serve takes a gateway's listener, Update changes the
+// rules new connections are judged by, Stop forgets an instance.
+type EgressProxy interface {
+	Serve(instance string, l net.Listener, r egress.Rules)
+	Update(instance string, r egress.Rules)
+	Stop(instance string)
 }
 
 // Net is one instance's network.
@@ -78,7 +97,12 @@ type Config struct {
 	// every sandbox (10.200.S.1): the gateway sends the sandbox's queries
 	// to 10.0.0.1:53 there. 0: sandboxes get no DNS service.
 	DNSPort uint16
-	Logger  *slog.Logger
+	// Egress, when set, gets a listener in every gateway namespace
+	// (egress.ListenPort); the gateway redirects a sandbox's new
+	// connections to ports 80 and 443 there while its policy has domain
+	// entries. Nil: domain entries are refused.
+	Egress EgressProxy
+	Logger *slog.Logger
 }
 
 // Manager creates and removes instance networks.
@@ -291,7 +315,7 @@ func HostAddrs() (map[netip.Addr]bool, error) {
 // Setup creates the instance's namespaces, links, addresses and rules.
 // On failure nothing is left.
 func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, error) {
-	if err := p.Validate(); err != nil {
+	if err := m.validate(p); err != nil {
 		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
 	}
 	unlock, err := hostLock()
@@ -384,6 +408,41 @@ func (m *Manager) build(n Net) error {
 	if err := m.gatewayRules(gw, n); err != nil {
 		return fmt.Errorf("gateway rules: %w", err)
 	}
+	return m.serveEgress(gw, n)
+}
+
+// serveEgress opens the egress proxy's listener in a gateway namespace
+// and hands it to the proxy with the policy's rules.
+func (m *Manager) serveEgress(gw netns.NsHandle, n Net) error {
+	if m.cfg.Egress == nil {
+		return nil
+	}
+	var l net.Listener
+	if err := inNS(gw, func() (err error) {
+		l, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", egress.ListenPort))
+		return err
+	}); err != nil {
+		return fmt.Errorf("egress proxy listener: %w", err)
+	}
+	m.cfg.Egress.Serve(n.Instance, l, m.egressRules(n.Policy))
+	return nil
+}
+
+// egressRules is what the proxy judges a policy's connections by.
+func (m *Manager) egressRules(p Policy) egress.Rules {
+	return egress.Rules{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny,
+		AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains, Floor: m.floor}
+}
+
+// validate checks a policy for this manager: domain entries need the
+// egress proxy.
+func (m *Manager) validate(p Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if p.HasDomains() && m.cfg.Egress == nil {
+		return errdefs.Invalidf("domain entries need the egress proxy, which this node does not run")
+	}
 	return nil
 }
 
@@ -423,6 +482,9 @@ func ConfigureLink(h *netlink.Handle, name, newName string, addr netip.Prefix, m
 // idempotent; a missing network is not an error.
 func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	var errs []error
+	if m.cfg.Egress != nil {
+		m.cfg.Egress.Stop(instance)
+	}
 	n, err := m.Get(instance)
 	if err == nil {
 		defer m.unindex(n.Addr)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
 	"os"
@@ -132,6 +133,11 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 			)})
 		}
 	}
+	// The sandbox's other connections pass the egress proxy's redirect
+	// (a chain of its own, rewritten with the policy).
+	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egressnat"})})
+	redirectRules(c, t, enat, m.floor, n.Policy)
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	// Toward the sandbox everything comes from its gateway; outward
 	// everything leaves from up0's address.
@@ -183,17 +189,48 @@ func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor 
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictAccept))})
 }
 
+// redirectRules fills the egressnat chain: while a policy has domain
+// entries, the sandbox's new TCP connections to ports 80 and 443 go to
+// the egress proxy's listener in the gateway, which judges them on the
+// name they ask for. Floor destinations (and the gateway itself) are not
+// redirected: the forward chain drops them as before.
+func redirectRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
+	if !p.HasDomains() {
+		return
+	}
+	for _, f := range append([]netip.Prefix{netip.PrefixFrom(GatewayIP, 30)}, floor...) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictReturn))})
+	}
+	for _, port := range []uint16{80, 443} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(
+			nftexpr.Dport(unix.IPPROTO_TCP, port),
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(egress.ListenPort)},
+			&expr.Redir{RegisterProtoMin: 1},
+		)})
+	}
+}
+
 // SetPolicy changes a running instance's egress policy (atomically: the
-// chain is flushed and refilled in one transaction).
+// chains are flushed and refilled in one transaction); the egress proxy
+// judges new connections by it from then on.
 func (m *Manager) SetPolicy(ctx context.Context, instance string, p Policy) error {
-	if err := p.Validate(); err != nil {
+	if err := m.validate(p); err != nil {
 		return fmt.Errorf("network of %s: %w", instance, err)
 	}
 	n, err := m.Get(instance)
 	if err != nil {
 		return err
 	}
+	// The proxy first: a connection redirected under the new chains is
+	// judged by the new rules. (One redirected just before, under the old
+	// chains, is judged by the new rules too: the newer policy wins.)
+	if m.cfg.Egress != nil {
+		m.cfg.Egress.Update(instance, m.egressRules(p))
+	}
 	if err := m.writeEgress(instance, p); err != nil {
+		if m.cfg.Egress != nil {
+			m.cfg.Egress.Update(instance, m.egressRules(n.Policy))
+		}
 		return err
 	}
 	n.Policy = p
@@ -217,6 +254,12 @@ func (m *Manager) writeEgress(instance string, p Policy) error {
 	ch := &nftables.Chain{Name: "egress", Table: t}
 	c.FlushChain(ch)
 	egressRules(c, t, ch, m.floor, p)
+	// A gateway built before the egress proxy has no egressnat chain (and
+	// no jump to it): adding it is harmless there, and its domain rules
+	// then fail closed (ports 80 and 443 judged by the CIDR rules alone).
+	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
+	c.FlushChain(enat)
+	redirectRules(c, t, enat, m.floor, p)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network of %s: set policy: %w", instance, err)
 	}
@@ -239,6 +282,12 @@ func (m *Manager) refreshEgress() {
 		}
 		if err := m.writeEgress(id, n.Policy); err != nil {
 			m.cfg.Logger.Warn("egress floor not applied to a running sandbox", "instance", id, "err", err)
+		}
+		if gw, err := netns.GetFromName(m.gwName(id)); err == nil {
+			if err := m.serveEgress(gw, n); err != nil {
+				m.cfg.Logger.Warn("egress proxy not serving a running sandbox", "instance", id, "err", err)
+			}
+			gw.Close()
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/dnsfwd"
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envdclient"
 	"github.com/spore-run/spore/internal/netns"
@@ -99,6 +100,7 @@ type Node struct {
 	CPUFeatures []string
 	envdDir     string
 	dns         *dnsfwd.Forwarder
+	egress      *egress.Proxy
 	insecure    map[string]bool // registries pulled over plain HTTP
 	blobs       blob.Store      // cfg.Blobs (nil: none)
 	log         *slog.Logger
@@ -155,20 +157,26 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The egress proxy resolves allowed names through the same upstreams
+	// as the sandboxes' forwarder, from the root namespace.
+	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger})
 	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger,
-		Floor: cfg.EgressFloor, DNSPort: sockets.port})
+		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy})
 	if err != nil {
+		proxy.Close()
 		sockets.Close()
 		return nil, err
 	}
 	fwd, err := dnsfwd.Serve(dnsfwd.Config{Upstreams: upstreams, Policy: dnsPolicy(nm), Logger: cfg.Logger}, sockets.udp, sockets.tcp)
 	if err != nil {
+		proxy.Close()
 		sockets.Close()
 		return nil, err
 	}
 	repo, err := snapshot.Open(filepath.Join(dataDir, "snapshots"))
 	if err != nil {
 		fwd.Close()
+		proxy.Close()
 		return nil, err
 	}
 	client := envdclient.New()
@@ -179,9 +187,10 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	})
 	if err != nil {
 		fwd.Close()
+		proxy.Close()
 		return nil, err
 	}
-	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
+	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
 		rootfsDir: cfg.RootFSDir, insecure: insecure, blobs: cfg.Blobs}
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
@@ -247,11 +256,22 @@ func HostCPUFeatures() []string {
 // (another program may take it). Sandboxes left running keep it (the
 // node re-attaches them at its next start).
 func (n *Node) Close() error {
-	err := errors.Join(n.Engine.Close(), n.dns.Close())
+	err := errors.Join(n.Engine.Close(), n.dns.Close(), n.egress.Close())
 	if nets, lerr := n.Net.List(); lerr == nil && len(nets) == 0 {
 		err = errors.Join(err, n.Net.RemoveHostRules())
 	}
 	return err
+}
+
+// EgressLog returns the egress proxy's recent decisions on a sandbox's
+// connections to ports 80 and 443 while its policy has domain entries
+// (oldest first; at most egress.RingSize, kept while its instance runs).
+func (n *Node) EgressLog(ctx context.Context, id string) ([]egress.Record, error) {
+	sb, err := n.Engine.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return n.egress.Log(sb.Instance), nil
 }
 
 // EnvdDir is the installed daemon's directory (bound at /opt/spore).

@@ -297,11 +297,17 @@ type Limits struct {
 
 // Policy is a sandbox's egress policy: Internet says whether the public
 // internet is reachable at all; Allow entries are reachable even when it
-// is not, Deny entries are not even when it is (IPv4 prefixes).
+// is not, Deny entries are not even when it is (IPv4 or IPv6 prefixes);
+// an allow entry wins over a deny entry. AllowDomains and DenyDomains are
+// domain entries (egress.ParseDomain's form: "api.example.com",
+// "*.example.com"), judged on the TLS SNI (port 443) and HTTP Host (port
+// 80) by the node's egress proxy; they share the lists' MaxPolicyEntries.
 type Policy struct {
-	Internet bool
-	Allow    []netip.Prefix
-	Deny     []netip.Prefix
+	Internet     bool
+	Allow        []netip.Prefix
+	Deny         []netip.Prefix
+	AllowDomains []string
+	DenyDomains  []string
 }
 
 // MaxPolicyEntries bounds Allow and Deny (each entry is a rule in the

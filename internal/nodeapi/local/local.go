@@ -459,7 +459,7 @@ func (n *Node) opDone(op, id string, err error) {
 func Sandbox(es engine.Sandbox) nodeapi.Sandbox {
 	sb := nodeapi.Sandbox{ID: es.ID, State: string(es.State), Template: es.Template, Parent: es.Parent,
 		AccessToken: es.Run.AccessToken, Limits: limits(es.Run.Limits.VCPUs, es.Run.Limits.MemoryMB, es.Run.Limits.DiskMB, es.Run.Limits.MaxProcs),
-		Policy: nodeapi.Policy{Internet: es.Policy.Internet, Allow: es.Policy.Allow, Deny: es.Policy.Deny},
+		Policy: nodeapi.Policy{Internet: es.Policy.Internet, Allow: es.Policy.Allow, Deny: es.Policy.Deny, AllowDomains: es.Policy.AllowDomains, DenyDomains: es.Policy.DenyDomains},
 		Env:    es.Run.Env, CreatedAt: es.CreatedAt, Hibernation: es.Hibernation}
 	if es.Addr.IsValid() {
 		sb.Addr = es.Addr.String()
@@ -485,7 +485,7 @@ func toNetPolicy(p *nodeapi.Policy) *netns.Policy {
 	if p == nil {
 		return nil
 	}
-	return &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny}
+	return &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains}
 }
 
 // CollectGarbage runs a GC over the node's blob store.

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
 	nodev1 "github.com/spore-run/spore/proto/gen/node/v1"
@@ -73,7 +74,24 @@ func parsePrefixes(what string, ss []string) ([]netip.Prefix, error) {
 }
 
 func policyPB(p nodeapi.Policy) *nodev1.Policy {
-	return &nodev1.Policy{Internet: p.Internet, Allow: prefixStrings(p.Allow), Deny: prefixStrings(p.Deny)}
+	// Domain entries travel in the same string lists as the prefixes (a
+	// domain never parses as one): no change to the wire format.
+	return &nodev1.Policy{Internet: p.Internet, Allow: append(prefixStrings(p.Allow), p.AllowDomains...), Deny: append(prefixStrings(p.Deny), p.DenyDomains...)}
+}
+
+// splitEntries parses a policy list: prefixes, and domain entries kept as
+// they came (the node validates them).
+func splitEntries(what string, ss []string) ([]netip.Prefix, []string, error) {
+	var prefixes, domains []string
+	for _, s := range ss {
+		if egress.IsDomain(s) {
+			domains = append(domains, s)
+		} else {
+			prefixes = append(prefixes, s)
+		}
+	}
+	out, err := parsePrefixes(what, prefixes)
+	return out, domains, err
 }
 
 // policy parses a policy; nil stays nil (unset).
@@ -81,15 +99,15 @@ func policy(p *nodev1.Policy) (*nodeapi.Policy, error) {
 	if p == nil {
 		return nil, nil
 	}
-	allow, err := parsePrefixes("allow", p.GetAllow())
+	allow, allowDomains, err := splitEntries("allow", p.GetAllow())
 	if err != nil {
 		return nil, err
 	}
-	deny, err := parsePrefixes("deny", p.GetDeny())
+	deny, denyDomains, err := splitEntries("deny", p.GetDeny())
 	if err != nil {
 		return nil, err
 	}
-	return &nodeapi.Policy{Internet: p.GetInternet(), Allow: allow, Deny: deny}, nil
+	return &nodeapi.Policy{Internet: p.GetInternet(), Allow: allow, Deny: deny, AllowDomains: allowDomains, DenyDomains: denyDomains}, nil
 }
 
 func policyOrNil(p *nodeapi.Policy) *nodev1.Policy {

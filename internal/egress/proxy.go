@@ -1,0 +1,369 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ListenPort is the proxy's port in every gateway namespace (each has its
+// own; the gateway redirects the sandbox's connections to ports 80 and
+// 443 there).
+const ListenPort = 15443
+
+// Config configures a Proxy.
+type Config struct {
+	// Upstreams are the resolvers the proxy asks for the addresses of an
+	// allowed name (the node's DNS forwarder's upstreams).
+	Upstreams []netip.AddrPort
+	// Resolve, when set, replaces the resolver (tests).
+	Resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	// PeekTimeout bounds the wait for a client's first bytes (default
+	// 10 s): a client that sends nothing is judged without a name.
+	PeekTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Proxy serves the listeners of every sandbox with domain rules.
+type Proxy struct {
+	cfg     Config
+	resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	mu      sync.Mutex
+	sbs     map[string]*sandbox // by instance
+	cache   map[string]cached
+}
+
+type cached struct {
+	addrs []netip.Addr
+	until time.Time
+}
+
+// sandbox is one instance's listener, rules, connections and log.
+type sandbox struct {
+	l     net.Listener
+	rules atomic.Pointer[Rules]
+	log   *ring
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	done  bool
+}
+
+// New returns a proxy serving nothing yet.
+func New(cfg Config) *Proxy {
+	if cfg.PeekTimeout == 0 {
+		cfg.PeekTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{cfg: cfg, sbs: map[string]*sandbox{}, cache: map[string]cached{}}
+	p.resolve = cfg.Resolve
+	if p.resolve == nil {
+		p.resolve = p.lookup
+	}
+	return p
+}
+
+// Serve takes l (a listener in the instance's gateway namespace) and
+// serves it with rules until Stop; an earlier listener of the instance is
+// closed. The instance's log is kept across.
+func (p *Proxy) Serve(instance string, l net.Listener, r Rules) {
+	sb := &sandbox{l: l, conns: map[net.Conn]struct{}{}}
+	sb.rules.Store(&r)
+	p.mu.Lock()
+	old := p.sbs[instance]
+	if old != nil {
+		sb.log = old.log
+	} else {
+		sb.log = &ring{}
+	}
+	p.sbs[instance] = sb
+	p.mu.Unlock()
+	if old != nil {
+		old.stop()
+	}
+	go p.accept(instance, sb)
+}
+
+// Update replaces an instance's rules; connections opened from now on
+// are judged by them (open ones keep going).
+func (p *Proxy) Update(instance string, r Rules) {
+	p.mu.Lock()
+	sb := p.sbs[instance]
+	p.mu.Unlock()
+	if sb != nil {
+		sb.rules.Store(&r)
+	}
+}
+
+// Stop closes an instance's listener and connections and forgets it.
+func (p *Proxy) Stop(instance string) {
+	p.mu.Lock()
+	sb := p.sbs[instance]
+	delete(p.sbs, instance)
+	p.mu.Unlock()
+	if sb != nil {
+		sb.stop()
+	}
+}
+
+// Close stops every instance.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	sbs := p.sbs
+	p.sbs = map[string]*sandbox{}
+	p.mu.Unlock()
+	for _, sb := range sbs {
+		sb.stop()
+	}
+	return nil
+}
+
+// Log returns an instance's recent decisions, oldest first (nil when the
+// proxy serves no such instance).
+func (p *Proxy) Log(instance string) []Record {
+	p.mu.Lock()
+	sb := p.sbs[instance]
+	p.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	return sb.log.list()
+}
+
+func (sb *sandbox) stop() {
+	sb.l.Close()
+	sb.mu.Lock()
+	sb.done = true
+	conns := sb.conns
+	sb.conns = nil
+	sb.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+}
+
+func (sb *sandbox) track(c net.Conn) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.done {
+		return false
+	}
+	sb.conns[c] = struct{}{}
+	return true
+}
+
+func (sb *sandbox) untrack(c net.Conn) {
+	sb.mu.Lock()
+	delete(sb.conns, c)
+	sb.mu.Unlock()
+}
+
+func (p *Proxy) accept(instance string, sb *sandbox) {
+	for {
+		c, err := sb.l.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.cfg.Logger.Warn("egress proxy: accept", "instance", instance, "err", err)
+			}
+			return
+		}
+		go p.handle(sb, c.(*net.TCPConn))
+	}
+}
+
+// OriginalDst returns where a redirected connection was headed (the
+// gateway's connection tracking keeps it).
+func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var m *unix.IPv6Mreq
+	var gerr error
+	if err := raw.Control(func(fd uintptr) {
+		m, gerr = unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
+	}); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if gerr != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", gerr)
+	}
+	b := m.Multiaddr // struct sockaddr_in: family, port (big endian), address
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3])), nil
+}
+
+// reset closes a connection with a TCP reset: the client fails at once
+// rather than reading an empty answer.
+func reset(c *net.TCPConn) {
+	c.SetLinger(0)
+	c.Close()
+}
+
+func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
+	if !sb.track(c) {
+		c.Close()
+		return
+	}
+	defer sb.untrack(c)
+	dst, err := OriginalDst(c)
+	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	if err != nil || dst == local {
+		reset(c) // not redirected: someone dialled the listener itself
+		return
+	}
+	head, name := p.peek(c, dst.Port())
+	rules := sb.rules.Load()
+	d := rules.Decide(dst.Addr(), name)
+	rec := Record{At: time.Now().UTC(), Dst: dst, Domain: name, Allowed: d.Allow, Reason: d.Reason, Rule: d.Rule}
+	if !d.Allow {
+		sb.log.add(rec)
+		reset(c)
+		return
+	}
+	up := dst
+	if d.ByDomain {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		addrs, err := p.resolve(ctx, name)
+		cancel()
+		addrs = slices.DeleteFunc(addrs, func(a netip.Addr) bool { return !a.Is4() || inAny(rules.Floor, a) })
+		switch {
+		case err != nil || len(addrs) == 0:
+			rec.Allowed, rec.Reason = false, "resolve"
+			sb.log.add(rec)
+			reset(c)
+			return
+		case !slices.Contains(addrs, dst.Addr()):
+			// The sandbox asked for a name at an address that is not
+			// the name's: go where the name is, never to an address
+			// the rules did not allow.
+			up = netip.AddrPortFrom(addrs[0], dst.Port())
+		}
+	}
+	rec.Upstream = up
+	seq := sb.log.add(rec)
+	u, err := net.DialTimeout("tcp4", up.String(), 10*time.Second)
+	if err != nil {
+		sb.log.update(seq, func(r *Record) { r.Allowed, r.Reason = false, "dial" })
+		reset(c)
+		return
+	}
+	if !sb.track(u) {
+		u.Close()
+		c.Close()
+		return
+	}
+	defer sb.untrack(u)
+	var out, in atomic.Int64
+	if _, err := u.Write(head); err != nil {
+		u.Close()
+		reset(c)
+		return
+	}
+	out.Add(int64(len(head)))
+	relay(c, u.(*net.TCPConn), &out, &in)
+	sb.log.update(seq, func(r *Record) { r.BytesOut, r.BytesIn = out.Load(), in.Load() })
+}
+
+// peek reads the client's first bytes until the name it asks for is
+// known (or cannot be), returning them for replay.
+func (p *Proxy) peek(c *net.TCPConn, port uint16) ([]byte, string) {
+	parse := HTTPHost
+	if port != 80 {
+		parse = ServerName
+	}
+	c.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 0, 4096)
+	for len(buf) < MaxPeek {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, len(buf))
+		}
+		n, err := c.Read(buf[len(buf):min(cap(buf), MaxPeek)])
+		buf = buf[:len(buf)+n]
+		if n > 0 {
+			name, perr := parse(buf)
+			if perr == nil {
+				return buf, name
+			}
+			if !errors.Is(perr, ErrNeedMore) {
+				return buf, ""
+			}
+		}
+		if err != nil {
+			return buf, ""
+		}
+	}
+	return buf, ""
+}
+
+// relay copies both ways until both are done, passing half-closes on.
+func relay(c, u *net.TCPConn, out, in *atomic.Int64) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		n, _ := io.Copy(u, c)
+		out.Add(n)
+		u.CloseWrite()
+	}()
+	go func() {
+		defer wg.Done()
+		n, _ := io.Copy(c, u)
+		in.Add(n)
+		c.CloseWrite()
+	}()
+	wg.Wait()
+	c.Close()
+	u.Close()
+}
+
+// lookup resolves a name's IPv4 addresses through the upstreams, keeping
+// answers for 10 s (each allowed HTTPS connection would otherwise cost a
+// lookup).
+func (p *Proxy) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
+	p.mu.Lock()
+	e, ok := p.cache[name]
+	p.mu.Unlock()
+	if ok && time.Now().Before(e.until) {
+		return slices.Clone(e.addrs), nil
+	}
+	if len(p.cfg.Upstreams) == 0 {
+		return nil, errors.New("egress: no DNS upstream")
+	}
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		var err error
+		for _, up := range p.cfg.Upstreams {
+			var c net.Conn
+			if c, err = d.DialContext(ctx, network, up.String()); err == nil {
+				return c, nil
+			}
+		}
+		return nil, err
+	}}
+	addrs, err := r.LookupNetIP(ctx, "ip4", name+".")
+	if err != nil {
+		return nil, err
+	}
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
+	}
+	p.mu.Lock()
+	if len(p.cache) > 4096 {
+		clear(p.cache)
+	}
+	p.cache[name] = cached{addrs: addrs, until: time.Now().Add(10 * time.Second)}
+	p.mu.Unlock()
+	return slices.Clone(addrs), nil
+}
