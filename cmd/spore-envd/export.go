@@ -9,7 +9,7 @@ import (
 	"os/user"
 	"strconv"
 
-	"github.com/spore-run/spore/internal/export"
+	"github.com/spore-run/spore/internal/envd/export"
 )
 
 // The modes the node runs through the daemon to export a sandbox's

@@ -19,6 +19,8 @@ func TestEnvdImportsNothingHostSide(t *testing.T) {
 		"github.com/spore-run/spore/cmd/spore-envd",
 		"github.com/spore-run/spore/internal/envd",
 		"github.com/spore-run/spore/proto/gen/",
+		// Error kinds only: sentinel errors, no dependencies.
+		"github.com/spore-run/spore/internal/errdefs",
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		if !strings.HasPrefix(pkg, "github.com/spore-run/spore/") {

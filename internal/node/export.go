@@ -30,7 +30,7 @@ import (
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/envdclient"
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/export"
+	"github.com/spore-run/spore/internal/envd/export"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/oci"
 	"github.com/spore-run/spore/internal/rootfs"
