@@ -170,11 +170,17 @@ func (s *Service) FilesPresent(ctx context.Context, hash string) (bool, error) {
 }
 
 // PutFiles stores the archive of the files of hash: size bytes of r
-// (size must be known, at most MaxUpload).
+// (size must be known, at most MaxUpload). Files already there are never
+// replaced (ErrAlreadyExists): a hash names its files for every build
+// that uses it, so an upload cannot change what another build copies.
 func (s *Service) PutFiles(ctx context.Context, hash string, r io.Reader, size int64) error {
 	s.init()
-	if _, err := s.FilesPresent(ctx, hash); err != nil {
+	present, err := s.FilesPresent(ctx, hash)
+	if err != nil {
 		return err
+	}
+	if present {
+		return fmt.Errorf("%w: the files of %s were uploaded already", errdefs.ErrAlreadyExists, hash)
 	}
 	switch {
 	case size < 0:

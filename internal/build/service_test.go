@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -238,6 +239,16 @@ func TestServiceUploads(t *testing.T) {
 	}
 	if ok, _ := s.FilesPresent(ctx, h); !ok {
 		t.Fatal("upload not present")
+	}
+	if err := s.PutFiles(ctx, h, strings.NewReader("evil"), 4); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a second upload of a hash: %v, want AlreadyExists", err)
+	}
+	if rc, _ := s.Blobs.Get(ctx, FilesKey(h)); rc != nil {
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if string(b) != "1234" {
+			t.Fatalf("the files of %s were replaced: %q", h, b)
+		}
 	}
 	if _, err := s.FilesPresent(ctx, "../../x"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("bad hash: %v", err)
