@@ -203,7 +203,8 @@ func TestExportBaseToLayout(t *testing.T) {
 	}
 	if digests[0] != digests[1] {
 		t.Fatalf("root filesystem layer made twice differently: %v", digests)
-	}	// This node has no blob store: a layout for a caller off the node
+	}
+	// This node has no blob store: a layout for a caller off the node
 	// has nowhere to go.
 	_, err := e.n.Export(ctx, node.ExportSpec{SandboxID: sb.ID, BlobKey: "exports/x.tar"})
 	if !errdefs.IsConflict(err) || !strings.Contains(err.Error(), "blob store") {
