@@ -211,6 +211,18 @@ func TestEgressDomainRules(t *testing.T) {
 	}
 	check(sb, "https://allowed.test/", "allowed host=allowed.test sni=allowed.test")
 	check(sb, "https://a.wild.test/", "blocked")
+
+	// The node stopped: redirected connections fail closed; restarted,
+	// it serves the running sandbox's gateway again.
+	if err := e.n.Engine.SetPolicy(ctx, sb.ID, only); err != nil {
+		t.Fatal(err)
+	}
+	e.n.Close()
+	if got := get(sb, "https://allowed.test/"); got != "blocked" {
+		t.Errorf("with the node down: %q, want blocked", got)
+	}
+	e.open()
+	checkOnly(sb)
 }
 
 // BenchmarkEgressProxyHTTPS: the added latency of the egress proxy per
