@@ -17,8 +17,8 @@ import (
 // limit; "*." is counted too).
 const MaxDomainLen = 253
 
-// ParseDomain normalizes and checks a domain entry: a DNS name
-// ("api.example.com") or "*." and one ("*.example.com": any deeper name,
+// ParseDomain normalizes and checks a domain entry: a DNS name of two
+// labels or more ("api.example.com") or "*." and one ("*.example.com": any deeper name,
 // not the apex, as E2B documents). Upper case is folded, one trailing dot
 // dropped. Anything else (an address, a bare "*", "a.*.b", empty labels)
 // is refused with errdefs.ErrInvalidArgument.
@@ -32,6 +32,11 @@ func ParseDomain(s string) (string, error) {
 		return "", errdefs.Invalidf("%q is not a domain", s)
 	}
 	labels := strings.Split(name, ".")
+	if len(labels) < 2 && name == d {
+		// "localhost", "not-a-cidr": no public name is one label, and
+		// such an entry is likelier a mistyped address than a rule.
+		return "", errdefs.Invalidf("%q is not a domain (one label; names like \"example.com\")", s)
+	}
 	for _, l := range labels {
 		if !validLabel(l) {
 			return "", errdefs.Invalidf("%q is not a domain (label %q)", s, l)

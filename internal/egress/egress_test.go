@@ -16,14 +16,14 @@ import (
 func TestParseDomain(t *testing.T) {
 	for in, want := range map[string]string{
 		"api.example.com": "api.example.com", "API.Example.COM.": "api.example.com", "*.github.com": "*.github.com",
-		"localhost": "localhost", "x_y.test": "x_y.test", " a-b.test ": "a-b.test",
+		"*.com": "*.com", "*.COM.": "*.com", "x_y.test": "x_y.test", " a-b.test ": "a-b.test",
 	} {
 		if got, err := ParseDomain(in); err != nil || got != want {
 			t.Errorf("ParseDomain(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	long := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 61)
-	for _, in := range []string{"", "*", "*.", "a..b", ".a", "a.*.b", "**.a", "*a.b", "-a.b", "a-.b", "a b.c", "1.2.3", "10", "1.2.3.4",
+	for _, in := range []string{"", "*", "*.", "localhost", "not-a-cidr", "a..b", ".a", "a.*.b", "**.a", "*a.b", "-a.b", "a-.b", "a b.c", "1.2.3", "10", "1.2.3.4",
 		"a/b", "ä.test", strings.Repeat("a", 64) + ".test", long + ".e", "a.b:443", "*.*.a"} {
 		if got, err := ParseDomain(in); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("ParseDomain(%q) = %q, %v; want ErrInvalidArgument", in, got, err)
