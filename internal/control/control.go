@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -187,14 +188,24 @@ func ValidateTimeout(seconds int64) (time.Duration, error) {
 	return time.Duration(seconds) * time.Second, nil
 }
 
-// ParsePolicy turns allow/deny lists of CIDRs (or single addresses) into a
-// network policy.
+// ParsePolicy turns allow/deny lists of CIDRs, single addresses or domains
+// into a network policy.
 func ParsePolicy(internet *bool, allow, deny []string) (nodeapi.Policy, error) {
 	p := nodeapi.Policy{Internet: internet == nil || *internet}
-	parse := func(list []string) ([]netip.Prefix, error) {
+	parse := func(list []string, domains *[]string) ([]netip.Prefix, error) {
 		var out []netip.Prefix
 		for _, c := range list {
 			c = strings.TrimSpace(c)
+			// A domain ("api.example.com", "*.example.com"): judged on
+			// the TLS SNI / HTTP Host by the node's egress proxy.
+			if egress.IsDomain(c) {
+				d, err := egress.ParseDomain(c)
+				if err != nil {
+					return nil, err
+				}
+				*domains = append(*domains, d)
+				continue
+			}
 			// IPv4 or IPv6, as E2B takes them (IPv6 entries are kept in
 			// the policy; sandboxes have no IPv6 route to apply them to).
 			if pr, err := netip.ParsePrefix(c); err == nil && !pr.Addr().Is4In6() && pr.Addr().Zone() == "" {
@@ -217,10 +228,10 @@ func ParsePolicy(internet *bool, allow, deny []string) (nodeapi.Policy, error) {
 		}
 	}
 	var err error
-	if p.Allow, err = parse(allow); err != nil {
+	if p.Allow, err = parse(allow, &p.AllowDomains); err != nil {
 		return p, err
 	}
-	if p.Deny, err = parse(deny); err != nil {
+	if p.Deny, err = parse(deny, &p.DenyDomains); err != nil {
 		return p, err
 	}
 	return p, nil

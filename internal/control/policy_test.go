@@ -45,7 +45,7 @@ func TestParsePolicyAddressForms(t *testing.T) {
 	if err := (netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny}).Validate(); err != nil {
 		t.Fatalf("the node's check refuses what the API accepted: %v", err)
 	}
-	for _, bad := range []string{"api.openai.com", "::ffff:1.2.3.4", "fe80::1%eth0", "1.2.3.4/33", "300.1.1.1", ""} {
+	for _, bad := range []string{"api..openai.com", "*", "::ffff:1.2.3.4", "fe80::1%eth0", "1.2.3.4/33", "300.1.1.1", ""} {
 		if _, err := control.ParsePolicy(nil, []string{bad}, nil); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("allowOut %q: %v, want invalid", bad, err)
 		}
