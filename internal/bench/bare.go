@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,23 +53,52 @@ func (b *Bare) Check() error {
 	return nil
 }
 
-// Instance returns the runtime instance behind a sandbox (from the
-// engine's record in the data directory).
-func (b *Bare) Instance(sandboxID string) (string, error) {
+// engineRecord is what the bench reads of the engine's record of a
+// sandbox in the data directory.
+type engineRecord struct {
+	Instance string     `json:"instance"`
+	Addr     netip.Addr `json:"addr"` // where the host reaches its ports
+}
+
+func (b *Bare) record(sandboxID string) (engineRecord, error) {
+	var rec engineRecord
 	if err := ids.Validate("sandbox ID", sandboxID); err != nil {
-		return "", err
+		return rec, err
 	}
 	raw, err := os.ReadFile(filepath.Join(b.DataDir, "engine", "sandboxes", sandboxID+".json"))
 	if err != nil {
-		return "", fmt.Errorf("sandbox %s record: %w", sandboxID, err)
+		return rec, fmt.Errorf("sandbox %s record: %w", sandboxID, err)
 	}
-	var rec struct {
-		Instance string `json:"instance"`
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return rec, fmt.Errorf("sandbox %s record: %w", sandboxID, err)
 	}
-	if err := json.Unmarshal(raw, &rec); err != nil || rec.Instance == "" {
-		return "", fmt.Errorf("sandbox %s record names no instance (%v)", sandboxID, err)
+	return rec, nil
+}
+
+// Instance returns the runtime instance behind a sandbox (from the
+// engine's record in the data directory).
+func (b *Bare) Instance(sandboxID string) (string, error) {
+	rec, err := b.record(sandboxID)
+	if err != nil {
+		return "", err
+	}
+	if rec.Instance == "" {
+		return "", fmt.Errorf("sandbox %s record names no instance", sandboxID)
 	}
 	return rec.Instance, nil
+}
+
+// Addr returns where this host reaches a sandbox's ports (its envd), from
+// the engine's record.
+func (b *Bare) Addr(sandboxID string) (netip.Addr, error) {
+	rec, err := b.record(sandboxID)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if !rec.Addr.IsValid() {
+		return netip.Addr{}, fmt.Errorf("sandbox %s record has no address (no network, or hibernated)", sandboxID)
+	}
+	return rec.Addr, nil
 }
 
 // ImageDir is where the server keeps a snapshot's checkpoint image.

@@ -259,7 +259,7 @@ func (r *runner) runDensity(ctx context.Context) error {
 		limit = 3
 	}
 	cg := cgroupUsage(r.cfg.CgroupParent)
-	d := &Density{Max: limit, MemAvailableStart: memAvailable(), MemAvailablePeak: memAvailable()}
+	d := &Density{Max: limit, MemAvailableStart: memAvailable(), MinMemAvailable: memAvailable()}
 	cgStart := cg()
 	t0 := time.Now()
 	var (
@@ -299,7 +299,7 @@ func (r *runner) runDensity(ctx context.Context) error {
 	// Let the last ones settle into idleness before measuring.
 	time.Sleep(3 * time.Second)
 	d.Held = len(ids)
-	d.MemAvailablePeak = memAvailable()
+	d.MinMemAvailable = memAvailable()
 	if refused != nil {
 		d.Refused = refused.Error()
 		if !errors.Is(refused, errdefs.ErrResourceLimit) && !errors.Is(refused, errdefs.ErrUnavailable) {
@@ -307,12 +307,12 @@ func (r *runner) runDensity(ctx context.Context) error {
 		}
 	}
 	if d.Held > 0 {
-		d.IdleRSSBytes = max(0, (d.MemAvailableStart-d.MemAvailablePeak)/int64(d.Held))
+		d.IdleRSSBytes = max(0, (d.MemAvailableStart-d.MinMemAvailable)/int64(d.Held))
 		if used := cg(); used > 0 && cgStart >= 0 {
 			d.CgroupBytes = max(0, (used-cgStart)/int64(d.Held))
 		}
 		if refused == nil && d.IdleRSSBytes > 0 {
-			d.Projected = d.Held + int((d.MemAvailablePeak-1<<30)/d.IdleRSSBytes)
+			d.Projected = d.Held + int((d.MinMemAvailable-1<<30)/d.IdleRSSBytes)
 		}
 	}
 	d.TookSec = round(time.Since(t0).Seconds(), 1)

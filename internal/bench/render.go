@@ -235,7 +235,7 @@ func validateStats(s Stats, ordered bool) error {
 	fields := []struct {
 		name string
 		v    float64
-	}{{"p50", s.P50}, {"p95", s.P95}, {"max", s.Max}, {"min", s.Min}, {"mean", s.Mean}}
+	}{{"p50", s.P50}, {"p90", s.P90}, {"p95", s.P95}, {"max", s.Max}, {"min", s.Min}, {"mean", s.Mean}}
 	for _, f := range fields {
 		if !statFinite(f.v) {
 			return fmt.Errorf("%s is %v", f.name, f.v)
@@ -243,6 +243,10 @@ func validateStats(s Stats, ordered bool) error {
 	}
 	if ordered && !(s.P50 <= s.P95 && s.P95 <= s.Max) {
 		return fmt.Errorf("want p50 <= p95 <= max, got %v, %v, %v", s.P50, s.P95, s.Max)
+	}
+	// P90 is 0 in reports written before it existed.
+	if ordered && s.P90 != 0 && !(s.P50 <= s.P90 && s.P90 <= s.P95) {
+		return fmt.Errorf("want p50 <= p90 <= p95, got %v, %v, %v", s.P50, s.P90, s.P95)
 	}
 	return nil
 }
@@ -617,8 +621,8 @@ func writeDensity(m *mdWriter, d *Density) {
 	if d.Projected > 0 {
 		m.printf("- Projected to fit in memory: %d\n", d.Projected)
 	}
-	m.printf("- MemAvailable: %.1f GiB at start, %.1f GiB at peak\n",
-		float64(d.MemAvailableStart)/bytesPerGiB, float64(d.MemAvailablePeak)/bytesPerGiB)
+	m.printf("- MemAvailable: %.1f GiB at start, %.1f GiB at its lowest (every sandbox of the fill running)\n",
+		float64(d.MemAvailableStart)/bytesPerGiB, float64(d.MinMemAvailable)/bytesPerGiB)
 	if d.TookSec > 0 {
 		m.printf("- Took %s\n", mdDuration(d.TookSec))
 	}

@@ -62,7 +62,7 @@ func sampleReport() *Report {
 		Density: &Density{
 			IdleRSSBytes: 38 << 20, CgroupBytes: 30 << 20,
 			Held: 200, Max: 200,
-			MemAvailableStart: 30 << 30, MemAvailablePeak: 22 << 30,
+			MemAvailableStart: 30 << 30, MinMemAvailable: 22 << 30,
 			TookSec: 95, Projected: 780,
 		},
 		Notes: []string{"fork skipped: pool disabled", "numbers from a shared VM"},
@@ -167,7 +167,7 @@ func TestRenderMarkdown(t *testing.T) {
 		"| 256 | 32.0 | 42.7 | 38.4 | 51.2 |",
 		"![Snapshot vs memory](snapshot-vs-memory.png)", "![Fork vs n](fork-vs-n.png)",
 		"## Density", "38.0 MiB", "Held 200", "stopped at --density-max", "780",
-		"30.0 GiB at start, 22.0 GiB at peak",
+		"30.0 GiB at start, 22.0 GiB at its lowest",
 		"## Notes", "- fork skipped: pool disabled",
 	}
 	for _, s := range want {

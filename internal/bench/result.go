@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"time"
@@ -50,8 +51,10 @@ type Settings struct {
 
 // Stats summarises samples (milliseconds unless Op.Unit says otherwise).
 type Stats struct {
-	N    int     `json:"n"`
-	P50  float64 `json:"p50"`
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	// P90 is absent (0) in reports written before it was added.
+	P90  float64 `json:"p90,omitempty"`
 	P95  float64 `json:"p95"`
 	Max  float64 `json:"max"`
 	Min  float64 `json:"min"`
@@ -113,13 +116,35 @@ type Density struct {
 	Held    int    `json:"held"`
 	Max     int    `json:"max"`
 	Refused string `json:"refused,omitempty"`
-	// MemAvailable before the fill and at its peak.
+	// MemAvailable before the fill, and its lowest: read with every
+	// sandbox of the fill running (after they settle), the fill's fullest
+	// point.
+	// Reports before 2026-11-30 called the latter "memAvailablePeak";
+	// UnmarshalJSON still reads it.
 	MemAvailableStart int64   `json:"memAvailableStart"`
-	MemAvailablePeak  int64   `json:"memAvailablePeak"`
+	MinMemAvailable   int64   `json:"minMemAvailable"`
 	TookSec           float64 `json:"tookSec"`
 	// Projected is how many would fit in the host's memory at IdleRSSBytes
 	// each when the run stopped before a refusal.
 	Projected int `json:"projected,omitempty"`
+}
+
+// UnmarshalJSON reads a density section, including one written under the
+// old, misleading name of MinMemAvailable ("memAvailablePeak").
+func (d *Density) UnmarshalJSON(b []byte) error {
+	type plain Density // no methods: no recursion
+	var v struct {
+		plain
+		OldMin *int64 `json:"memAvailablePeak"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*d = Density(v.plain)
+	if v.OldMin != nil && d.MinMemAvailable == 0 {
+		d.MinMemAvailable = *v.OldMin
+	}
+	return nil
 }
 
 // Summarize computes the statistics of samples (nearest-rank percentiles).
@@ -133,7 +158,7 @@ func Summarize(samples []float64) Stats {
 	for _, v := range s {
 		sum += v
 	}
-	return Stats{N: len(s), P50: rank(s, 0.50), P95: rank(s, 0.95), Max: s[len(s)-1], Min: s[0], Mean: sum / float64(len(s))}
+	return Stats{N: len(s), P50: rank(s, 0.50), P90: rank(s, 0.90), P95: rank(s, 0.95), Max: s[len(s)-1], Min: s[0], Mean: sum / float64(len(s))}
 }
 
 func rank(sorted []float64, p float64) float64 {
