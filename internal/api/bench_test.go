@@ -71,6 +71,15 @@ func BenchmarkAPIOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The children a fork made, killed after its sample is taken: the kill
+	// is not part of the fork.
+	var children []func()
+	killChildren := func() {
+		for _, kill := range children {
+			kill()
+		}
+		children = children[:0]
+	}
 	ops := []struct {
 		name   string
 		engine func() error
@@ -83,7 +92,8 @@ func BenchmarkAPIOverhead(b *testing.B) {
 			func() error {
 				fr, err := h.n.Engine.Fork(ctx, sb.SandboxID, engine.ForkOptions{Count: 1})
 				if err == nil {
-					h.n.Engine.Kill(ctx, fr.Children[0].Sandbox.ID)
+					id := fr.Children[0].Sandbox.ID
+					children = append(children, func() { h.n.Engine.Kill(ctx, id) })
 				}
 				return err
 			},
@@ -91,7 +101,7 @@ func BenchmarkAPIOverhead(b *testing.B) {
 				c, body, _ := h.do("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count":1}`)
 				if i := strings.Index(string(body), `"sandboxID":"`); i >= 0 {
 					id := string(body[i+13 : i+33])
-					h.do("DELETE", "/sandboxes/"+id, "")
+					children = append(children, func() { h.do("DELETE", "/sandboxes/"+id, "") })
 				}
 				return c
 			}},
@@ -111,6 +121,7 @@ func BenchmarkAPIOverhead(b *testing.B) {
 					b.Fatal(err)
 				}
 				eng = append(eng, time.Since(t0))
+				killChildren()
 			}
 			runAPI := func() {
 				t0 := time.Now()
@@ -118,6 +129,7 @@ func BenchmarkAPIOverhead(b *testing.B) {
 					b.Fatalf("%s via API: %d", op.name, c)
 				}
 				viaAPI = append(viaAPI, time.Since(t0))
+				killChildren()
 			}
 			for i := 0; i < b.N; i++ {
 				// Alternate which goes first, so neither always runs in
