@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -361,6 +362,9 @@ func (s *Server) templateName(ctx context.Context, ref string) (string, error) {
 	for _, m := range list {
 		if m.ID == ref && len(m.Names) > 0 {
 			return m.Names[0], nil
+		}
+		if slices.Contains(m.Names, ref) {
+			return ref, nil // a template every node builds (base): no row
 		}
 	}
 	return "", errdefs.NotFoundf("template %s", ref)

@@ -158,11 +158,17 @@ try {
   await assert.rejects(Sandbox.getInfo('i0000000000000000000'), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
   assert.equal(await Sandbox.kill('i0000000000000000000'), false)
   if (e2b.Template) {
-    // Template.exists: true for a template's name, false for none; an E2B
-    // route Spore does not serve raises an error (501), never "absent".
+    // Template.exists: true for a template's name, false for none; tags of
+    // the built-in template (none) and of no template (an error).
     assert.equal(await e2b.Template.exists('base'), true)
     assert.equal(await e2b.Template.exists(`no-such-template-${process.pid}`), false)
-    await assert.rejects(e2b.Template.getTags('base'), (e) => /does not implement/.test(String(e?.message ?? e)))
+    assert.deepEqual(await e2b.Template.getTags('base'), [])
+    await assert.rejects(e2b.Template.getTags(`no-such-template-${process.pid}`))
+  }
+  if (e2b.Volume) {
+    // An E2B route Spore does not serve raises an error (501), never
+    // "absent".
+    await assert.rejects(e2b.Volume.list(), (e) => /does not implement/.test(String(e?.message ?? e)))
   }
   ok('errors for unknown sandboxes; Template.exists')
 
