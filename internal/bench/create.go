@@ -76,7 +76,7 @@ func (r *runner) createWarm(ctx context.Context, n int) error {
 // this one names the template's own (same limits, so the same restore a
 // server without a pool does).
 func (r *runner) createCold(ctx context.Context, n int) error {
-	req, err := r.coldRequest(ctx, templateBase)
+	req, image, err := r.coldRequest(ctx, templateBase)
 	if err != nil {
 		return err
 	}
@@ -96,22 +96,42 @@ func (r *runner) createCold(ctx context.Context, n int) error {
 	}
 	o.Note = fmt.Sprintf("a restore of the template on the spot: each create names the template's own shape (%d MB, %d vCPUs), which the warm pool never serves; kill not timed; %s",
 		req.MemoryMB, req.CPUCount, poolServed(n, len(r.parts[o.Name]["restore"])))
+	if b := r.cfg.Bare; b != nil {
+		// Bare: `runsc restore` of the template's own image with the
+		// bundle of a sandbox created the same way.
+		id, err := r.create(ctx, req)
+		if err != nil {
+			return err
+		}
+		inst, err := b.Instance(id)
+		if err != nil {
+			return err
+		}
+		if err := r.bare(o, "runsc restore (the template's image)", n, func() (float64, error) { return b.Restore(ctx, inst, b.ImageDir(image)) }); err != nil {
+			return err
+		}
+		if err := r.kill(ctx, id); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// coldRequest is a create of template that the warm pool cannot serve:
-// it names the template's own memory and vCPUs.
-func (r *runner) coldRequest(ctx context.Context, template string) (api.CreateRequest, error) {
+// coldRequest is a create of template that the warm pool cannot serve
+// (it names the template's own memory and vCPUs), and the snapshot ID of
+// the template's image.
+func (r *runner) coldRequest(ctx context.Context, template string) (api.CreateRequest, string, error) {
 	ts, err := r.c.Templates(ctx)
 	if err != nil {
-		return api.CreateRequest{}, fmt.Errorf("list templates: %w", err)
+		return api.CreateRequest{}, "", fmt.Errorf("list templates: %w", err)
 	}
 	for _, t := range ts {
 		if t.TemplateID == template || slices.Contains(t.Names, template) || slices.Contains(t.Aliases, template) {
-			return coldShape(template, t)
+			req, err := coldShape(template, t)
+			return req, t.TemplateID, err
 		}
 	}
-	return api.CreateRequest{}, fmt.Errorf("template %q not listed", template)
+	return api.CreateRequest{}, "", fmt.Errorf("template %q not listed", template)
 }
 
 // coldShape builds the shaped request; a template listing no shape
