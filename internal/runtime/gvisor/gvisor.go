@@ -186,14 +186,18 @@ func (d *Driver) mustExist(id string) error {
 
 // Start implements runtime.Runtime.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
-	if err := d.prepare(spec); err != nil {
+	done := timing.Track(ctx, "prepare")
+	err := d.prepare(spec)
+	done()
+	if err != nil {
 		return err
 	}
-	_, err := d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "run", "-detach", "--bundle", d.bundleDir(spec.ID), spec.ID)...)
+	_, err = d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "run", "-detach", "--bundle", d.bundleDir(spec.ID), spec.ID)...)
 	if err != nil {
 		d.abandon(spec.ID)
 		return fmt.Errorf("start instance %s: %w", spec.ID, err)
 	}
+	defer timing.Track(ctx, "after-launch")()
 	d.afterLaunch(spec.ID)
 	return nil
 }
@@ -203,14 +207,18 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 	if _, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil {
 		return fmt.Errorf("restore instance %s: image %s: %w", spec.ID, imageDir, errdefs.ErrNotFound)
 	}
-	if err := d.prepare(spec); err != nil {
+	done := timing.Track(ctx, "prepare")
+	err := d.prepare(spec)
+	done()
+	if err != nil {
 		return err
 	}
-	_, err := d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
+	_, err = d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
 	if err != nil {
 		d.abandon(spec.ID)
 		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
 	}
+	defer timing.Track(ctx, "after-launch")()
 	d.afterLaunch(spec.ID)
 	return nil
 }
@@ -220,7 +228,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 func (d *Driver) afterLaunch(id string) {
 	if pid := d.sandboxPID(id); pid > 0 {
 		d.protectSandbox(id, pid)
-		d.armMemoryAlerts(id, pid)
+		d.armMemoryAlertsAsync(id, pid)
 	}
 }
 
@@ -536,7 +544,7 @@ func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
 		return runtime.Info{}, fmt.Errorf("instance %s has exited: %w", id, errdefs.ErrNotFound)
 	}
 	if !d.alertsArmed(id) { // a restarted engine: its alerts went with it
-		d.armMemoryAlerts(id, info.PID)
+		d.armMemoryAlertsAsync(id, info.PID)
 	}
 	return info, nil
 }

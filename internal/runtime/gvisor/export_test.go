@@ -1,0 +1,4 @@
+package gvisor
+
+// AlertsArmed is alertsArmed, for the package's external tests.
+func (d *Driver) AlertsArmed(id string) bool { return d.alertsArmed(id) }
