@@ -96,3 +96,23 @@ func TestSandboxDeathNoticed(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+// TestMoreMemoryThanTheTemplate: a sandbox created from a template with
+// more memory than the template was built with holds what its own limit
+// allows: envd's watchdog follows the restored limit (it used to keep the
+// template's and killed 1.2 GB in a 2 GB sandbox), and still kills a hog
+// past it.
+func TestMoreMemoryThanTheTemplate(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase, MemoryMB: 2048})
+	c := e.client(sb)
+	r, err := c.run(ctx, `python3 -c "x = bytearray(1200 << 20); print(len(x))"`)
+	if err != nil || r.exit != 0 {
+		t.Fatalf("1.2 GB in a 2 GB sandbox of a 1 GB template: exit %d (%s) %v; stderr %q", r.exit, r.status, err, r.stderr)
+	}
+	r, err = c.run(ctx, `python3 -c "x = bytearray(3000 << 20)"`)
+	if err != nil || (r.exit != 137 && !strings.Contains(r.stderr, "MemoryError") && r.status != "signal: killed") {
+		t.Fatalf("a 3 GB hog in a 2 GB sandbox: exit %d (%s) %v", r.exit, r.status, err)
+	}
+}

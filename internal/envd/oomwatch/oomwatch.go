@@ -35,9 +35,16 @@ import (
 
 // Config tunes the watchdog. Zero values take the defaults.
 type Config struct {
-	// Limit is the sandbox's memory in bytes (default: MemTotal of
-	// /proc/meminfo, which gVisor sets from the sandbox's memory cgroup).
+	// Limit is the sandbox's memory in bytes. Zero: the sandbox's total
+	// memory (MemTotal, which gVisor sets from the sandbox's memory
+	// cgroup), read again at every check: a sandbox restored with more
+	// (or less) memory than its snapshot was taken with is watched
+	// against its own limit, not the one this daemon started under.
 	Limit int64
+	// Total reads the sandbox's total memory when Limit is zero (default:
+	// sysinfo(2)'s totalram; MemTotal of Proc's meminfo when Proc is not
+	// /proc, for tests).
+	Total func() int64
 	// Share of Limit the guest processes' resident memory may use before
 	// the largest is killed (default 0.85: the sandbox kernel and page
 	// cache need the rest).
@@ -116,14 +123,22 @@ func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Limit <= 0 {
-		c.Limit = memTotal(c.Proc)
+	if c.Total == nil {
+		proc := c.Proc
+		c.Total = func() int64 {
+			if proc != "/proc" {
+				return memTotal(proc)
+			}
+			return sysinfoTotal()
+		}
 	}
 }
 
 // Watchdog watches the sandbox's memory.
 type Watchdog struct {
 	cfg       Config
+	follow    bool  // the limit is the sandbox's total memory, re-read
+	limit     int64 // the limit the thresholds are from
 	pageSize  int64
 	lastKill  int // PID killed last, until it is gone
 	killedAt  time.Time
@@ -140,21 +155,37 @@ type Watchdog struct {
 // New returns a watchdog, or nil when the sandbox's memory is unknown.
 func New(cfg Config) *Watchdog {
 	cfg.defaults()
-	if cfg.Limit <= 0 {
+	w := &Watchdog{cfg: cfg, pageSize: int64(os.Getpagesize()), buf: make([]byte, 512),
+		wake: make(chan struct{}, 1), now: time.Now, follow: cfg.Limit <= 0}
+	limit := cfg.Limit
+	if w.follow {
+		limit = cfg.Total()
+	}
+	if limit <= 0 {
 		cfg.Logger.Warn("oomwatch: memory limit unknown: not watching")
 		return nil
 	}
-	return &Watchdog{cfg: cfg, pageSize: int64(os.Getpagesize()), buf: make([]byte, 512),
-		threshold: int64(float64(cfg.Limit) * cfg.Share), scanAt: int64(float64(cfg.Limit) * cfg.ScanShare),
-		idleBelow: int64(float64(cfg.Limit) * cfg.IdleShare), wake: make(chan struct{}, 1), now: time.Now}
+	w.setLimit(limit)
+	return w
 }
+
+// setLimit sets the limit and the thresholds made from it.
+func (w *Watchdog) setLimit(limit int64) {
+	w.limit = limit
+	w.threshold = int64(float64(limit) * w.cfg.Share)
+	w.scanAt = int64(float64(limit) * w.cfg.ScanShare)
+	w.idleBelow = int64(float64(limit) * w.cfg.IdleShare)
+}
+
+// Limit is the memory limit the watchdog works from now.
+func (w *Watchdog) Limit() int64 { return w.limit }
 
 // Threshold is the resident memory at which the largest process is killed.
 func (w *Watchdog) Threshold() int64 { return w.threshold }
 
 // Run watches until ctx ends.
 func (w *Watchdog) Run(ctx context.Context) {
-	w.cfg.Logger.Info("oomwatch: watching", "limit", w.cfg.Limit, "threshold", w.threshold)
+	w.cfg.Logger.Info("oomwatch: watching", "limit", w.limit, "threshold", w.threshold)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -182,6 +213,12 @@ func (w *Watchdog) Alert() {
 // Check samples once, kills if over the threshold, and returns when to
 // check next.
 func (w *Watchdog) Check() time.Duration {
+	if w.follow {
+		if t := w.cfg.Total(); t > 0 && t != w.limit {
+			w.cfg.Logger.Info("oomwatch: the sandbox's memory changed", "limit", t, "was", w.limit)
+			w.setLimit(t)
+		}
+	}
 	// The cheap figure first: the sandbox's whole memory in use bounds
 	// what its processes hold, so far below the threshold there is
 	// nothing to look for.
@@ -226,6 +263,16 @@ func sysinfoUsed() (int64, error) {
 	}
 	unit := max(int64(si.Unit), 1)
 	return (int64(si.Totalram) - int64(si.Freeram)) * unit, nil
+}
+
+// sysinfoTotal is the sandbox's total memory as sysinfo(2) reports it
+// (gVisor: its memory limit, the restored one after a restore).
+func sysinfoTotal() int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int64(si.Totalram) * max(int64(si.Unit), 1)
 }
 
 // dying reports whether pid is the process killed last and it may still

@@ -77,9 +77,9 @@ func TestFarBelowTheLimitReadsOnlyTheGlobalFigure(t *testing.T) {
 		}
 	}
 	if w.scans != 0 {
-		t.Fatalf("%d polls walked /proc while the sandbox used %d of %d bytes", w.scans, used, w.cfg.Limit)
+		t.Fatalf("%d polls walked /proc while the sandbox used %d of %d bytes", w.scans, used, w.Limit())
 	}
-	used = int64(float64(w.cfg.Limit)*0.70) + 1
+	used = int64(float64(w.Limit())*0.70) + 1
 	w.Check()
 	if w.scans != 1 {
 		t.Fatalf("polls walking /proc above 70%%: %d, want 1", w.scans)
@@ -157,5 +157,38 @@ func TestIdleIntervalUntilAlerted(t *testing.T) {
 	used = 600 << 20
 	if d := w.Check(); d > time.Second {
 		t.Fatalf("memory above the idle share: next poll in %v, want the headroom's", d)
+	}
+}
+
+// TestLimitFollowsTheSandbox: a sandbox restored with more memory than
+// its snapshot had is watched against its new limit: a process that was
+// over the old threshold but is under the new one lives (it was killed
+// at 1.2 GB in a 2 GB sandbox restored from a 1 GB template), and the
+// thresholds follow the limit down again.
+func TestLimitFollowsTheSandbox(t *testing.T) {
+	page := int64(os.Getpagesize())
+	total := int64(1 << 30)
+	proc := fakeProc(t, total>>10, map[int]int64{1: 20 << 20 / page, 7: 1200 << 20 / page})
+	used := func() (int64, error) { return 1230 << 20, nil }
+	var killed []int
+	w := New(Config{Proc: proc, Used: used, Total: func() int64 { return total },
+		Kill: func(pid int) error { killed = append(killed, pid); return nil }})
+	total = 2 << 30 // restored into a 2 GiB sandbox
+	w.Check()
+	if want := int64(float64(total) * 0.85); len(killed) != 0 || w.Limit() != 2<<30 || w.Threshold() != want {
+		t.Fatalf("killed %v; limit %d, threshold %d: want the 2 GiB limit", killed, w.Limit(), w.Threshold())
+	}
+	total = 1 << 30 // and back to 1 GiB
+	w.Check()
+	if len(killed) != 1 || killed[0] != 7 {
+		t.Fatalf("killed %v at a 1 GiB limit, want [7]", killed)
+	}
+	// A fixed Limit is not followed.
+	killed = nil
+	w = New(Config{Proc: proc, Used: used, Limit: 1 << 30, Total: func() int64 { return 4 << 30 },
+		Kill: func(pid int) error { killed = append(killed, pid); return nil }})
+	w.Check()
+	if len(killed) != 1 {
+		t.Fatalf("a fixed 1 GiB limit: killed %v", killed)
 	}
 }
