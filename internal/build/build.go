@@ -27,6 +27,10 @@ type Platform interface {
 	// Resolve returns the ID of the snapshot ref (a template, snapshot
 	// ID or name) is at now: errdefs.ErrNotFound when none.
 	Resolve(ctx context.Context, ref string) (string, error)
+	// Cached is Resolve for the names the build service makes itself
+	// (cache entries, CachePrefix): they are always store rows, so a miss
+	// asks no node.
+	Cached(ctx context.Context, name string) (string, error)
 	// Start starts a sandbox from ref, of size (zeros: the defaults).
 	Start(ctx context.Context, ref string, size Size) (Sandbox, error)
 	// Snapshot takes a live snapshot of sandbox id under name and
@@ -163,7 +167,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	// The longest cached prefix before any forced step.
 	from, done := base, 0
 	for i := min(firstForced-1, len(keys)-1); i >= 1; i-- {
-		if _, err := b.P.Resolve(ctx, CachePrefix+keys[i]); err == nil {
+		if _, err := b.P.Cached(ctx, CachePrefix+keys[i]); err == nil {
 			from, done = CachePrefix+keys[i], i
 			break
 		} else if !errdefs.IsNotFound(err) {
@@ -209,7 +213,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	if err != nil {
 		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("snapshot the template: %w", err)}
 	}
-	final, err := b.P.Resolve(ctx, CachePrefix+keys[len(keys)-1])
+	final, err := b.P.Cached(ctx, CachePrefix+keys[len(keys)-1])
 	if err != nil {
 		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("the build's cache entry: %w", err)}
 	}

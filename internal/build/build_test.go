@@ -29,6 +29,8 @@ type fakePlatform struct {
 	sizes     []Size // of the sandboxes started
 	files     map[string]string
 	templates map[string]string
+
+	resolvedCache int // cache entries looked up through Resolve (should be none)
 }
 
 func newFake() *fakePlatform {
@@ -51,10 +53,27 @@ func (f *fakePlatform) ImageBase(_ context.Context, ref string, _ *Registry, for
 func (f *fakePlatform) Resolve(_ context.Context, ref string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if strings.HasPrefix(ref, CachePrefix) {
+		// Cache entries are the build's own rows: a lookup through
+		// Resolve would ask every node on each miss.
+		f.resolvedCache++
+	}
 	if id, ok := f.ids[ref]; ok {
 		return id, nil
 	}
 	return "", errdefs.NotFoundf("%s", ref)
+}
+
+func (f *fakePlatform) Cached(_ context.Context, name string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !strings.HasPrefix(name, CachePrefix) {
+		return "", errdefs.Invalidf("Cached(%q): not a cache entry", name)
+	}
+	if id, ok := f.ids[name]; ok {
+		return id, nil
+	}
+	return "", errdefs.NotFoundf("%s", name)
 }
 
 func (f *fakePlatform) Start(_ context.Context, ref string, size Size) (Sandbox, error) {
@@ -266,6 +285,9 @@ func TestRebuildIsACacheHit(t *testing.T) {
 	}
 	if p.images != 1 {
 		t.Fatalf("image base made %d times", p.images)
+	}
+	if p.resolvedCache != 0 {
+		t.Fatalf("%d cache lookups went through Resolve (which asks every node on a miss), not Cached", p.resolvedCache)
 	}
 	want := []string{"image reg/app:1", "run  echo one", "init [A=1:/bin]  ", "run root echo three", "start server", "run  check"}
 	if got := p.snaps["app"]; !slices.Equal(got, want) {

@@ -42,7 +42,7 @@ func ImageName(ref string, reg *Registry) string {
 func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error) {
 	name := ImageName(ref, reg)
 	if !force {
-		if _, err := p.C.Resolve(ctx, name); err == nil {
+		if _, err := p.C.ResolveStored(ctx, name); err == nil { // BuildImage stored its row
 			return name, nil
 		} else if !errdefs.IsNotFound(err) {
 			return "", err
@@ -60,6 +60,10 @@ func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, forc
 
 func (p *Control) Resolve(ctx context.Context, ref string) (string, error) {
 	return p.C.Resolve(ctx, ref)
+}
+
+func (p *Control) Cached(ctx context.Context, name string) (string, error) {
+	return p.C.ResolveStored(ctx, name)
 }
 
 func (p *Control) Start(ctx context.Context, ref string, size Size) (Sandbox, error) {

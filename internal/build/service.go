@@ -2,7 +2,6 @@ package build
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -105,13 +106,7 @@ func checkTags(tags []string) error {
 }
 
 // newBuildID is a random UUID (E2B's build IDs are UUIDs).
-func newBuildID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
-}
+func newBuildID() string { return uuid.NewString() }
 
 // Request records a build of nameTag ("name" or "name:tag") waiting for
 // its spec (E2B's POST /v3/templates). With no tag at all it will get

@@ -50,7 +50,7 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 // Resolve returns the ID of the snapshot ref names now: a snapshot by ID
 // or name, or a template by name (errdefs.ErrNotFound: none).
 func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
-	r, err := s.st.ResolveRef(ctx, ref)
+	id, err := s.ResolveStored(ctx, ref)
 	if errdefs.IsNotFound(err) {
 		// A template every node builds (base) has no row: the first
 		// node's (in ID order) stands for it.
@@ -65,6 +65,14 @@ func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
 		}
 		return "", err
 	}
+	return id, err
+}
+
+// ResolveStored is Resolve from the store's rows alone: no node is asked,
+// so a miss costs one read. For names only a store row can carry (the
+// snapshots and templates Spore made through the control plane).
+func (s *Service) ResolveStored(ctx context.Context, ref string) (string, error) {
+	r, err := s.st.ResolveRef(ctx, ref)
 	if err != nil {
 		return "", err
 	}
