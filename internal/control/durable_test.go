@@ -562,3 +562,79 @@ func TestUploadOfADeletedSnapshotIsNothing(t *testing.T) {
 		t.Fatalf("row after the upload: %v", err)
 	}
 }
+
+// reconcilingNode runs hook after each Adopt it passes on succeeds: a
+// periodic reconcile of the node landing between the adoption and the
+// row's move to it.
+type reconcilingNode struct {
+	nodeapi.Node
+	hook func()
+}
+
+func (n reconcilingNode) Adopt(ctx context.Context, req nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
+	sb, err := n.Node.Adopt(ctx, req)
+	if err == nil && n.hook != nil {
+		n.hook()
+	}
+	return sb, err
+}
+
+// A reconcile of the node a hibernated sandbox is moving to, run after
+// that node adopted it but before the row names it, leaves the adopted
+// copy alone (the row still names the old node, with the same
+// hibernation): the connect that moved it resumes it there. Before, the
+// reconcile killed the copy as one "that moved to another node" and the
+// connect failed.
+func TestReconcileDuringAMoveKeepsTheAdoptedCopy(t *testing.T) {
+	controltest.Each(t, testReconcileDuringAMoveKeepsTheAdoptedCopy)
+}
+
+func testReconcileDuringAMoveKeepsTheAdoptedCopy(t *testing.T, c controltest.Config) {
+	var f *durableFleet
+	reconciled := 0
+	wrapNode = func(id string, n nodeapi.Node) nodeapi.Node {
+		if id != "nb" {
+			return n
+		}
+		return reconcilingNode{Node: n, hook: func() {
+			if err := f.ctl.ReconcileNode(ctxFor(t), "nb"); err != nil {
+				t.Errorf("reconcile nb mid-move: %v", err)
+			}
+			reconciled++
+		}}
+	}
+	f = newDurableFleet(t, c)
+	wrapNode = nil
+	ctx := ctxFor(t)
+	sb := f.onNode("na")
+	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !f.row(sb.ID).HibernationDurable {
+		if time.Now().After(deadline) {
+			t.Fatal("hibernation never durable")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	if err := f.ctl.CheckNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
+	if err != nil {
+		t.Fatalf("connect (moves the sandbox to nb): %v", err)
+	}
+	if reconciled != 1 {
+		t.Fatalf("nb reconciled %d times mid-move, want 1", reconciled)
+	}
+	if !resumed || got.NodeID != "nb" || got.State != store.StateRunning {
+		t.Fatalf("after connect: resumed %v, %+v", resumed, got.Sandbox)
+	}
+	if es, err := f.b.Engine.Get(ctx, sb.ID); err != nil || es.State != "running" {
+		t.Fatalf("on nb: %+v %v", es, err)
+	}
+}

@@ -403,6 +403,16 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 			if now.NodeID == nodeID || now.NodeID == "" {
 				continue // its row was written after the rows were read: a create's
 			}
+			if ns := onNode[id]; ns.State == nodeapi.StateHibernated && now.State == store.StateHibernated &&
+				ns.Hibernation != "" && ns.Hibernation == now.Hibernation {
+				// Adopted here from its row's node, which cannot take it
+				// back (resumeElsewhere), before the row was moved: the
+				// move is under way. Killing it would lose the connect that
+				// is about to resume it here. A move that fails kills this
+				// copy itself; one whose row never moves leaves it, as
+				// disk only, until the row's hibernation changes.
+				continue
+			}
 			// Its row names another node: it was taken over there (it
 			// resumed elsewhere while this node was away); this copy goes.
 			s.log.Warn("reconcile: killing a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID, "now_on", now.NodeID)

@@ -32,6 +32,11 @@ func (s *Service) LookupVia(id string) (via string, addr netip.Addr, running, fo
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rec, err := s.st.GetSandbox(ctx, id)
+	if err != nil && !errdefs.IsNotFound(err) {
+		// The proxy answers as for a sandbox it cannot find (502, which
+		// the SDKs read as "not running"): the log keeps why.
+		s.log.Warn("proxy: read the sandbox's row", "sandbox_id", id, "err", err)
+	}
 	if err != nil || (rec.State != store.StateRunning && rec.State != store.StatePaused) {
 		// Being created, hibernated (no instance) or dead: nothing to reach.
 		if errdefs.IsNotFound(err) {

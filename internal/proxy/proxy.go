@@ -134,7 +134,7 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 			}
 			t := r.Context().Value(ctxKey{}).(target)
 			if errors.Is(err, syscall.ECONNREFUSED) {
-				writeError(w, http.StatusBadGateway, fmt.Sprintf("nothing listens on port %d in the sandbox", t.port))
+				p.refuse(w, t.id, t.port, fmt.Sprintf("nothing listens on port %d in the sandbox", t.port))
 				return
 			}
 			// The error names the sandbox's internal address: log it under
@@ -206,6 +206,14 @@ func newErrorID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// refuse answers 502 for a sandbox the proxy cannot reach, and logs it:
+// clients (the stock SDKs) report any 502 as "sandbox not running", so
+// the log is where the reason is kept.
+func (p *Proxy) refuse(w http.ResponseWriter, id string, port int, msg string) {
+	p.log.Info("proxy: refused", "sandbox_id", id, "port", port, "status", http.StatusBadGateway, "reason", msg)
+	writeError(w, http.StatusBadGateway, msg)
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -356,10 +364,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case !found:
-		writeError(w, http.StatusBadGateway, "sandbox "+id+" not found")
+		p.refuse(w, id, port, "sandbox "+id+" not found")
 		return
 	case !running:
-		writeError(w, http.StatusBadGateway, "sandbox "+id+" is paused: connect to it to resume it")
+		p.refuse(w, id, port, "sandbox "+id+" is paused: connect to it to resume it")
 		return
 	}
 	if !p.portOpen(r, id, port) {

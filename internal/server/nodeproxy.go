@@ -81,6 +81,9 @@ func (r *nodeResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{
 	defer cancel()
 	sb, err := r.n.Get(ctx, id)
 	if err != nil {
+		if !errdefs.IsNotFound(err) {
+			r.log.Warn("node proxy: look up the sandbox", "sandbox_id", id, "err", err)
+		}
 		return netip.Addr{}, false, false, nil
 	}
 	a, err := netip.ParseAddr(sb.Addr)

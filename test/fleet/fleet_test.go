@@ -214,8 +214,8 @@ func (h *harness) dumpLogs() {
 	logs, _ := filepath.Glob(filepath.Join(h.dir, "logs", "*.log"))
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)
-		if len(b) > 6000 {
-			b = b[len(b)-6000:]
+		if len(b) > 12000 {
+			b = b[len(b)-12000:]
 		}
 		h.t.Logf("--- %s (tail)\n%s", filepath.Base(l), b)
 	}
