@@ -267,3 +267,52 @@ func BenchmarkEgressProxyHTTPS(b *testing.B) {
 	quantiles(b, direct, "direct")
 	quantiles(b, proxied, "proxied")
 }
+
+// A 100 MB HTTPS download through the egress proxy (a domain rule in
+// force) beside the same with CIDR rules only (no proxy): MB/s at p50
+// over b.N downloads each, by curl in the sandbox.
+func BenchmarkEgressProxyThroughput(b *testing.B) {
+	const size = 100 << 20
+	cert := selfSigned(b)
+	h := testenv.NewTestHost(b, "spyt-thru", allowedIP, netip.MustParseAddr("198.19.41.1"), false)
+	chunk := make([]byte, 1<<20)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		for range size / len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	go srv.ServeTLS(h.Listen(b, "tcp4", allowedIP.String()+":443"), "", "")
+	dns := dnstest.Serve(h.ListenPacket(b, "udp4", allowedIP.String()+":53"), nil, map[string]netip.Addr{"allowed.test": allowedIP})
+	b.Cleanup(func() { srv.Close(); dns.Close() })
+	e := newEnvTuned(b, func(c *node.Config) {
+		c.NetPrefix = "spy"
+		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	c := e.client(sb)
+	run := func(p netns.Policy) float64 {
+		if err := e.n.Engine.SetPolicy(ctx, sb.ID, p); err != nil {
+			b.Fatal(err)
+		}
+		out := c.sh(ctx, fmt.Sprintf(`for i in $(seq %d); do curl -sk -o /dev/null -w '%%{size_download} %%{speed_download}\n' https://allowed.test/; done`, b.N))
+		var speeds []float64
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var n, bps float64
+			if _, err := fmt.Sscan(line, &n, &bps); err != nil || n != size {
+				b.Fatalf("curl: %q (want %d bytes)", line, size)
+			}
+			speeds = append(speeds, bps/(1<<20))
+		}
+		slices.Sort(speeds)
+		return speeds[len(speeds)/2]
+	}
+	direct := run(netns.Policy{Internet: true})
+	proxied := run(netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, AllowDomains: []string{"allowed.test"}})
+	b.ReportMetric(direct, "MB/s-direct")
+	b.ReportMetric(proxied, "MB/s-proxied")
+}
