@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi/local"
@@ -41,6 +43,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")
 	f.Int64Var(&cacheMiB, "chunk-cache-size", 0, "MiB of snapshot chunks the node keeps in <data-dir>/chunk-cache for restores and peers (0: 10240)")
 	f.StringArrayVar(&cfg.InsecureRegistries, "insecure-registry", nil, "registry (host or host:port) this node pulls images from over plain HTTP, repeatable; every other registry only over HTTPS")
+	f.DurationVar(&cfg.EgressRetention, "egress-retention", netaudit.DefaultRetention, "how long a sandbox's egress audit (every outbound connection attempt; `spore logs --egress`) is kept on its node after its last entry")
 	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
 	return func() error {
 		if reserveMiB < -1 {
@@ -74,6 +77,9 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 		cfg.DNSPort = uint16(dnsPort)
 		if _, err := node.ParseInsecureRegistries(cfg.InsecureRegistries); err != nil {
 			return fmt.Errorf("--insecure-registry: %w", err)
+		}
+		if cfg.EgressRetention < time.Minute {
+			return fmt.Errorf("--egress-retention must be at least 1m, got %v", cfg.EgressRetention)
 		}
 		if cacheMiB < 0 {
 			return fmt.Errorf("--chunk-cache-size must be a size in MiB, got %d", cacheMiB)

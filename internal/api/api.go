@@ -160,6 +160,7 @@ func (s *Server) table() []route {
 		{"POST /sandboxes/{sandboxID}/timeout", s.timeout, false},
 		{"PUT /sandboxes/{sandboxID}/network", s.network, false},
 		{"GET /sandboxes/{sandboxID}/metrics", s.metrics, false},
+		{"GET /sandboxes/{sandboxID}/egress", s.egressAudit, false},
 		{"POST /sandboxes/{sandboxID}/snapshots", s.snapshot, false},
 		{"POST /sandboxes/{sandboxID}/fork", s.fork, false},
 		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, false},

@@ -472,3 +472,23 @@ func (c *Client) ExportLayout(ctx context.Context, id string, sandbox bool) (bod
 	}
 	return resp.Body, resp.ContentLength, resp.Header.Get(api.ExportDigestHeader), nil
 }
+
+// EgressAudit returns a sandbox's outbound connection attempts (GET
+// /sandboxes/{id}/egress); since is an RFC 3339 time or a duration back
+// from now ("" for all), limit 0 for the server's maximum.
+func (c *Client) EgressAudit(ctx context.Context, id, since string, limit int) (api.EgressAudit, error) {
+	q := url.Values{}
+	if since != "" {
+		q.Set("since", since)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	path := "/sandboxes/" + url.PathEscape(id) + "/egress"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out api.EgressAudit
+	_, err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}

@@ -31,7 +31,10 @@ type Config struct {
 	// PeekTimeout bounds the wait for a client's first bytes (default
 	// 10 s): a client that sends nothing is judged without a name.
 	PeekTimeout time.Duration
-	Logger      *slog.Logger
+	// Audit, when set, gets each connection's record once it is final
+	// (refused, failed, or ended with its bytes), with the instance.
+	Audit  func(instance string, r Record)
+	Logger *slog.Logger
 }
 
 // Proxy serves the listeners of every sandbox with domain rules.
@@ -50,12 +53,13 @@ type cached struct {
 
 // sandbox is one instance's listener, rules, connections and log.
 type sandbox struct {
-	l     net.Listener
-	rules atomic.Pointer[Rules]
-	log   *ring
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	done  bool
+	instance string
+	l        net.Listener
+	rules    atomic.Pointer[Rules]
+	log      *ring
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	done     bool
 }
 
 // New returns a proxy serving nothing yet.
@@ -78,7 +82,7 @@ func New(cfg Config) *Proxy {
 // serves it with rules until Stop; an earlier listener of the instance is
 // closed. The instance's log is kept across.
 func (p *Proxy) Serve(instance string, l net.Listener, r Rules) {
-	sb := &sandbox{l: l, conns: map[net.Conn]struct{}{}}
+	sb := &sandbox{instance: instance, l: l, conns: map[net.Conn]struct{}{}}
 	sb.rules.Store(&r)
 	p.mu.Lock()
 	old := p.sbs[instance]
@@ -228,6 +232,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	rec := Record{At: time.Now().UTC(), Dst: dst, Domain: name, Allowed: d.Allow, Reason: d.Reason, Rule: d.Rule}
 	if !d.Allow {
 		sb.log.add(rec)
+		p.audit(sb, rec)
 		reset(c)
 		return
 	}
@@ -241,6 +246,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		case err != nil || len(addrs) == 0:
 			rec.Allowed, rec.Reason = false, "resolve"
 			sb.log.add(rec)
+			p.audit(sb, rec)
 			reset(c)
 			return
 		case !slices.Contains(addrs, dst.Addr()):
@@ -255,6 +261,8 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	u, err := net.DialTimeout("tcp4", up.String(), 10*time.Second)
 	if err != nil {
 		sb.log.update(seq, func(r *Record) { r.Allowed, r.Reason = false, "dial" })
+		rec.Allowed, rec.Reason = false, "dial"
+		p.audit(sb, rec)
 		reset(c)
 		return
 	}
@@ -273,6 +281,14 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	out.Add(int64(len(head)))
 	relay(c, u.(*net.TCPConn), &out, &in)
 	sb.log.update(seq, func(r *Record) { r.BytesOut, r.BytesIn = out.Load(), in.Load() })
+	rec.BytesOut, rec.BytesIn = out.Load(), in.Load()
+	p.audit(sb, rec)
+}
+
+func (p *Proxy) audit(sb *sandbox, r Record) {
+	if p.cfg.Audit != nil {
+		p.cfg.Audit(sb.instance, r)
+	}
 }
 
 // peek reads the client's first bytes until the name it asks for is

@@ -37,6 +37,7 @@ import (
 
 	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/netaudit"
 )
 
 // Inside addresses, identical in every sandbox.
@@ -102,7 +103,18 @@ type Config struct {
 	// connections to ports 80 and 443 there while its policy has domain
 	// entries. Nil: domain entries are refused.
 	Egress EgressProxy
+	// Audit, when set, is told of every gateway namespace (a descriptor of
+	// it, valid during the call) before its rules are written, and stopped
+	// before it goes: the egress audit's collector (netaudit).
+	Audit  Auditor
 	Logger *slog.Logger
+}
+
+// Auditor collects a gateway's connection attempts (see Config.Audit).
+type Auditor interface {
+	// Start begins collecting; stop(final) ends it, final when the
+	// gateway is about to go (false: the manager closes, the sandbox runs on).
+	Start(instance string, gwFD int) (stop func(final bool), err error)
 }
 
 // Manager creates and removes instance networks.
@@ -117,6 +129,9 @@ type Manager struct {
 	// lock: a DNS query never waits on a slot allocation's file I/O.
 	idxMu  sync.RWMutex
 	byAddr map[netip.Addr]Policy
+
+	auditMu sync.Mutex
+	audits  map[string]func(final bool) // running collectors' stops, by instance
 }
 
 // sandboxSpace holds every host end and gateway address.
@@ -138,7 +153,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, base: sandboxSpace.Addr(), byAddr: map[netip.Addr]Policy{}}
+	m := &Manager{cfg: cfg, base: sandboxSpace.Addr(), byAddr: map[netip.Addr]Policy{}, audits: map[string]func(final bool){}}
 	for _, p := range cfg.Floor {
 		if !p.IsValid() {
 			return nil, errdefs.Invalidf("egress floor entry %v is not a CIDR", p)
@@ -405,10 +420,61 @@ func (m *Manager) build(n Net) error {
 	}); err != nil {
 		return fmt.Errorf("gateway forwarding: %w", err)
 	}
+	if err := m.startAudit(gw, n.Instance); err != nil {
+		// The sandbox runs without its audit rather than not at all;
+		// the node says so loudly.
+		m.cfg.Logger.Error("egress audit: not collecting for this sandbox", "instance", n.Instance, "err", err)
+	}
 	if err := m.gatewayRules(gw, n); err != nil {
 		return fmt.Errorf("gateway rules: %w", err)
 	}
 	return m.serveEgress(gw, n)
+}
+
+// startAudit switches on connection accounting in a gateway and starts
+// its collector (once per instance).
+func (m *Manager) startAudit(gw netns.NsHandle, instance string) error {
+	if m.cfg.Audit == nil {
+		return nil
+	}
+	m.auditMu.Lock()
+	defer m.auditMu.Unlock()
+	if _, ok := m.audits[instance]; ok {
+		return nil
+	}
+	if err := inNS(gw, netaudit.PrepareNamespace); err != nil {
+		return fmt.Errorf("connection tracking: %w", err)
+	}
+	stop, err := m.cfg.Audit.Start(instance, int(gw))
+	if err != nil {
+		return err
+	}
+	m.audits[instance] = stop
+	return nil
+}
+
+// stopAudit stops an instance's collector (it writes the connections
+// still open), if it runs.
+func (m *Manager) stopAudit(instance string) {
+	m.auditMu.Lock()
+	stop, ok := m.audits[instance]
+	delete(m.audits, instance)
+	m.auditMu.Unlock()
+	if ok {
+		stop(true)
+	}
+}
+
+// Close stops the collectors of the gateways left running (they write
+// nothing more: a manager opened next takes them over).
+func (m *Manager) Close() {
+	m.auditMu.Lock()
+	audits := m.audits
+	m.audits = map[string]func(final bool){}
+	m.auditMu.Unlock()
+	for _, stop := range audits {
+		stop(false)
+	}
 }
 
 // serveEgress opens the egress proxy's listener in a gateway namespace
@@ -485,6 +551,7 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	if m.cfg.Egress != nil {
 		m.cfg.Egress.Stop(instance)
 	}
+	m.stopAudit(instance)
 	n, err := m.Get(instance)
 	if err == nil {
 		defer m.unindex(n.Addr)

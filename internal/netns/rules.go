@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/spore-run/spore/internal/egress"
+	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
 	"os"
@@ -157,6 +158,7 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 		}
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
+	auditChains(c, t)
 	egressRules(c, t, egress, m.floor, n.Policy)
 	return c.Flush()
 }
@@ -168,9 +170,16 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 // that address only). The floor is rewritten with the policy, so a policy
 // change also brings an older gateway up to the manager's floor. IPv6
 // entries get no rule: sandboxes have no IPv6 route.
+//
+// Every drop goes through an audit chain (auditChains) that logs the
+// connection attempt to the egress audit's NFLOG group, naming the rule
+// kind (netaudit), then drops it.
 func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
+	drop := func(chain string, match ...any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(append(append([]any{}, match...), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain})...)})
+	}
 	for _, f := range floor {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
+		drop(auditFloor, nftexpr.InPrefix(offDst, f, expr.CmpOpEq))
 	}
 	for _, a := range p.Allow {
 		if a.Addr().Is4() {
@@ -179,14 +188,47 @@ func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor 
 	}
 	for _, d := range p.Deny {
 		if d.Addr().Is4() {
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, d, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
+			drop(auditDeny, nftexpr.InPrefix(offDst, d, expr.CmpOpEq))
 		}
 	}
 	if !p.Internet {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictDrop))})
+		drop(auditOff)
 		return
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictAccept))})
+}
+
+// The audit chains the egress chain's drops go to, and the rule kind each
+// logs (netaudit.Entry.Rule).
+const (
+	auditFloor = "audit_floor"
+	auditDeny  = "audit_deny"
+	auditOff   = "audit_off"
+)
+
+var auditRules = map[string]string{auditFloor: "floor", auditDeny: "deny", auditOff: "internet off"}
+
+// auditRate bounds the attempts a sandbox's gateway logs a second per
+// kind (a burst of twice that passes): a sandbox hammering a denied
+// address cannot flood the node's journal. Attempts over it are dropped
+// unlogged.
+const auditRate = 100
+
+// auditChains (re)writes the audit chains: each logs a new connection's
+// first packet (rate-limited) to the egress audit's NFLOG group with the
+// rule kind as prefix, and drops everything. One chain per kind, not a
+// log rule per entry: 256 deny entries with a log rule each overflow one
+// netlink batch.
+func auditChains(c *nftables.Conn, t *nftables.Table) {
+	for name, rule := range auditRules {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: t})
+		c.FlushChain(ch)
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.CtNew(),
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: auditRate, Unit: expr.LimitTimeSecond, Burst: 2 * auditRate},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN,
+				Group: netaudit.Group, Snaplen: netaudit.SnapLen, Data: []byte(netaudit.PrefixMark + rule)})})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.Verdict(expr.VerdictDrop))})
+	}
 }
 
 // redirectRules fills the egressnat chain: while a policy has domain
@@ -253,6 +295,9 @@ func (m *Manager) writeEgress(instance string, p Policy) error {
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "spore"}
 	ch := &nftables.Chain{Name: "egress", Table: t}
 	c.FlushChain(ch)
+	// A gateway built before the egress audit has no audit chains: made
+	// here, so its drops are journaled from now on.
+	auditChains(c, t)
 	egressRules(c, t, ch, m.floor, p)
 	// A gateway built before the egress proxy has no egressnat chain (and
 	// no jump to it): adding it is harmless there, and its domain rules
@@ -284,6 +329,9 @@ func (m *Manager) refreshEgress() {
 			m.cfg.Logger.Warn("egress floor not applied to a running sandbox", "instance", id, "err", err)
 		}
 		if gw, err := netns.GetFromName(m.gwName(id)); err == nil {
+			if err := m.startAudit(gw, id); err != nil {
+				m.cfg.Logger.Warn("egress audit not collecting for a running sandbox", "instance", id, "err", err)
+			}
 			if err := m.serveEgress(gw, n); err != nil {
 				m.cfg.Logger.Warn("egress proxy not serving a running sandbox", "instance", id, "err", err)
 			}

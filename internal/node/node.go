@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/chunk"
@@ -25,6 +26,7 @@ import (
 	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envdclient"
+	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime"
@@ -79,7 +81,11 @@ type Config struct {
 	// node pulls images from over plain HTTP; every other registry only
 	// over HTTPS (see BuildImage).
 	InsecureRegistries []string
-	Logger             *slog.Logger
+	// EgressRetention is how long a sandbox's egress audit journal
+	// (<DataDir>/egress-audit) is kept after its last entry (0:
+	// netaudit.DefaultRetention).
+	EgressRetention time.Duration
+	Logger          *slog.Logger
 }
 
 // DefaultChunkCacheBytes bounds a node's chunk cache by default.
@@ -95,7 +101,11 @@ type Node struct {
 	Net     *netns.Manager
 	Envd    *envdclient.Client
 	// Sync moves snapshots to and from the blob store (nil without one).
-	Sync        *snapsync.Syncer
+	Sync *snapsync.Syncer
+	// Audit is the egress audit journal: every outbound connection
+	// attempt of the node's sandboxes.
+	Audit       *netaudit.Journal
+	stopSweep   chan struct{}
 	rootfsDir   string
 	CPUFeatures []string
 	envdDir     string
@@ -159,9 +169,15 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	// The egress proxy resolves allowed names through the same upstreams
 	// as the sandboxes' forwarder, from the root namespace.
-	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger})
+	journal, err := netaudit.OpenJournal(filepath.Join(dataDir, "egress-audit"), cfg.EgressRetention)
+	if err != nil {
+		sockets.Close()
+		return nil, err
+	}
+	aud := &auditor{j: journal, log: cfg.Logger}
+	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger, Audit: aud.proxied})
 	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger,
-		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy})
+		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy, Audit: aud})
 	if err != nil {
 		proxy.Close()
 		sockets.Close()
@@ -190,8 +206,10 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		proxy.Close()
 		return nil, err
 	}
-	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
+	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, Audit: journal, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
 		rootfsDir: cfg.RootFSDir, insecure: insecure, blobs: cfg.Blobs}
+	n.stopSweep = make(chan struct{})
+	go n.sweepAudit(n.stopSweep)
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
 			n.Close()
@@ -256,7 +274,11 @@ func HostCPUFeatures() []string {
 // (another program may take it). Sandboxes left running keep it (the
 // node re-attaches them at its next start).
 func (n *Node) Close() error {
+	if n.stopSweep != nil {
+		close(n.stopSweep)
+	}
 	err := errors.Join(n.Engine.Close(), n.dns.Close(), n.egress.Close())
+	n.Net.Close()
 	if nets, lerr := n.Net.List(); lerr == nil && len(nets) == 0 {
 		err = errors.Join(err, n.Net.RemoveHostRules())
 	}

@@ -82,7 +82,7 @@ func TestForkContinuesProcessesAndKernels(t *testing.T) {
 	c := e.client(src)
 	tag := "ticker"
 	st, err := c.proc.Start(ctx, connect.NewRequest(&processpb.StartRequest{
-		Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/ticks; sleep 0.05; done"}},
+		Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/ticks.new; mv /tmp/ticks.new /tmp/ticks; sleep 0.05; done"}},
 		Tag:     &tag,
 	}))
 	if err != nil {
@@ -110,7 +110,10 @@ func TestForkContinuesProcessesAndKernels(t *testing.T) {
 		kids = append(kids, e.client(ch.Sandbox))
 	}
 	for _, k := range kids {
-		// The ticker is listed under its tag and keeps counting.
+		// The ticker is listed under its tag and keeps counting. (It
+		// renames each count into place: a reader of a file being
+		// rewritten in place could read it empty, as a CI run once did,
+		// "ticker 0 then 8".)
 		list, err := k.proc.List(ctx, connect.NewRequest(&processpb.ListRequest{}))
 		if err != nil {
 			t.Fatal(err)

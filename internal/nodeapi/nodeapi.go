@@ -158,6 +158,14 @@ type Node interface {
 	// HTTP not in the insecure list, refused credentials),
 	// ErrUnavailable (registry unreachable).
 	Export(ctx context.Context, req ExportRequest) (ExportInfo, error)
+	// EgressAudit returns sandbox id's outbound connection attempts this
+	// node recorded at or after since, oldest first, at most limit (<= 0:
+	// the node's maximum; the newest when there are more), whether the
+	// sandbox still exists or not: a node keeps them for its retention
+	// after their last entry. Errors: ErrInvalidArgument (malformed ID),
+	// ErrNotFound (nothing recorded here), ErrConflict (a node that does
+	// not audit egress).
+	EgressAudit(ctx context.Context, id string, since time.Time, limit int) ([]EgressEntry, error)
 }
 
 // ExportRequest asks for a sandbox's filesystem as an OCI image.
@@ -189,6 +197,21 @@ type ExportInfo struct {
 	Deleted   int64 // whiteouts in it
 	// LayoutBytes is the size of the layout's tar (BlobKey only).
 	LayoutBytes int64
+}
+
+// EgressEntry is one outbound connection attempt of a sandbox.
+type EgressEntry struct {
+	At       time.Time  // the attempt, or the connection's start
+	End      *time.Time // when an allowed connection ended (nil: open, or denied)
+	Proto    string     // tcp, udp, icmp, ...
+	Dst      string     // address:port (the address alone without ports)
+	Domain   string     // the TLS SNI or HTTP Host, when the egress proxy saw one
+	Allowed  bool
+	Rule     string // what decided a denial ("floor", "deny", "internet off") or, through the egress proxy, the rule that decided
+	Reason   string
+	BytesOut int64 // sandbox -> destination
+	BytesIn  int64 // destination -> sandbox
+	Open     bool  // still open when read
 }
 
 // ImageBuildRequest asks for a template built from an OCI image.

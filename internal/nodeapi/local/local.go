@@ -24,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -64,6 +65,13 @@ type ImageBuilder interface {
 // exports too (a *node.Node does).
 type Exporter interface {
 	Export(ctx context.Context, spec node.ExportSpec) (node.ExportResult, error)
+}
+
+// EgressAuditor reads a node's egress audit journal
+// (node.Node.EgressAudit). The node's Images, when it implements it,
+// answers EgressAudit (a *node.Node does).
+type EgressAuditor interface {
+	EgressAudit(ctx context.Context, sandboxID string, since time.Time, limit int) ([]netaudit.Entry, error)
 }
 
 // Node is a nodeapi.Node over an engine in this process.
@@ -599,4 +607,25 @@ func (n *Node) Export(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.E
 	}
 	return nodeapi.ExportInfo{Ref: res.Ref, Digest: res.Digest, Layers: res.Layers, Bytes: res.Bytes, DiffBytes: res.DiffBytes,
 		Changed: int64(res.Changed), Deleted: int64(res.Deleted), LayoutBytes: res.LayoutBytes}, nil
+}
+
+// EgressAudit returns a sandbox's recorded outbound connection attempts.
+func (n *Node) EgressAudit(ctx context.Context, id string, since time.Time, limit int) ([]nodeapi.EgressEntry, error) {
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	a, ok := n.cfg.Images.(EgressAuditor)
+	if !ok {
+		return nil, errdefs.Conflictf("node %s does not audit egress", n.cfg.ID)
+	}
+	es, err := a.EgressAudit(ctx, id, since, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nodeapi.EgressEntry, len(es))
+	for i, e := range es {
+		out[i] = nodeapi.EgressEntry{At: e.At, End: e.End, Proto: e.Proto, Dst: e.Dst, Domain: e.Domain, Allowed: e.Allowed,
+			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn, Open: e.Open}
+	}
+	return out, nil
 }

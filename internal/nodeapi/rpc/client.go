@@ -371,3 +371,25 @@ func (c *Client) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
 	}()
 	return ch, nil
 }
+
+// EgressAudit reads a sandbox's recorded outbound connection attempts.
+func (c *Client) EgressAudit(ctx context.Context, id string, since time.Time, limit int) ([]nodeapi.EgressEntry, error) {
+	req := &nodev1.EgressAuditRequest{SandboxId: id, Limit: int32(max(0, min(limit, 1<<30)))}
+	if !since.IsZero() {
+		req.Since = ts(since)
+	}
+	res, err := call(ctx, c.c.EgressAudit, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nodeapi.EgressEntry, len(res.GetEntries()))
+	for i, e := range res.GetEntries() {
+		out[i] = nodeapi.EgressEntry{At: fromTS(e.GetAt()), Proto: e.GetProto(), Dst: e.GetDst(), Domain: e.GetDomain(),
+			Allowed: e.GetAllowed(), Rule: e.GetRule(), Reason: e.GetReason(), BytesOut: e.GetBytesOut(), BytesIn: e.GetBytesIn(), Open: e.GetOpen()}
+		if e.GetEnd() != nil {
+			end := fromTS(e.GetEnd())
+			out[i].End = &end
+		}
+	}
+	return out, nil
+}

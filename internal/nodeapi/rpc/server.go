@@ -423,3 +423,24 @@ func (s *server) Events(ctx context.Context, _ *connect.Request[nodev1.EventsReq
 		}
 	}
 }
+
+func (s *server) EgressAudit(ctx context.Context, req *connect.Request[nodev1.EgressAuditRequest]) (*connect.Response[nodev1.EgressAuditResponse], error) {
+	m := req.Msg
+	var since time.Time
+	if m.GetSince() != nil {
+		since = fromTS(m.GetSince())
+	}
+	es, err := s.node.EgressAudit(ctx, m.GetSandboxId(), since, int(m.GetLimit()))
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := make([]*nodev1.EgressEntry, len(es))
+	for i, e := range es {
+		out[i] = &nodev1.EgressEntry{At: ts(e.At), Proto: e.Proto, Dst: e.Dst, Domain: e.Domain, Allowed: e.Allowed,
+			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn, Open: e.Open}
+		if e.End != nil {
+			out[i].End = ts(*e.End)
+		}
+	}
+	return ok(&nodev1.EgressAuditResponse{Entries: out})
+}

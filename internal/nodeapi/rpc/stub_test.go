@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/spore-run/spore/internal/nodeapi"
 )
@@ -75,4 +76,8 @@ func (s *stubNode) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
 	ch := make(chan nodeapi.Event)
 	go func() { <-ctx.Done(); close(ch) }()
 	return ch, nil
+}
+
+func (s *stubNode) EgressAudit(context.Context, string, time.Time, int) ([]nodeapi.EgressEntry, error) {
+	return nil, s.hit()
 }

@@ -93,8 +93,26 @@ func (d *Driver) reapTorn(ctx context.Context, id string) error {
 		}
 	}
 	d.cleanup(id)
+	// The runsc-made cgroups. A task that exited a moment ago, or one the
+	// sandbox started after cgroup.procs was read, keeps a cgroup busy:
+	// kill what is listed again and retry (EBUSY) for a while, as
+	// removeCgroups does. (Seen once in CI: one cgroup per hierarchy left
+	// after a recover of a torn instance, on a loaded machine.)
+	deadline = time.Now().Add(2 * time.Second)
 	for _, dir := range d.instanceCgroups(id) {
-		_ = syscall.Rmdir(dir) // runsc-made ones; empty now
+		for {
+			err := syscall.Rmdir(dir)
+			if err == nil || errors.Is(err, syscall.ENOENT) || !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+				break
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package gvisor_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +38,12 @@ func TestTornStateIsRemovable(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			parent := "/spore-torntest-" + ids.New('g')
-			d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: dir, CgroupParent: parent, Cgroups: tc.cgroups})
+			// The driver's log in the test's: a failure says what the
+			// driver saw (a torn state it could not reap, and why).
+			ended := new(atomic.Bool)
+			t.Cleanup(func() { ended.Store(true) }) // runs last: after the purge below
+			log := slog.New(slog.NewTextHandler(tlog{t, ended}, nil))
+			d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: dir, CgroupParent: parent, Cgroups: tc.cgroups, Logger: log})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,4 +115,18 @@ func TestTornStateIsRemovable(t *testing.T) {
 
 func isZombie(pid int) bool {
 	return strings.Contains(procField(pid, "status"), "State:\tZ")
+}
+
+// tlog writes a driver's log lines into the test's log, until the test
+// has ended (a late line from a background goroutine is dropped).
+type tlog struct {
+	t     *testing.T
+	ended *atomic.Bool
+}
+
+func (w tlog) Write(p []byte) (int, error) {
+	if !w.ended.Load() {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
 }

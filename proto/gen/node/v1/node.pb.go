@@ -3244,6 +3244,234 @@ func (x *EventsResponse) GetEvent() *Event {
 	return nil
 }
 
+type EgressAuditRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	Limit         int32                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressAuditRequest) Reset() {
+	*x = EgressAuditRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressAuditRequest) ProtoMessage() {}
+
+func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
+func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *EgressAuditRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressAuditRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *EgressAuditRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type EgressEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end,proto3" json:"end,omitempty"`
+	Proto         string                 `protobuf:"bytes,3,opt,name=proto,proto3" json:"proto,omitempty"`
+	Dst           string                 `protobuf:"bytes,4,opt,name=dst,proto3" json:"dst,omitempty"`
+	Domain        string                 `protobuf:"bytes,5,opt,name=domain,proto3" json:"domain,omitempty"`
+	Allowed       bool                   `protobuf:"varint,6,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Rule          string                 `protobuf:"bytes,7,opt,name=rule,proto3" json:"rule,omitempty"`
+	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	BytesOut      int64                  `protobuf:"varint,9,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	BytesIn       int64                  `protobuf:"varint,10,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	Open          bool                   `protobuf:"varint,11,opt,name=open,proto3" json:"open,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressEntry) Reset() {
+	*x = EgressEntry{}
+	mi := &file_node_v1_node_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressEntry) ProtoMessage() {}
+
+func (x *EgressEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
+func (*EgressEntry) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *EgressEntry) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *EgressEntry) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetDst() string {
+	if x != nil {
+		return x.Dst
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *EgressEntry) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetBytesOut() int64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *EgressEntry) GetBytesIn() int64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *EgressEntry) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+type EgressAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*EgressEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressAuditResponse) Reset() {
+	*x = EgressAuditResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressAuditResponse) ProtoMessage() {}
+
+func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
+func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 var File_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_node_v1_node_proto_rawDesc = "" +
@@ -3474,7 +3702,27 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x03err\x18\x06 \x01(\tR\x03err\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"<\n" +
 	"\x0eEventsResponse\x12*\n" +
-	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event2\xc0\r\n" +
+	"\x05event\x18\x01 \x01(\v2\x14.spore.node.v1.EventR\x05event\"{\n" +
+	"\x12EgressAuditRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\"\xb9\x02\n" +
+	"\vEgressEntry\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12,\n" +
+	"\x03end\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x14\n" +
+	"\x05proto\x18\x03 \x01(\tR\x05proto\x12\x10\n" +
+	"\x03dst\x18\x04 \x01(\tR\x03dst\x12\x16\n" +
+	"\x06domain\x18\x05 \x01(\tR\x06domain\x12\x18\n" +
+	"\aallowed\x18\x06 \x01(\bR\aallowed\x12\x12\n" +
+	"\x04rule\x18\a \x01(\tR\x04rule\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x1b\n" +
+	"\tbytes_out\x18\t \x01(\x03R\bbytesOut\x12\x19\n" +
+	"\bbytes_in\x18\n" +
+	" \x01(\x03R\abytesIn\x12\x12\n" +
+	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
+	"\x13EgressAuditResponse\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\x96\x0e\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3498,7 +3746,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12Q\n" +
 	"\n" +
 	"BuildImage\x12 .spore.node.v1.BuildImageRequest\x1a!.spore.node.v1.BuildImageResponse\x12E\n" +
-	"\x06Export\x12\x1c.spore.node.v1.ExportRequest\x1a\x1d.spore.node.v1.ExportResponse\x12G\n" +
+	"\x06Export\x12\x1c.spore.node.v1.ExportRequest\x1a\x1d.spore.node.v1.ExportResponse\x12T\n" +
+	"\vEgressAudit\x12!.spore.node.v1.EgressAuditRequest\x1a\".spore.node.v1.EgressAuditResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -3513,7 +3762,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -3572,21 +3821,24 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*EventsRequest)(nil),          // 54: spore.node.v1.EventsRequest
 	(*Event)(nil),                  // 55: spore.node.v1.Event
 	(*EventsResponse)(nil),         // 56: spore.node.v1.EventsResponse
-	nil,                            // 57: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 58: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 59: google.protobuf.Duration
+	(*EgressAuditRequest)(nil),     // 57: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 58: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 59: spore.node.v1.EgressAuditResponse
+	nil,                            // 60: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 61: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 62: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	58, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	61, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	58, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	61, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	58, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	61, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	57, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	60, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -3603,66 +3855,72 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	5,  // 23: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 24: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 25: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	59, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	62, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	5,  // 27: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 28: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 29: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	4,  // 30: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	58, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	59, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	58, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	61, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	62, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	61, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
 	55, // 34: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	7,  // 35: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 36: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 37: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 38: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 39: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 40: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 41: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 42: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 43: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 44: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 45: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 46: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 47: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	46, // 48: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	48, // 49: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	50, // 50: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	52, // 51: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	42, // 52: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	40, // 53: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	44, // 54: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	36, // 55: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	38, // 56: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	54, // 57: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 58: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 59: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 60: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 61: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 62: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 63: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 64: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 65: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 66: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 67: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 68: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 69: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 70: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	47, // 71: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	49, // 72: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	51, // 73: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	53, // 74: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	43, // 75: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	41, // 76: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	45, // 77: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	37, // 78: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	39, // 79: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	56, // 80: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	58, // [58:81] is the sub-list for method output_type
-	35, // [35:58] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	61, // 35: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	61, // 36: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	61, // 37: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	58, // 38: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	7,  // 39: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	10, // 40: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	12, // 41: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	14, // 42: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	16, // 43: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	18, // 44: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	20, // 45: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	22, // 46: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	24, // 47: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	27, // 48: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	30, // 49: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	32, // 50: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	34, // 51: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	46, // 52: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	48, // 53: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	50, // 54: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	52, // 55: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	42, // 56: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	40, // 57: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	44, // 58: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	36, // 59: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	38, // 60: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	57, // 61: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	54, // 62: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	8,  // 63: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	11, // 64: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	13, // 65: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	15, // 66: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	17, // 67: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	19, // 68: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	21, // 69: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	23, // 70: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	25, // 71: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	29, // 72: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	31, // 73: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	33, // 74: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	35, // 75: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	47, // 76: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	49, // 77: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	51, // 78: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	53, // 79: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	43, // 80: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	41, // 81: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	45, // 82: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	37, // 83: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	39, // 84: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	59, // 85: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	56, // 86: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	63, // [63:87] is the sub-list for method output_type
+	39, // [39:63] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -3676,7 +3934,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   58,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -86,6 +86,8 @@ const (
 	NodeBuildImageProcedure = "/spore.node.v1.Node/BuildImage"
 	// NodeExportProcedure is the fully-qualified name of the Node's Export RPC.
 	NodeExportProcedure = "/spore.node.v1.Node/Export"
+	// NodeEgressAuditProcedure is the fully-qualified name of the Node's EgressAudit RPC.
+	NodeEgressAuditProcedure = "/spore.node.v1.Node/EgressAudit"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -119,6 +121,10 @@ type NodeClient interface {
 	// registry (or a layout directory on the node); the caller's deadline
 	// bounds it.
 	Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error)
+	// EgressAudit returns a sandbox's outbound connection attempts recorded
+	// on this node (kept after the sandbox is gone, for the node's
+	// retention).
+	EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -268,6 +274,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("Export")),
 			connect.WithClientOptions(opts...),
 		),
+		egressAudit: connect.NewClient[v1.EgressAuditRequest, v1.EgressAuditResponse](
+			httpClient,
+			baseURL+NodeEgressAuditProcedure,
+			connect.WithSchema(nodeMethods.ByName("EgressAudit")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -301,6 +313,7 @@ type nodeClient struct {
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
 	buildImage     *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 	export         *connect.Client[v1.ExportRequest, v1.ExportResponse]
+	egressAudit    *connect.Client[v1.EgressAuditRequest, v1.EgressAuditResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -414,6 +427,11 @@ func (c *nodeClient) Export(ctx context.Context, req *connect.Request[v1.ExportR
 	return c.export.CallUnary(ctx, req)
 }
 
+// EgressAudit calls spore.node.v1.Node.EgressAudit.
+func (c *nodeClient) EgressAudit(ctx context.Context, req *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error) {
+	return c.egressAudit.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -448,6 +466,10 @@ type NodeHandler interface {
 	// registry (or a layout directory on the node); the caller's deadline
 	// bounds it.
 	Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error)
+	// EgressAudit returns a sandbox's outbound connection attempts recorded
+	// on this node (kept after the sandbox is gone, for the node's
+	// retention).
+	EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -593,6 +615,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("Export")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeEgressAuditHandler := connect.NewUnaryHandler(
+		NodeEgressAuditProcedure,
+		svc.EgressAudit,
+		connect.WithSchema(nodeMethods.ByName("EgressAudit")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -645,6 +673,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeBuildImageHandler.ServeHTTP(w, r)
 		case NodeExportProcedure:
 			nodeExportHandler.ServeHTTP(w, r)
+		case NodeEgressAuditProcedure:
+			nodeEgressAuditHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -742,6 +772,10 @@ func (UnimplementedNodeHandler) BuildImage(context.Context, *connect.Request[v1.
 
 func (UnimplementedNodeHandler) Export(context.Context, *connect.Request[v1.ExportRequest]) (*connect.Response[v1.ExportResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Export is not implemented"))
+}
+
+func (UnimplementedNodeHandler) EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.EgressAudit is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {

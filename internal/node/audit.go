@@ -1,0 +1,80 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/egress"
+	"github.com/spore-run/spore/internal/netaudit"
+	"github.com/spore-run/spore/internal/netns"
+)
+
+// auditor feeds the egress audit journal: a collector per gateway
+// namespace (netns.Auditor), and the egress proxy's records.
+type auditor struct {
+	j   *netaudit.Journal
+	log *slog.Logger
+}
+
+// sandboxOf is the sandbox an instance belongs to: the engine names
+// instances "<sandbox ID>-<generation>".
+func sandboxOf(instance string) string {
+	if i := strings.LastIndexByte(instance, '-'); i > 0 {
+		return instance[:i]
+	}
+	return instance
+}
+
+// Start implements netns.Auditor.
+func (a *auditor) Start(instance string, gwFD int) (func(final bool), error) {
+	c, err := netaudit.Start(a.j, sandboxOf(instance), gwFD, netns.SandboxIP, netns.GatewayIP, a.log)
+	if err != nil {
+		return nil, err
+	}
+	return c.Stop, nil
+}
+
+// proxied records a connection the egress proxy judged.
+func (a *auditor) proxied(instance string, r egress.Record) {
+	e := netaudit.Entry{At: r.At, Proto: "tcp", Dst: r.Dst.String(), Domain: r.Domain, Allowed: r.Allowed,
+		Rule: r.Rule, Reason: r.Reason, BytesOut: r.BytesOut, BytesIn: r.BytesIn}
+	if r.Allowed {
+		end := time.Now().UTC()
+		e.End = &end
+	}
+	if err := a.j.Append(sandboxOf(instance), e); err != nil {
+		a.log.Warn("egress audit: journal", "instance", instance, "err", err)
+	}
+}
+
+// EgressAudit returns a sandbox's outbound connection attempts at or
+// after since (oldest first, at most limit; see netaudit.Journal.Query),
+// whether the sandbox still exists or not (its journal outlives it by the
+// retention).
+func (n *Node) EgressAudit(_ context.Context, sandboxID string, since time.Time, limit int) ([]netaudit.Entry, error) {
+	return n.Audit.Query(sandboxID, since, limit)
+}
+
+// auditSweepEvery is how often expired egress journals are deleted.
+const auditSweepEvery = time.Hour
+
+// sweepAudit deletes the egress journals past their retention, at once
+// and then every auditSweepEvery, until stop closes.
+func (n *Node) sweepAudit(stop <-chan struct{}) {
+	t := time.NewTicker(auditSweepEvery)
+	defer t.Stop()
+	for {
+		if k, err := n.Audit.Sweep(); err != nil {
+			n.log.Warn("egress audit: sweep", "err", err)
+		} else if k > 0 {
+			n.log.Info("egress audit: expired journals deleted", "count", k, "retention", n.Audit.Retention())
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
