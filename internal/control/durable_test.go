@@ -79,6 +79,35 @@ func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Reso
 	return &durableFleet{fleet: &fleet{harness: h, a: a, b: b}, blobs: blobs}
 }
 
+// hibernateDurable hibernates sandbox id and waits for its image to be
+// durable.
+func (f *durableFleet) hibernateDurable(id string) {
+	f.t.Helper()
+	if err := f.ctl.Hibernate(ctxFor(f.t), id); err != nil {
+		f.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !f.row(id).HibernationDurable {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("hibernation never durable: %+v", f.row(id))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// loseNodeA makes na lost: both nodes beat, the clock passes LostAfter,
+// only nb beats again, and the control plane checks its nodes.
+func (f *durableFleet) loseNodeA() {
+	f.t.Helper()
+	f.beat("na")
+	f.beat("nb")
+	f.clk.Add(control.LostAfter + time.Second)
+	f.beat("nb")
+	if err := f.ctl.CheckNodes(ctxFor(f.t)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // waitStorage waits for a snapshot row's storage state.
 func (f *durableFleet) waitStorage(id, want string) store.Snapshot {
 	f.t.Helper()
@@ -266,24 +295,9 @@ func testHibernatedSandboxResumesElsewhere(t *testing.T, c controltest.Config) {
 	f := newDurableFleet(t, c)
 	ctx := ctxFor(t)
 	sb := f.onNode("na")
-	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for f.row(sb.ID).HibernationDurable == false {
-		if time.Now().After(deadline) {
-			t.Fatalf("hibernation never durable: %+v", f.row(sb.ID))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.hibernateDurable(sb.ID)
 	hib := f.row(sb.ID).Hibernation
-	f.beat("na")
-	f.beat("nb")
-	f.clk.Add(control.LostAfter + time.Second)
-	f.beat("nb")
-	if err := f.ctl.CheckNodes(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.loseNodeA()
 	if s := f.nodeRow("na").State; s != store.NodeLost {
 		t.Fatalf("na is %s", s)
 	}
@@ -527,16 +541,7 @@ func testHibernatedSandboxMovesOffAFullNode(t *testing.T, c controltest.Config) 
 	wrapNode = nil
 	ctx := ctxFor(t)
 	sb := f.create(control.CreateRequest{NodeID: "na"})
-	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !f.row(sb.ID).HibernationDurable {
-		if time.Now().After(deadline) {
-			t.Fatal("hibernation never durable")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.hibernateDurable(sb.ID)
 	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -607,23 +612,8 @@ func testReconcileDuringAMoveKeepsTheAdoptedCopy(t *testing.T, c controltest.Con
 	wrapNode = nil
 	ctx := ctxFor(t)
 	sb := f.onNode("na")
-	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !f.row(sb.ID).HibernationDurable {
-		if time.Now().After(deadline) {
-			t.Fatal("hibernation never durable")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	f.beat("na")
-	f.beat("nb")
-	f.clk.Add(control.LostAfter + time.Second)
-	f.beat("nb")
-	if err := f.ctl.CheckNodes(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.hibernateDurable(sb.ID)
+	f.loseNodeA()
 	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
 	if err != nil {
 		t.Fatalf("connect (moves the sandbox to nb): %v", err)

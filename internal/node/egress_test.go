@@ -2,15 +2,9 @@ package node_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"math/big"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -52,22 +46,8 @@ func (w *webHost) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(rw, "%s host=%s sni=%s", w.name, r.Host, sni)
 }
 
-func selfSigned(t testing.TB) tls.Certificate {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, DNSNames: []string{"*.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
 func testInternet(t *testing.T) (hosts map[string]*webHost) {
-	cert := selfSigned(t)
+	cert := testenv.SelfSignedCert(t)
 	hosts = map[string]*webHost{}
 	for i, ip := range []netip.Addr{allowedIP, deniedIP, wildIP} {
 		name := []string{"allowed", "denied", "wild"}[i]
@@ -232,20 +212,7 @@ func TestEgressDomainRules(t *testing.T) {
 //
 //	go test -run '^$' -bench EgressProxy -benchtime 50x ./internal/node/
 func BenchmarkEgressProxyHTTPS(b *testing.B) {
-	cert := selfSigned(b)
-	h := testenv.NewTestHost(b, "spyt-bench", allowedIP, netip.MustParseAddr("198.19.41.1"), false)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
-	go srv.ServeTLS(h.Listen(b, "tcp4", allowedIP.String()+":443"), "", "")
-	dns := dnstest.Serve(h.ListenPacket(b, "udp4", allowedIP.String()+":53"), nil, map[string]netip.Addr{"allowed.test": allowedIP})
-	b.Cleanup(func() { srv.Close(); dns.Close() })
-	e := newEnvTuned(b, func(c *node.Config) {
-		c.NetPrefix = "spy"
-		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
-	c := e.client(sb)
+	e, sb, c, ctx := egressBench(b, "spyt-bench", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
 	run := func(p netns.Policy) []time.Duration {
 		if err := e.n.Engine.SetPolicy(ctx, sb.ID, p); err != nil {
 			b.Fatal(err)
@@ -273,28 +240,15 @@ func BenchmarkEgressProxyHTTPS(b *testing.B) {
 // over b.N downloads each, by curl in the sandbox.
 func BenchmarkEgressProxyThroughput(b *testing.B) {
 	const size = 100 << 20
-	cert := selfSigned(b)
-	h := testenv.NewTestHost(b, "spyt-thru", allowedIP, netip.MustParseAddr("198.19.41.1"), false)
 	chunk := make([]byte, 1<<20)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	e, sb, c, ctx := egressBench(b, "spyt-thru", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", fmt.Sprint(size))
 		for range size / len(chunk) {
 			if _, err := w.Write(chunk); err != nil {
 				return
 			}
 		}
-	}), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
-	go srv.ServeTLS(h.Listen(b, "tcp4", allowedIP.String()+":443"), "", "")
-	dns := dnstest.Serve(h.ListenPacket(b, "udp4", allowedIP.String()+":53"), nil, map[string]netip.Addr{"allowed.test": allowedIP})
-	b.Cleanup(func() { srv.Close(); dns.Close() })
-	e := newEnvTuned(b, func(c *node.Config) {
-		c.NetPrefix = "spy"
-		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
-	c := e.client(sb)
+	}))
 	run := func(p netns.Policy) float64 {
 		if err := e.n.Engine.SetPolicy(ctx, sb.ID, p); err != nil {
 			b.Fatal(err)
@@ -315,4 +269,23 @@ func BenchmarkEgressProxyThroughput(b *testing.B) {
 	proxied := run(netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, AllowDomains: []string{"allowed.test"}})
 	b.ReportMetric(direct, "MB/s-direct")
 	b.ReportMetric(proxied, "MB/s-proxied")
+}
+
+// egressBench serves h over HTTPS as allowed.test on a test host named
+// name (with a DNS server the node uses) and returns a node and a
+// sandbox on it, for the egress proxy's benchmarks.
+func egressBench(b *testing.B, name string, h http.Handler) (*env, engine.Sandbox, *client, context.Context) {
+	th := testenv.NewTestHost(b, name, allowedIP, netip.MustParseAddr("198.19.41.1"), false)
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{testenv.SelfSignedCert(b)}}}
+	go srv.ServeTLS(th.Listen(b, "tcp4", allowedIP.String()+":443"), "", "")
+	dns := dnstest.Serve(th.ListenPacket(b, "udp4", allowedIP.String()+":53"), nil, map[string]netip.Addr{"allowed.test": allowedIP})
+	b.Cleanup(func() { srv.Close(); dns.Close() })
+	e := newEnvTuned(b, func(c *node.Config) {
+		c.NetPrefix = "spy"
+		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	b.Cleanup(cancel)
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	return e, sb, e.client(sb), ctx
 }

@@ -1,14 +1,8 @@
 package sdk
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -29,7 +23,7 @@ import (
 // name) and a DNS server the Spore server uses as its upstream.
 func TestDomainRulesThroughTheSDK(t *testing.T) {
 	allowed, other := netip.MustParseAddr("198.19.61.2"), netip.MustParseAddr("198.19.62.2")
-	cert := domainCert(t)
+	cert := testenv.SelfSignedCert(t, "*.test", "*.wild.test")
 	for _, h := range []struct {
 		name string
 		ip   netip.Addr
@@ -56,20 +50,4 @@ func TestDomainRulesThroughTheSDK(t *testing.T) {
 	if !strings.Contains(out, "4 passed, 0 failed") {
 		t.Fatal("domain rules through the SDK did not pass")
 	}
-}
-
-// domainCert is a self-signed certificate for *.test (curl runs with -k:
-// the rules judge the SNI, not the certificate).
-func domainCert(t *testing.T) tls.Certificate {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, DNSNames: []string{"*.test", "*.wild.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
