@@ -327,3 +327,30 @@ func writeMsg(w io.Writer, msg []byte) error {
 	_, err := w.Write(b)
 	return err
 }
+
+// Listen opens a DNS server's UDP socket and TCP listener on one port of
+// ip (IPv4). Port 0 picks a port free for both: the kernel picks the UDP
+// one, and when the TCP port of that number is taken the pick is retried,
+// up to 20 times.
+func Listen(ip netip.Addr, port uint16) (*net.UDPConn, *net.TCPListener, error) {
+	tries := 1
+	if port == 0 {
+		tries = 20
+	}
+	var err error
+	for range tries {
+		var u *net.UDPConn
+		u, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, port)))
+		if err != nil {
+			return nil, nil, err
+		}
+		p := u.LocalAddr().(*net.UDPAddr).AddrPort().Port()
+		var t *net.TCPListener
+		t, err = net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, p)))
+		if err == nil {
+			return u, t, nil
+		}
+		u.Close()
+	}
+	return nil, nil, fmt.Errorf("no port free for both UDP and TCP on %s: %w", ip, err)
+}

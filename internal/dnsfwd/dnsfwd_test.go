@@ -20,22 +20,13 @@ const typeA = 1
 // the same port).
 func listenPair(t *testing.T) (*net.UDPConn, net.Listener, netip.AddrPort) {
 	t.Helper()
-	for range 20 {
-		u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ap := u.LocalAddr().(*net.UDPAddr).AddrPort()
-		l, err := net.Listen("tcp", ap.String())
-		if err != nil {
-			u.Close()
-			continue
-		}
-		t.Cleanup(func() { u.Close(); l.Close() })
-		return u, l, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	u, l, err := dnsfwd.Listen(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port pair")
-	return nil, nil, netip.AddrPort{}
+	t.Cleanup(func() { u.Close(); l.Close() })
+	ap := u.LocalAddr().(*net.UDPAddr).AddrPort()
+	return u, l, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func upstream(t *testing.T, names map[string]netip.Addr) (*dnstest.Server, netip.AddrPort) {

@@ -191,26 +191,18 @@ else:
 func TestDNSThroughGateway(t *testing.T) {
 	// The upstream: a test DNS server on loopback (the node itself is not
 	// under the floor).
-	uu, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ut, err := net.Listen("tcp", uu.LocalAddr().String())
+	uu, ut, err := dnsfwd.Listen(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	up := dnstest.Serve(uu, ut, map[string]netip.Addr{"myname.test": netip.MustParseAddr("198.18.0.9")})
 	defer up.Close()
 	// The forwarder on a free port of the root namespace.
-	fu, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	fu, ft, err := dnsfwd.Listen(netip.IPv4Unspecified(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := fu.LocalAddr().(*net.UDPAddr).Port
-	ft, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
 	m, err := netns.New(context.Background(), netns.Config{Prefix: "spd", StateDir: t.TempDir(), DNSPort: uint16(port)})
 	if err != nil {
 		t.Fatal(err)

@@ -78,17 +78,11 @@ func (s dnsSockets) Close() {
 }
 
 func listenPort(port uint16) (dnsSockets, error) {
-	u, err := net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", port))
+	u, t, err := dnsfwd.Listen(netip.IPv4Unspecified(), port)
 	if err != nil {
 		return dnsSockets{}, err
 	}
-	p := uint16(u.LocalAddr().(*net.UDPAddr).Port)
-	t, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", p))
-	if err != nil {
-		u.Close()
-		return dnsSockets{}, err
-	}
-	return dnsSockets{udp: u, tcp: t, port: p}, nil
+	return dnsSockets{udp: u, tcp: t, port: uint16(u.LocalAddr().(*net.UDPAddr).Port)}, nil
 }
 
 // listenDNS opens the forwarder's sockets: on the operator's port, else
@@ -113,14 +107,11 @@ func listenDNS(file string, want uint16, log *slog.Logger) (dnsSockets, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return dnsSockets{}, err
 	}
-	var err error
-	for range 20 {
-		var s dnsSockets
-		if s, err = listenPort(0); err == nil {
-			return s, atomicfs.WriteFile(file, []byte(strconv.Itoa(int(s.port))), 0o600)
-		}
+	s, err := listenPort(0)
+	if err != nil {
+		return s, fmt.Errorf("DNS forwarder: %w", err)
 	}
-	return dnsSockets{}, fmt.Errorf("DNS forwarder: no free port: %w", err)
+	return s, atomicfs.WriteFile(file, []byte(strconv.Itoa(int(s.port))), 0o600)
 }
 
 // dnsPolicy maps the network manager's verdicts to the forwarder's.
