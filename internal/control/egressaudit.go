@@ -11,6 +11,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // MaxEgressAudit bounds the entries one EgressAudit returns.
@@ -39,6 +40,12 @@ func (s *Service) EgressAudit(ctx context.Context, id string, since time.Time, l
 	for _, nodeID := range s.nodes.IDs() {
 		n, ok := s.nodes.Node(nodeID)
 		if !ok {
+			continue
+		}
+		if nr, err := s.st.GetNode(ctx, nodeID); err == nil && nr.State == store.NodeLost {
+			// Not asked (it would only time out): its journal is out
+			// of reach, so the answer is partial.
+			failed = append(failed, fmt.Errorf("node %s is lost", nodeID))
 			continue
 		}
 		wg.Go(func() {

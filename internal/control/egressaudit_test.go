@@ -2,13 +2,16 @@ package control_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // auditingNode answers EgressAudit from entries (by sandbox), or fails
@@ -53,6 +56,7 @@ func testEgressAuditAcrossNodes(t *testing.T, c controltest.Config) {
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	const id = "iaudited00000000001"
 	var failB error
+	var askedB atomic.Int32
 	wrapNode = func(nodeID string, n nodeapi.Node) nodeapi.Node {
 		if nodeID == "na" {
 			return auditingNode{Node: n, entries: map[string][]nodeapi.EgressEntry{id: {
@@ -63,7 +67,7 @@ func testEgressAuditAcrossNodes(t *testing.T, c controltest.Config) {
 		return failingAudit{auditingNode{Node: n, entries: map[string][]nodeapi.EgressEntry{id: {
 			{At: at(2), Proto: "udp", Dst: "198.19.1.4:53", Allowed: true},
 			{At: at(4), Proto: "tcp", Dst: "198.19.1.5:22", Allowed: true, Open: true},
-		}}}, &failB}
+		}}}, &failB, &askedB}
 	}
 	f := newDurableFleet(t, c)
 	wrapNode = nil
@@ -92,6 +96,23 @@ func testEgressAuditAcrossNodes(t *testing.T, c controltest.Config) {
 	if _, _, err := f.ctl.EgressAudit(ctx, "iunknown00000000001", time.Time{}, 0); !errdefs.IsUnavailable(err) {
 		t.Fatalf("unknown sandbox with a node down (it may be there): %v", err)
 	}
+	// A node marked lost is not asked (it would only time out: here it
+	// would fail the test's way, with this error): its part is missing.
+	failB = errors.New("a lost node was asked")
+	askedB.Store(0)
+	if _, err := f.st.UpdateNode(ctx, "nb", func(n *store.Node) error { n.State = store.NodeLost; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	es, complete, err = f.ctl.EgressAudit(ctx, id, time.Time{}, 0)
+	if err != nil || complete || len(es) != 2 {
+		t.Fatalf("one node lost: %v complete=%v %+v", err, complete, es)
+	}
+	if n := askedB.Load(); n != 0 {
+		t.Fatalf("the lost node was asked %d times", n)
+	}
+	if _, err := f.st.UpdateNode(ctx, "nb", func(n *store.Node) error { n.State = store.NodeReady; return nil }); err != nil {
+		t.Fatal(err)
+	}
 	failB = nil
 	if _, _, err := f.ctl.EgressAudit(ctx, "iunknown00000000001", time.Time{}, 0); !errdefs.IsNotFound(err) {
 		t.Fatalf("unknown sandbox: %v", err)
@@ -104,10 +125,12 @@ func testEgressAuditAcrossNodes(t *testing.T, c controltest.Config) {
 // failingAudit is an auditingNode whose EgressAudit fails while *err is set.
 type failingAudit struct {
 	auditingNode
-	err *error
+	err   *error
+	asked *atomic.Int32
 }
 
 func (n failingAudit) EgressAudit(ctx context.Context, id string, since time.Time, limit int) ([]nodeapi.EgressEntry, error) {
+	n.asked.Add(1)
 	if *n.err != nil {
 		return nil, *n.err
 	}
