@@ -61,6 +61,7 @@ is generated as spore up does.`,
 	f.IntVar(&cfg.PoolSize, "pool", 2, "warm-pool sandboxes per default template across the fleet (every replica serves from it; give all replicas the same)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "the nodes' shared blob store (as spore node --blob-store), where files uploaded for template builds go; none: such uploads are refused (env SPORE_BLOB_STORE)")
+	f.StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "file holding the key secrets are sealed with in the store (32 bytes in base64: head -c 32 /dev/urandom | base64); every replica needs the same one (default: <data-dir>/secrets-key, generated on first start)")
 	cmd.MarkFlagRequired("database-url")
 	cmd.MarkFlagRequired("cluster-token-file")
 	return cmd

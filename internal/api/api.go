@@ -181,7 +181,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, false},
 		{"GET /debug/pprof/symbol", pprof.Symbol, false},
 	}
-	return append(append(routes, s.buildRoutes()...), s.exportRoutes()...)
+	return append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).

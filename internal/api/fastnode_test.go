@@ -38,7 +38,7 @@ type fnode struct {
 // newFnode builds the API in the test's configuration
 // (controltest.ConfigOf): SQLite and the node in process, or PostgreSQL
 // and the node over the node protocol.
-func newFnode(t *testing.T) *fnode {
+func newFnode(t *testing.T, opts ...func(*control.Config)) *fnode {
 	t.Helper()
 	c := controltest.ConfigOf(t)
 	st := c.Store(t)
@@ -46,7 +46,11 @@ func newFnode(t *testing.T) *fnode {
 		t.Fatal(err)
 	}
 	f := &fnode{t: t, n: controltest.New(t), st: st}
-	f.ctl = control.New(control.Config{Store: st, Nodes: control.Nodes{controltest.NodeID: c.Node(t, f.n.Local)}})
+	cfg := control.Config{Store: st, Nodes: control.Nodes{controltest.NodeID: c.Node(t, f.n.Local)}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	f.ctl = control.New(cfg)
 	t.Cleanup(f.ctl.Close)
 	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))
 	t.Cleanup(srv.Close)

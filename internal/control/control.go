@@ -26,6 +26,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/secrets"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -60,6 +61,9 @@ type Config struct {
 	// node agent); "" or nil: the sandbox's address is dialed directly
 	// (the in-process node of `spore up`).
 	Hop func(nodeID string) string
+	// Secrets seals and opens the values of the secrets API; nil: the
+	// secrets API answers unavailable.
+	Secrets *secrets.Box
 }
 
 // Service is the sandbox lifecycle.

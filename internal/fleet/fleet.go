@@ -38,6 +38,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/pgcluster"
 	"github.com/spore-run/spore/internal/s3server"
+	"github.com/spore-run/spore/internal/secrets"
 )
 
 // Config is what `spore fleet up` starts.
@@ -216,6 +217,11 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	if err := os.WriteFile(st.TokenFile, []byte(token+"\n"), 0o600); err != nil {
 		return st, err
 	}
+	// One secrets key for every replica (each would otherwise generate
+	// its own, and open none of the others' secrets).
+	if _, err := secrets.EnsureKey(filepath.Join(cfg.Dir, "secrets-key")); err != nil {
+		return st, err
+	}
 	for _, d := range []string{"logs", "nodes", "api"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o700); err != nil {
 			return st, err
@@ -368,7 +374,8 @@ func startAPI(cfg Config, st *State, i int) error {
 	port := cfg.BasePort + i
 	dataDir := filepath.Join(cfg.Dir, "api", strconv.Itoa(i))
 	args := []string{"api", "--listen", "0.0.0.0:" + strconv.Itoa(port), "--database-url", st.Postgres.DSN,
-		"--cluster-token-file", st.TokenFile, "--api-key-file", st.KeyFile, "--data-dir", dataDir}
+		"--cluster-token-file", st.TokenFile, "--api-key-file", st.KeyFile, "--data-dir", dataDir,
+		"--secrets-key-file", filepath.Join(cfg.Dir, "secrets-key")}
 	if cfg.BlobStore != "" && cfg.BlobStore != "none" {
 		// The nodes' store, reached from the host: files uploaded for a
 		// template build are read by whichever replica runs it.

@@ -24,6 +24,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/nodeapi/rpc"
 	"github.com/spore-run/spore/internal/proxy"
+	"github.com/spore-run/spore/internal/secrets"
 	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/postgres"
@@ -50,8 +51,35 @@ type APIConfig struct {
 	// blobconf.Open): the nodes' shared one, so that any replica can run
 	// a build whose files another took. "" or "none": uploads refused.
 	BlobStore string
-	Logger    *slog.Logger
-	Ready     func(addr, apiKey string)
+	// SecretsKeyFile holds the key the secrets API seals values with
+	// (secrets.LoadKey): every replica needs the same one. "": the key
+	// in DataDir (generated there on first start), else no secrets API.
+	SecretsKeyFile string
+	Logger         *slog.Logger
+	Ready          func(addr, apiKey string)
+}
+
+// SecretsKeyFile is where a server keeps a generated secrets key.
+func SecretsKeyFile(dataDir string) string { return filepath.Join(dataDir, "secrets-key") }
+
+// secretsBox opens the secrets key: file when set, else the one in
+// dataDir (generated on first start); neither: nil (the secrets API
+// answers unavailable).
+func secretsBox(file, dataDir string) (*secrets.Box, error) {
+	var key []byte
+	var err error
+	switch {
+	case file != "":
+		key, err = secrets.LoadKey(file)
+	case dataDir != "":
+		key, err = secrets.EnsureKey(SecretsKeyFile(dataDir))
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return secrets.NewBox(key)
 }
 
 // OpenStore opens the metadata store a database URL names.
@@ -104,12 +132,19 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	} else if n == 0 {
 		return fmt.Errorf("no API key: pass --api-key-file (or --data-dir to generate one)")
 	}
+	box, err := secretsBox(cfg.SecretsKeyFile, cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if box == nil {
+		log.Warn("no secrets key (--secrets-key-file or --data-dir): the secrets API answers 503")
+	}
 	reg := newRegistry(cfg.ClusterToken, log)
 	ready, err := reg.refresh(ctx, st)
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop})
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box})
 	defer ctl.Close()
 	for _, id := range ready {
 		ctl.Follow(id)

@@ -118,7 +118,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// remote node agent serves; it registers itself in the store.
 	ln0 := local.New(n.Engine, local.Config{ID: LocalNodeID, Reserved: reserveOf(cfg.MemoryReserve), Overcommit: cfg.Overcommit,
 		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n})
-	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log})
+	box, err := secretsBox("", cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log, Secrets: box})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {
 		return fmt.Errorf("register node: %w", err)

@@ -210,6 +210,7 @@ type Store interface {
 	Leases
 	APIKeys
 	Builds
+	Secrets
 	Close() error
 }
 

@@ -211,3 +211,28 @@ func (x timed) GetTag(ctx context.Context, template, tag string) (TemplateTag, e
 	defer timing.Track(ctx, "store")()
 	return x.st.GetTag(ctx, template, tag)
 }
+
+func (x timed) CreateSecret(ctx context.Context, s Secret) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateSecret(ctx, s)
+}
+
+func (x timed) GetSecret(ctx context.Context, ref string) (Secret, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetSecret(ctx, ref)
+}
+
+func (x timed) UpdateSecret(ctx context.Context, ref string, fn func(*Secret) error) (Secret, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateSecret(ctx, ref, fn)
+}
+
+func (x timed) ListSecrets(ctx context.Context, limit int, cursor string) ([]Secret, string, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListSecrets(ctx, limit, cursor)
+}
+
+func (x timed) DeleteSecret(ctx context.Context, ref string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteSecret(ctx, ref)
+}

@@ -111,6 +111,13 @@ var migrations = []string{
 		created_at TIMESTAMPTZ NOT NULL,
 		PRIMARY KEY (template, tag)
 	);`,
+	// 4: secrets (the value sealed inside data, never in the clear).
+	`CREATE TABLE secrets (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		data JSONB NOT NULL
+	);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

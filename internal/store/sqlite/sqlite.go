@@ -109,6 +109,13 @@ var migrations = []string{
 		created_at INTEGER NOT NULL,
 		PRIMARY KEY (template, tag)
 	);`,
+	// 4: secrets (the value sealed inside data, never in the clear).
+	`CREATE TABLE secrets (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		data TEXT NOT NULL
+	);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with

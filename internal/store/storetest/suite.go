@@ -61,6 +61,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("DeleteBuilds", func(t *testing.T) { testDeleteBuilds(t, open(t)) })
 	t.Run("TwoHandles/BuildNoLostUpdate", func(t *testing.T) { testBuildNoLostUpdate(t, two) })
 	t.Run("TwoHandles/BuildLogsConcurrentAppends", func(t *testing.T) { testBuildLogsConcurrent(t, two) })
+	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
+	t.Run("TwoHandles/SecretNoLostUpdate", func(t *testing.T) { testSecretNoLostUpdate(t, two) })
 }
 
 func (b Backend) handle(t *testing.T, db string) store.Store {
