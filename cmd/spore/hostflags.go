@@ -44,6 +44,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.Int64Var(&cacheMiB, "chunk-cache-size", 0, "MiB of snapshot chunks the node keeps in <data-dir>/chunk-cache for restores and peers (0: 10240)")
 	f.StringArrayVar(&cfg.InsecureRegistries, "insecure-registry", nil, "registry (host or host:port) this node pulls images from over plain HTTP, repeatable; every other registry only over HTTPS")
 	f.DurationVar(&cfg.EgressRetention, "egress-retention", netaudit.DefaultRetention, "how long a sandbox's egress audit (every outbound connection attempt; `spore logs --egress`) is kept on its node after its last entry")
+	f.StringArrayVar(&cfg.EgressCAFiles, "egress-upstream-ca", nil, "PEM file of certificates the egress proxy trusts, beside the host's roots, for the upstreams of the HTTPS requests it injects credentials into (network rules), repeatable")
 	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
 	return func() error {
 		if reserveMiB < -1 {

@@ -242,7 +242,6 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 		{"iam", `{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`},
 		{"volumeMounts", `{"volumeMounts":[{"name":"v","path":"/data"}]}`},
 		{"network.egressProxy", `{"network":{"egressProxy":{"address":"proxy:3128"}}}`},
-		{"network.rules", `{"network":{"rules":{"api.example.com":[{"transform":{"headers":{"X":"y"}}}]}}}`},
 		{"network.httpsPorts", `{"network":{"httpsPorts":[443]}}`},
 		{"network.maskRequestHost", `{"network":{"maskRequestHost":"example.com"}}`},
 		{"allowInternetAccess", `{"allowInternetAccess":false}`}, // the wire name is allow_internet_access
@@ -293,7 +292,6 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 		{"POST", "/v2/sandboxes/" + id + "/connect", `{"autoPause":true}`, "autoPause", 400},
 		{"PUT", "/sandboxes/" + id + "/network", `{"allowOut":["1.1.1.1"],"allow_internet_access":false}`, "", 204},
 		{"PUT", "/sandboxes/" + id + "/network", `{"egressProxy":{"address":"p:1"}}`, "egressProxy", 400},
-		{"PUT", "/sandboxes/" + id + "/network", `{"rules":{"x.com":[]}}`, "rules", 400},
 		{"POST", "/sandboxes/" + id + "/pause", `{"memory":true,"extra":1}`, "extra", 400},
 		{"POST", "/sandboxes/" + id + "/fork", `{"count":1,"concurrency":4}`, "concurrency", 400},
 		// The older resume may only restate the sandbox's autoPause.

@@ -31,6 +31,8 @@ type SandboxResponse struct {
 type Network struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
+	// Rules are the network rules as given (placeholders, never values).
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
 	// AllowPublicTraffic is present (false) only for a sandbox whose
 	// ports need its traffic access token.
 	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
@@ -108,8 +110,8 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 		d.Lifecycle.OnTimeout = "pause"
 	}
 	d.Lifecycle.AutoResume = sb.AutoResume
-	if len(sb.AllowOut)+len(sb.DenyOut) > 0 || sb.PrivateTraffic {
-		d.Network = &Network{AllowOut: sb.AllowOut, DenyOut: sb.DenyOut}
+	if len(sb.AllowOut)+len(sb.DenyOut)+len(sb.NetworkRules) > 0 || sb.PrivateTraffic {
+		d.Network = &Network{AllowOut: sb.AllowOut, DenyOut: sb.DenyOut, Rules: apiRules(sb.NetworkRules)}
 		if sb.PrivateTraffic {
 			d.Network.AllowPublicTraffic = new(bool)
 		}
@@ -151,11 +153,65 @@ type NetworkRequest struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
 
-	AllowPublicTraffic *bool                      `json:"allowPublicTraffic,omitempty"`
-	EgressProxy        json.RawMessage            `json:"egressProxy,omitempty"`
-	Rules              map[string]json.RawMessage `json:"rules,omitempty"`
-	HTTPSPorts         []int                      `json:"httpsPorts,omitempty"`
-	MaskRequestHost    *string                    `json:"maskRequestHost,omitempty"`
+	// Rules are E2B's per-domain transforms of outbound HTTPS requests:
+	// headers the egress proxy sets, with ${e2b.secrets.NAME}
+	// placeholders for secrets' values.
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+
+	AllowPublicTraffic *bool           `json:"allowPublicTraffic,omitempty"`
+	EgressProxy        json.RawMessage `json:"egressProxy,omitempty"`
+	HTTPSPorts         []int           `json:"httpsPorts,omitempty"`
+	MaskRequestHost    *string         `json:"maskRequestHost,omitempty"`
+}
+
+// NetworkRule is E2B's SandboxNetworkRule.
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
+}
+
+// NetworkTransform is E2B's SandboxNetworkTransform.
+type NetworkTransform struct {
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// storeRules converts E2B's rules to the control plane's.
+func storeRules(in map[string][]NetworkRule) map[string][]store.NetworkRule {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string][]store.NetworkRule, len(in))
+	for d, list := range in {
+		rules := make([]store.NetworkRule, 0, len(list))
+		for _, r := range list {
+			var nr store.NetworkRule
+			if r.Transform != nil {
+				nr.Headers = r.Transform.Headers
+			}
+			rules = append(rules, nr)
+		}
+		out[d] = rules
+	}
+	return out
+}
+
+// apiRules converts stored rules back to E2B's shape.
+func apiRules(in map[string][]store.NetworkRule) map[string][]NetworkRule {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make(map[string][]NetworkRule, len(in))
+	for d, list := range in {
+		rules := make([]NetworkRule, 0, len(list))
+		for _, r := range list {
+			nr := NetworkRule{}
+			if len(r.Headers) > 0 {
+				nr.Transform = &NetworkTransform{Headers: r.Headers}
+			}
+			rules = append(rules, nr)
+		}
+		out[d] = rules
+	}
+	return out
 }
 
 // AutoResume is E2B's resume-on-traffic setting.
@@ -187,7 +243,7 @@ func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 		NodeID: req.SporeNodeID,
 	}
 	if req.Network != nil {
-		cr.AllowOut, cr.DenyOut = req.Network.AllowOut, req.Network.DenyOut
+		cr.AllowOut, cr.DenyOut, cr.Rules = req.Network.AllowOut, req.Network.DenyOut, storeRules(req.Network.Rules)
 		cr.PrivateTraffic = req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
 	}
 	if err := control.Validate(cr); err != nil {
@@ -495,7 +551,7 @@ func (s *Server) network(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.c.UpdateNetwork(r.Context(), id, body.AllowInternetAccess, body.AllowOut, body.DenyOut); err != nil {
+	if err := s.c.UpdateNetwork(r.Context(), id, body.AllowInternetAccess, body.AllowOut, body.DenyOut, storeRules(body.Rules)); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -60,8 +60,6 @@ func (n NetworkRequest) refuseUnsupported(prefix string, atCreate bool) error {
 		return unsupported(prefix+"allowPublicTraffic", "false", "a sandbox's ports become private at create only")
 	case isSet(n.EgressProxy):
 		return unsupported(prefix+"egressProxy", "(set)", "egress does not go through a proxy; use allowOut/denyOut")
-	case len(n.Rules) > 0:
-		return unsupported(prefix+"rules", "(set)", "outbound requests are not rewritten")
 	case len(n.HTTPSPorts) > 0:
 		return unsupported(prefix+"httpsPorts", fmt.Sprint(n.HTTPSPorts), "ports are not terminated as HTTPS")
 	case n.MaskRequestHost != nil && *n.MaskRequestHost != "":

@@ -168,8 +168,11 @@ type CreateRequest struct {
 	// PrivateTraffic: the sandbox's ports take only requests carrying its
 	// traffic access token (E2B's network.allowPublicTraffic false).
 	PrivateTraffic bool
-	CPUCount       int
-	MemoryMB       int
+	// Rules are E2B's network rules (ParseRules): headers set on the
+	// sandbox's HTTPS requests to matching domains, from secrets.
+	Rules    map[string][]store.NetworkRule
+	CPUCount int
+	MemoryMB int
 	// NodeID, when set, is the node the sandbox must go to (operator
 	// only): ErrNotFound for an unknown node, ErrResourceLimit or
 	// ErrConflict when it cannot take it.
@@ -278,7 +281,10 @@ func Validate(r CreateRequest) error {
 			return err
 		}
 	}
-	_, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut)
+	if _, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut); err != nil {
+		return err
+	}
+	_, err := ParseRules(r.Rules)
 	return err
 }
 
@@ -323,6 +329,19 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AutoResume: r.AutoResume, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut, PrivateTraffic: r.PrivateTraffic,
+	}
+	if rec.NetworkRules, err = ParseRules(r.Rules); err != nil {
+		return Sandbox{}, err
+	}
+	if len(rec.NetworkRules) > 0 {
+		// Its own CA (a pooled sandbox's too: the node installs it
+		// when it hands the sandbox over).
+		if rec.EgressCA, err = s.mintCA(""); err != nil {
+			return Sandbox{}, err
+		}
+		if policy, err = s.withRules(ctx, policy, rec); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	src, err := s.sourceOf(ctx, r.TemplateID)
 	if err != nil {

@@ -358,8 +358,7 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 	if origin.State == store.NodeReady && origin.Addr != "" {
 		peers = []string{origin.Addr}
 	}
-	allow := rec.AllowInternet
-	policy, err := ParsePolicy(&allow, rec.AllowOut, rec.DenyOut)
+	policy, err := s.policyOf(ctx, rec)
 	if err != nil {
 		return rec, false, err
 	}

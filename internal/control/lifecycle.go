@@ -179,8 +179,11 @@ func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Durati
 	return err
 }
 
-// UpdateNetwork changes a running sandbox's egress policy.
-func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, allow, deny []string) error {
+// UpdateNetwork replaces a sandbox's egress policy: its lists and its
+// network rules (nil clears them, as E2B's update clears what it omits).
+// The first rules a sandbox gets mint its egress CA, which the node puts
+// in its trust store.
+func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, allow, deny []string, rules map[string][]store.NetworkRule) error {
 	rec, err := s.row(ctx, id)
 	if err != nil {
 		return err
@@ -192,6 +195,17 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 	if err != nil {
 		return err
 	}
+	if rec.NetworkRules, err = ParseRules(rules); err != nil {
+		return err
+	}
+	if len(rec.NetworkRules) > 0 && len(rec.EgressCA) == 0 {
+		if rec.EgressCA, err = s.mintCA(rec.ID); err != nil {
+			return err
+		}
+	}
+	if p, err = s.withRules(ctx, p, rec); err != nil {
+		return err
+	}
 	n, err := s.nodeOf(rec)
 	if err != nil {
 		return err
@@ -200,7 +214,10 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 		return err
 	}
 	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
-		x.AllowInternet, x.AllowOut, x.DenyOut = p.Internet, allow, deny
+		x.AllowInternet, x.AllowOut, x.DenyOut, x.NetworkRules = p.Internet, allow, deny, rec.NetworkRules
+		if len(x.EgressCA) == 0 {
+			x.EgressCA = rec.EgressCA
+		}
 		return nil
 	})
 	return err

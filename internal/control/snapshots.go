@@ -302,8 +302,7 @@ func (s *Service) forkElsewhere(ctx context.Context, parent store.Sandbox, origi
 	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil && nr.Addr != "" {
 		peers = []string{nr.Addr}
 	}
-	allow := parent.AllowInternet
-	policy, err := ParsePolicy(&allow, parent.AllowOut, parent.DenyOut)
+	policy, err := s.policyOf(ctx, parent)
 	if err != nil {
 		fail(err)
 		return

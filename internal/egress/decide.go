@@ -12,6 +12,10 @@ type Rules struct {
 	AllowDomains []string       // parsed domain entries (ParseDomain)
 	DenyDomains  []string
 	Floor        []netip.Prefix // the operator floor: never reached
+	// Inject are the headers set on HTTPS requests to matching names,
+	// signed for with CA (both needed: without CA nothing is injected).
+	Inject []Injection
+	CA     *CA
 }
 
 // HasDomains says whether the rules need the proxy at all.

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,9 @@ type Config struct {
 	// PeekTimeout bounds the wait for a client's first bytes (default
 	// 10 s): a client that sends nothing is judged without a name.
 	PeekTimeout time.Duration
+	// RootCAs verify the upstreams of intercepted HTTPS connections (those
+	// with an injection); nil: the host's roots.
+	RootCAs *x509.CertPool
 	// Audit, when set, gets each connection's record once it is final
 	// (refused, failed, or ended with its bytes), with the instance.
 	Audit  func(instance string, r Record)
@@ -60,6 +64,7 @@ type sandbox struct {
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
 	done     bool
+	leaves   leaves // certificates signed for intercepted names
 }
 
 // New returns a proxy serving nothing yet.
@@ -258,6 +263,23 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	}
 	rec.Upstream = up
 	seq := sb.log.add(rec)
+	if in := injectionFor(rules.Inject, name); in != nil && rules.CA != nil && isHTTPS(dst.Port(), head) {
+		// Headers to inject: the proxy speaks TLS with the sandbox
+		// itself (the sandbox trusts its CA) and with the upstream.
+		out, inb, reason := p.intercept(sb, c, head, name, up, in, rules.CA)
+		sb.log.update(seq, func(r *Record) {
+			r.BytesOut, r.BytesIn, r.Injected = out, inb, true
+			if reason != "" {
+				r.Reason = reason
+			}
+		})
+		rec.BytesOut, rec.BytesIn, rec.Injected = out, inb, true
+		if reason != "" {
+			rec.Reason = reason
+		}
+		p.audit(sb, rec)
+		return
+	}
 	u, err := net.DialTimeout("tcp4", up.String(), 10*time.Second)
 	if err != nil {
 		sb.log.update(seq, func(r *Record) { r.Allowed, r.Reason = false, "dial" })

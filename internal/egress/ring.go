@@ -20,6 +20,11 @@ type Record struct {
 	Rule     string
 	BytesOut int64 // sandbox -> upstream, the replayed peek included
 	BytesIn  int64 // upstream -> sandbox
+	// Injected: the connection's requests got an injection's headers (the
+	// proxy terminated its TLS); Reason then says "tls" when the sandbox
+	// refused the proxy's certificate, "upstream-tls" when the upstream's
+	// did not verify.
+	Injected bool
 }
 
 // ring is a bounded log of records; slots are updated in place while

@@ -125,7 +125,11 @@ func (e *Engine) initDaemon(ctx context.Context, rec *record, addr netip.Addr, i
 			env[k] = v
 		}
 	}
-	return e.init.Init(ctx, addr, imageToken, envd.InitRequest{AccessToken: &token, SandboxID: rec.ID, EnvVars: env})
+	req := envd.InitRequest{AccessToken: &token, SandboxID: rec.ID, EnvVars: env}
+	if rec.Policy.CA != nil {
+		req.EgressCA = string(rec.Policy.CA.CertPEM)
+	}
+	return e.init.Init(ctx, addr, imageToken, req)
 }
 
 // newToken returns a fresh access token for a sandbox's daemon.
@@ -145,12 +149,23 @@ func (e *Engine) SetPolicy(ctx context.Context, id string, p netns.Policy) error
 	if e.net == nil {
 		return errdefs.Invalidf("this engine runs sandboxes without network")
 	}
+	newCA := p.CA != nil && !p.CA.Equal(rec.Policy.CA)
+	if newCA && rec.State != StateRunning {
+		return errdefs.Conflictf("sandbox %s is %s: network rules are first given to a running sandbox (its trust store gets their CA)", id, rec.State)
+	}
 	if rec.Instance != "" {
 		if err := e.net.SetPolicy(ctx, rec.Instance, p); err != nil {
 			return err
 		}
 	}
 	rec.Policy = p
+	if newCA && rec.Instance != "" {
+		// Network rules given at run time: the sandbox's trust store
+		// gets its CA now (new processes trust it).
+		if err := e.initDaemon(ctx, rec, rec.Addr, rec.Run.AccessToken); err != nil {
+			return err
+		}
+	}
 	return e.save(rec)
 }
 
@@ -167,17 +182,18 @@ func (e *Engine) Reconfigure(ctx context.Context, id string, env []string, p *ne
 	if err := wantState(rec, "reconfigure", StateRunning); err != nil {
 		return Sandbox{}, err
 	}
-	if len(env) > 0 {
-		rec.Run.Env = append(append([]string(nil), rec.Run.Env...), env...)
-		if err := e.initDaemon(ctx, rec, rec.Addr, rec.Run.AccessToken); err != nil {
-			return Sandbox{}, err
-		}
-	}
+	newCA := p != nil && p.CA != nil && !p.CA.Equal(rec.Policy.CA)
 	if p != nil && e.net != nil {
 		if err := e.net.SetPolicy(ctx, rec.Instance, *p); err != nil {
 			return Sandbox{}, err
 		}
 		rec.Policy = *p
+	}
+	if len(env) > 0 || newCA {
+		rec.Run.Env = append(append([]string(nil), rec.Run.Env...), env...)
+		if err := e.initDaemon(ctx, rec, rec.Addr, rec.Run.AccessToken); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err

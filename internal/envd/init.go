@@ -18,6 +18,9 @@ type InitRequest struct {
 	DefaultUser    string            `json:"defaultUser,omitempty"`
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 	SandboxID      string            `json:"sandboxID,omitempty"`
+	// EgressCA (Spore's) is the sandbox's egress CA, PEM: added to its
+	// trust store, and the environment that points clients at it set.
+	EgressCA string `json:"sporeEgressCA,omitempty"`
 }
 
 const maxInitBody = 1 << 20
@@ -40,6 +43,23 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			jsonError(w, http.StatusBadRequest, "invalid environment variable name "+k)
 			return
+		}
+	}
+	if req.EgressCA != "" {
+		if err := installCA([]byte(req.EgressCA)); err != nil {
+			jsonError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		have := s.defaults.Env()
+		if req.EnvVars == nil {
+			req.EnvVars = map[string]string{}
+		}
+		for k, v := range trustEnv() {
+			if _, set := have[k]; !set {
+				if _, asked := req.EnvVars[k]; !asked {
+					req.EnvVars[k] = v
+				}
+			}
 		}
 	}
 	token := ""

@@ -58,6 +58,17 @@ func ParsePrefixes(list []string) ([]netip.Prefix, error) {
 // domains in egress.ParseDomain's form, at most MaxPolicyEntries in each
 // list (addresses and domains together).
 func (p Policy) Validate() error {
+	if err := egress.ValidateInjections(p.Inject); err != nil {
+		return err
+	}
+	if len(p.Inject) > 0 {
+		if p.CA == nil {
+			return errdefs.Invalidf("network rules need the sandbox's egress CA")
+		}
+		if err := p.CA.Validate(); err != nil {
+			return errdefs.Invalidf("%v", err)
+		}
+	}
 	for _, l := range []struct {
 		name    string
 		domains []string

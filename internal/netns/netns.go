@@ -58,10 +58,20 @@ type Policy struct {
 	// redirects those ports to; allow entries win over deny entries.
 	AllowDomains []string `json:"allowDomains,omitempty"`
 	DenyDomains  []string `json:"denyDomains,omitempty"`
+	// Inject sets headers on HTTPS requests to matching names (resolved
+	// values, secrets included), signed for with CA. Never written to
+	// disk: after a restart of the node's process they are gone until
+	// the control plane sets the policy again.
+	Inject []egress.Injection `json:"-"`
+	CA     *egress.CA         `json:"-"`
 }
 
-// HasDomains says whether a policy needs the egress proxy.
+// HasDomains says whether a policy has domain entries.
 func (p Policy) HasDomains() bool { return len(p.AllowDomains)+len(p.DenyDomains) > 0 }
+
+// NeedsProxy says whether a policy needs the egress proxy: domain entries
+// to judge, or headers to inject.
+func (p Policy) NeedsProxy() bool { return p.HasDomains() || len(p.Inject) > 0 }
 
 // EgressProxy serves the listeners the manager opens in gateways (see
 // egress.Proxy): Serve takes a gateway's listener, Update changes the
@@ -497,7 +507,7 @@ func (m *Manager) serveEgress(gw netns.NsHandle, n Net) error {
 // egressRules is what the proxy judges a policy's connections by.
 func (m *Manager) egressRules(p Policy) egress.Rules {
 	return egress.Rules{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny,
-		AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains, Floor: m.floor}
+		AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains, Floor: m.floor, Inject: p.Inject, CA: p.CA}
 }
 
 // validate checks a policy for this manager: domain entries need the
@@ -506,8 +516,8 @@ func (m *Manager) validate(p Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.HasDomains() && m.cfg.Egress == nil {
-		return errdefs.Invalidf("domain entries need the egress proxy, which this node does not run")
+	if p.NeedsProxy() && m.cfg.Egress == nil {
+		return errdefs.Invalidf("domain entries and network rules need the egress proxy, which this node does not run")
 	}
 	return nil
 }

@@ -232,12 +232,12 @@ func auditChains(c *nftables.Conn, t *nftables.Table) {
 }
 
 // redirectRules fills the egressnat chain: while a policy has domain
-// entries, the sandbox's new TCP connections to ports 80 and 443 go to
+// entries or headers to inject, the sandbox's new TCP connections to ports 80 and 443 go to
 // the egress proxy's listener in the gateway, which judges them on the
 // name they ask for. Floor destinations (and the gateway itself) are not
 // redirected: the forward chain drops them as before.
 func redirectRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
-	if !p.HasDomains() {
+	if !p.NeedsProxy() {
 		return
 	}
 	for _, f := range append([]netip.Prefix{netip.PrefixFrom(GatewayIP, 30)}, floor...) {

@@ -7,6 +7,7 @@ package node
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -85,7 +86,11 @@ type Config struct {
 	// (<DataDir>/egress-audit) is kept after its last entry (0:
 	// netaudit.DefaultRetention).
 	EgressRetention time.Duration
-	Logger          *slog.Logger
+	// EgressCAFiles are PEM files of certificates the egress proxy trusts
+	// beside the host's roots when it verifies the upstreams of the HTTPS
+	// requests it injects headers into (an internal CA).
+	EgressCAFiles []string
+	Logger        *slog.Logger
 }
 
 // DefaultChunkCacheBytes bounds a node's chunk cache by default.
@@ -175,7 +180,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	aud := &auditor{j: journal, log: cfg.Logger}
-	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger, Audit: aud.proxied})
+	roots, err := upstreamRoots(cfg.EgressCAFiles)
+	if err != nil {
+		return nil, err
+	}
+	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger, Audit: aud.proxied, RootCAs: roots})
 	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger,
 		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy, Audit: aud})
 	if err != nil {
@@ -405,4 +414,25 @@ func tuneHost(log *slog.Logger) {
 		return
 	}
 	log.Info("raised kernel.pid_max for sandbox density", "pid_max", pidMax)
+}
+
+// upstreamRoots are the host's roots plus the certificates in files.
+func upstreamRoots(files []string) (*x509.CertPool, error) {
+	if len(files) == 0 {
+		return nil, nil // the host's
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("egress CA file: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("egress CA file %s: no PEM certificate in it", f)
+		}
+	}
+	return pool, nil
 }

@@ -331,7 +331,28 @@ type Policy struct {
 	Deny         []netip.Prefix
 	AllowDomains []string
 	DenyDomains  []string
+	// Inject sets headers on the sandbox's HTTPS requests to matching
+	// names (E2B's network rules, values resolved: secrets included),
+	// the node's egress proxy terminating their TLS with a certificate
+	// signed by CA, which the sandbox's trust store gets. The node keeps
+	// both in memory only and never returns them (Get's Policy has
+	// neither).
+	Inject []Injection
+	CA     *CA
 }
+
+// Injection is the headers set on HTTPS requests to the names Pattern
+// matches ("api.example.com", "*.example.com").
+type Injection struct {
+	Pattern string
+	Headers []Header
+}
+
+// Header is one injected header.
+type Header struct{ Name, Value string }
+
+// CA is a sandbox's egress certificate authority, PEM encoded.
+type CA struct{ CertPEM, KeyPEM []byte }
 
 // MaxPolicyEntries bounds Allow and Deny (each entry is a rule in the
 // sandbox's gateway).

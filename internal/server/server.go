@@ -72,6 +72,7 @@ type Config struct {
 	InsecureRegistries []string
 	// EgressRetention: see node.Config.
 	EgressRetention time.Duration
+	EgressCAFiles   []string
 	// BlobStore names the blob store snapshots are made durable in (see
 	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
 	// `spore up`, none for a node agent.
@@ -185,7 +186,7 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
 		EgressFloor: cfg.EgressFloor, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
-		InsecureRegistries: cfg.InsecureRegistries, EgressRetention: cfg.EgressRetention,
+		InsecureRegistries: cfg.InsecureRegistries, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
 	})
 	if err != nil {
 		return nil, err

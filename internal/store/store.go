@@ -30,6 +30,12 @@ const (
 	StatePooled = "pooled"
 )
 
+// NetworkRule is one of E2B's transform rules for a domain: the headers
+// set (added or replacing) on matching requests.
+type NetworkRule struct {
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
 // Sandbox is the control plane's record of a sandbox.
 type Sandbox struct {
 	ID         string            `json:"id"`
@@ -53,7 +59,15 @@ type Sandbox struct {
 	PrivateTraffic bool     `json:"privateTraffic,omitempty"`
 	AllowOut       []string `json:"allowOut,omitempty"`
 	DenyOut        []string `json:"denyOut,omitempty"`
-	NodeID         string   `json:"nodeID"`
+	// NetworkRules are E2B's per-domain transforms of outbound HTTPS
+	// requests, as given: header values hold ${e2b.secrets.NAME}
+	// placeholders, never secret values.
+	NetworkRules map[string][]NetworkRule `json:"networkRules,omitempty"`
+	// EgressCA is the sandbox's egress CA (certificate and key, PEM),
+	// sealed by the control plane (secrets key); forks share it, as they
+	// share the trust store that holds its certificate.
+	EgressCA []byte `json:"egressCA,omitempty"`
+	NodeID   string `json:"nodeID"`
 	// Addr is where the node reaches the sandbox (opaque to the store).
 	Addr string `json:"addr,omitempty"`
 	// EnvdAccessToken is minted by the control plane; GET answers it

@@ -21,6 +21,7 @@ import (
 
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/chunk"
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -493,7 +494,18 @@ func toNetPolicy(p *nodeapi.Policy) *netns.Policy {
 	if p == nil {
 		return nil
 	}
-	return &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains}
+	np := &netns.Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, AllowDomains: p.AllowDomains, DenyDomains: p.DenyDomains}
+	for _, in := range p.Inject {
+		e := egress.Injection{Pattern: in.Pattern}
+		for _, h := range in.Headers {
+			e.Headers = append(e.Headers, egress.Header{Name: h.Name, Value: h.Value})
+		}
+		np.Inject = append(np.Inject, e)
+	}
+	if p.CA != nil {
+		np.CA = &egress.CA{CertPEM: p.CA.CertPEM, KeyPEM: p.CA.KeyPEM}
+	}
+	return np
 }
 
 // CollectGarbage runs a GC over the node's blob store.

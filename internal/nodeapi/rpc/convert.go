@@ -76,7 +76,18 @@ func parsePrefixes(what string, ss []string) ([]netip.Prefix, error) {
 func policyPB(p nodeapi.Policy) *nodev1.Policy {
 	// Domain entries travel in the same string lists as the prefixes (a
 	// domain never parses as one): no change to the wire format.
-	return &nodev1.Policy{Internet: p.Internet, Allow: append(prefixStrings(p.Allow), p.AllowDomains...), Deny: append(prefixStrings(p.Deny), p.DenyDomains...)}
+	pb := &nodev1.Policy{Internet: p.Internet, Allow: append(prefixStrings(p.Allow), p.AllowDomains...), Deny: append(prefixStrings(p.Deny), p.DenyDomains...)}
+	for _, in := range p.Inject {
+		e := &nodev1.Injection{Pattern: in.Pattern}
+		for _, h := range in.Headers {
+			e.Headers = append(e.Headers, &nodev1.Header{Name: h.Name, Value: h.Value})
+		}
+		pb.Inject = append(pb.Inject, e)
+	}
+	if p.CA != nil {
+		pb.CaCert, pb.CaKey = p.CA.CertPEM, p.CA.KeyPEM
+	}
+	return pb
 }
 
 // splitEntries parses a policy list: prefixes, and domain entries kept as
@@ -107,7 +118,18 @@ func policy(p *nodev1.Policy) (*nodeapi.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &nodeapi.Policy{Internet: p.GetInternet(), Allow: allow, Deny: deny, AllowDomains: allowDomains, DenyDomains: denyDomains}, nil
+	out := &nodeapi.Policy{Internet: p.GetInternet(), Allow: allow, Deny: deny, AllowDomains: allowDomains, DenyDomains: denyDomains}
+	for _, in := range p.GetInject() {
+		e := nodeapi.Injection{Pattern: in.GetPattern()}
+		for _, h := range in.GetHeaders() {
+			e.Headers = append(e.Headers, nodeapi.Header{Name: h.GetName(), Value: h.GetValue()})
+		}
+		out.Inject = append(out.Inject, e)
+	}
+	if len(p.GetCaCert()) > 0 || len(p.GetCaKey()) > 0 {
+		out.CA = &nodeapi.CA{CertPEM: p.GetCaCert(), KeyPEM: p.GetCaKey()}
+	}
+	return out, nil
 }
 
 func policyOrNil(p *nodeapi.Policy) *nodev1.Policy {

@@ -162,10 +162,15 @@ func (x *Limits) GetMaxProcs() int64 {
 
 // Policy: prefixes are CIDR strings ("10.0.0.0/8").
 type Policy struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Internet      bool                   `protobuf:"varint,1,opt,name=internet,proto3" json:"internet,omitempty"`
-	Allow         []string               `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
-	Deny          []string               `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Internet bool                   `protobuf:"varint,1,opt,name=internet,proto3" json:"internet,omitempty"`
+	Allow    []string               `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	Deny     []string               `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	// Headers set on HTTPS requests to matching names (resolved values) and
+	// the sandbox's egress CA that signs for them; kept in memory only.
+	Inject        []*Injection `protobuf:"bytes,4,rep,name=inject,proto3" json:"inject,omitempty"`
+	CaCert        []byte       `protobuf:"bytes,5,opt,name=ca_cert,json=caCert,proto3" json:"ca_cert,omitempty"`
+	CaKey         []byte       `protobuf:"bytes,6,opt,name=ca_key,json=caKey,proto3" json:"ca_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,6 +226,131 @@ func (x *Policy) GetDeny() []string {
 	return nil
 }
 
+func (x *Policy) GetInject() []*Injection {
+	if x != nil {
+		return x.Inject
+	}
+	return nil
+}
+
+func (x *Policy) GetCaCert() []byte {
+	if x != nil {
+		return x.CaCert
+	}
+	return nil
+}
+
+func (x *Policy) GetCaKey() []byte {
+	if x != nil {
+		return x.CaKey
+	}
+	return nil
+}
+
+type Injection struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pattern       string                 `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	Headers       []*Header              `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Injection) Reset() {
+	*x = Injection{}
+	mi := &file_node_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Injection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Injection) ProtoMessage() {}
+
+func (x *Injection) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Injection.ProtoReflect.Descriptor instead.
+func (*Injection) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Injection) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *Injection) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+type Header struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Header) Reset() {
+	*x = Header{}
+	mi := &file_node_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Header) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Header) ProtoMessage() {}
+
+func (x *Header) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Header.ProtoReflect.Descriptor instead.
+func (*Header) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Header) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Header) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 type Death struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
@@ -232,7 +362,7 @@ type Death struct {
 
 func (x *Death) Reset() {
 	*x = Death{}
-	mi := &file_node_v1_node_proto_msgTypes[3]
+	mi := &file_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +374,7 @@ func (x *Death) String() string {
 func (*Death) ProtoMessage() {}
 
 func (x *Death) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[3]
+	mi := &file_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +387,7 @@ func (x *Death) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Death.ProtoReflect.Descriptor instead.
 func (*Death) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Death) GetReason() string {
@@ -301,7 +431,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_v1_node_proto_msgTypes[4]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +443,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[4]
+	mi := &file_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +456,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -432,7 +562,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -444,7 +574,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[5]
+	mi := &file_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -457,7 +587,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -542,7 +672,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +684,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[6]
+	mi := &file_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +697,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -592,7 +722,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +734,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[7]
+	mi := &file_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +747,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 type InfoResponse struct {
@@ -642,7 +772,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +784,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[8]
+	mi := &file_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +797,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InfoResponse) GetId() string {
@@ -750,7 +880,7 @@ type Overcommit struct {
 
 func (x *Overcommit) Reset() {
 	*x = Overcommit{}
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +892,7 @@ func (x *Overcommit) String() string {
 func (*Overcommit) ProtoMessage() {}
 
 func (x *Overcommit) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[9]
+	mi := &file_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +905,7 @@ func (x *Overcommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Overcommit.ProtoReflect.Descriptor instead.
 func (*Overcommit) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Overcommit) GetMemory() float64 {
@@ -810,7 +940,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +952,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[10]
+	mi := &file_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +965,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -903,7 +1033,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1045,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[11]
+	mi := &file_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1058,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateResponse) GetSandbox() *Sandbox {
@@ -947,7 +1077,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1089,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[12]
+	mi := &file_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1102,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRequest) GetId() string {
@@ -991,7 +1121,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1133,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[13]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1146,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1034,7 +1164,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1176,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1189,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 type ListResponse struct {
@@ -1071,7 +1201,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1213,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1226,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1115,7 +1245,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1257,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1270,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1158,7 +1288,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1300,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1313,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 type PauseRequest struct {
@@ -1195,7 +1325,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +1337,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +1350,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1238,7 +1368,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1380,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1393,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 type ResumeRequest struct {
@@ -1275,7 +1405,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1417,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1430,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1319,7 +1449,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1461,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1474,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1363,7 +1493,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1505,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1518,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -1406,7 +1536,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1548,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1561,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 type SnapshotRequest struct {
@@ -1446,7 +1576,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1588,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1601,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1511,7 +1641,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1653,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1666,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1556,7 +1686,7 @@ type ForkChildSpec struct {
 
 func (x *ForkChildSpec) Reset() {
 	*x = ForkChildSpec{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1698,7 @@ func (x *ForkChildSpec) String() string {
 func (*ForkChildSpec) ProtoMessage() {}
 
 func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1711,7 @@ func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChildSpec.ProtoReflect.Descriptor instead.
 func (*ForkChildSpec) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForkChildSpec) GetSandboxId() string {
@@ -1609,7 +1739,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1751,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1764,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1669,7 +1799,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1811,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1824,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -1720,7 +1850,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1862,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1875,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkChild {
@@ -1765,7 +1895,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1907,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1920,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RollbackRequest) GetId() string {
@@ -1816,7 +1946,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +1958,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +1971,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RollbackResponse) GetSandbox() *Sandbox {
@@ -1860,7 +1990,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +2002,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +2015,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetSnapshotRequest) GetRef() string {
@@ -1904,7 +2034,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2046,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2059,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1948,7 +2078,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2090,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2103,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteSnapshotRequest) GetRef() string {
@@ -1991,7 +2121,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2133,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2146,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 // BuildImageRequest: template name from image ref ("registry/repo:tag"
@@ -2035,7 +2165,7 @@ type BuildImageRequest struct {
 
 func (x *BuildImageRequest) Reset() {
 	*x = BuildImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2177,7 @@ func (x *BuildImageRequest) String() string {
 func (*BuildImageRequest) ProtoMessage() {}
 
 func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2190,7 @@ func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
 func (*BuildImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BuildImageRequest) GetName() string {
@@ -2107,7 +2237,7 @@ type BuildImageResponse struct {
 
 func (x *BuildImageResponse) Reset() {
 	*x = BuildImageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2249,7 @@ func (x *BuildImageResponse) String() string {
 func (*BuildImageResponse) ProtoMessage() {}
 
 func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2262,7 @@ func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
 func (*BuildImageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
@@ -2160,7 +2290,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2302,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2315,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExportRequest) GetSandboxId() string {
@@ -2246,7 +2376,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2388,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2401,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExportResponse) GetRef() string {
@@ -2345,7 +2475,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2487,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2500,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2410,7 +2540,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2422,7 +2552,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2435,7 +2565,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2454,7 +2584,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2596,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2609,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2499,7 +2629,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2641,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2654,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2553,7 +2683,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +2695,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2708,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2608,7 +2738,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2620,7 +2750,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2763,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2679,7 +2809,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2821,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2834,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 type SnapshotsResponse struct {
@@ -2716,7 +2846,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2858,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2871,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2761,7 +2891,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2903,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2916,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2811,7 +2941,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2953,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +2966,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 type ReconfigureRequest struct {
@@ -2850,7 +2980,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +2992,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3005,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -2908,7 +3038,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2920,7 +3050,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2933,7 +3063,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -2952,7 +3082,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2964,7 +3094,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2977,7 +3107,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -3001,7 +3131,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3143,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3156,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -3079,7 +3209,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3091,7 +3221,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3104,7 +3234,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 type Event struct {
@@ -3122,7 +3252,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3134,7 +3264,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3147,7 +3277,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Event) GetKind() string {
@@ -3209,7 +3339,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3351,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3364,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3255,7 +3385,7 @@ type EgressAuditRequest struct {
 
 func (x *EgressAuditRequest) Reset() {
 	*x = EgressAuditRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3397,7 @@ func (x *EgressAuditRequest) String() string {
 func (*EgressAuditRequest) ProtoMessage() {}
 
 func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3410,7 @@ func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
 func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *EgressAuditRequest) GetSandboxId() string {
@@ -3323,7 +3453,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3335,7 +3465,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3348,7 +3478,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
@@ -3437,7 +3567,7 @@ type EgressAuditResponse struct {
 
 func (x *EgressAuditResponse) Reset() {
 	*x = EgressAuditResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3449,7 +3579,7 @@ func (x *EgressAuditResponse) String() string {
 func (*EgressAuditResponse) ProtoMessage() {}
 
 func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3462,7 +3592,7 @@ func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
 func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
@@ -3485,11 +3615,20 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05vcpus\x18\x01 \x01(\x01R\x05vcpus\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12\x17\n" +
 	"\adisk_mb\x18\x03 \x01(\x03R\x06diskMb\x12\x1b\n" +
-	"\tmax_procs\x18\x04 \x01(\x03R\bmaxProcs\"N\n" +
+	"\tmax_procs\x18\x04 \x01(\x03R\bmaxProcs\"\xb0\x01\n" +
 	"\x06Policy\x12\x1a\n" +
 	"\binternet\x18\x01 \x01(\bR\binternet\x12\x14\n" +
 	"\x05allow\x18\x02 \x03(\tR\x05allow\x12\x12\n" +
-	"\x04deny\x18\x03 \x03(\tR\x04deny\"c\n" +
+	"\x04deny\x18\x03 \x03(\tR\x04deny\x120\n" +
+	"\x06inject\x18\x04 \x03(\v2\x18.spore.node.v1.InjectionR\x06inject\x12\x17\n" +
+	"\aca_cert\x18\x05 \x01(\fR\x06caCert\x12\x15\n" +
+	"\x06ca_key\x18\x06 \x01(\fR\x05caKey\"V\n" +
+	"\tInjection\x12\x18\n" +
+	"\apattern\x18\x01 \x01(\tR\apattern\x12/\n" +
+	"\aheaders\x18\x02 \x03(\v2\x15.spore.node.v1.HeaderR\aheaders\"2\n" +
+	"\x06Header\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"c\n" +
 	"\x05Death\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12*\n" +
@@ -3762,165 +3901,169 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
 	(*Policy)(nil),                 // 2: spore.node.v1.Policy
-	(*Death)(nil),                  // 3: spore.node.v1.Death
-	(*Sandbox)(nil),                // 4: spore.node.v1.Sandbox
-	(*SnapshotInfo)(nil),           // 5: spore.node.v1.SnapshotInfo
-	(*Error)(nil),                  // 6: spore.node.v1.Error
-	(*InfoRequest)(nil),            // 7: spore.node.v1.InfoRequest
-	(*InfoResponse)(nil),           // 8: spore.node.v1.InfoResponse
-	(*Overcommit)(nil),             // 9: spore.node.v1.Overcommit
-	(*CreateRequest)(nil),          // 10: spore.node.v1.CreateRequest
-	(*CreateResponse)(nil),         // 11: spore.node.v1.CreateResponse
-	(*GetRequest)(nil),             // 12: spore.node.v1.GetRequest
-	(*GetResponse)(nil),            // 13: spore.node.v1.GetResponse
-	(*ListRequest)(nil),            // 14: spore.node.v1.ListRequest
-	(*ListResponse)(nil),           // 15: spore.node.v1.ListResponse
-	(*KillRequest)(nil),            // 16: spore.node.v1.KillRequest
-	(*KillResponse)(nil),           // 17: spore.node.v1.KillResponse
-	(*PauseRequest)(nil),           // 18: spore.node.v1.PauseRequest
-	(*PauseResponse)(nil),          // 19: spore.node.v1.PauseResponse
-	(*ResumeRequest)(nil),          // 20: spore.node.v1.ResumeRequest
-	(*ResumeResponse)(nil),         // 21: spore.node.v1.ResumeResponse
-	(*HibernateRequest)(nil),       // 22: spore.node.v1.HibernateRequest
-	(*HibernateResponse)(nil),      // 23: spore.node.v1.HibernateResponse
-	(*SnapshotRequest)(nil),        // 24: spore.node.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 25: spore.node.v1.SnapshotResponse
-	(*ForkChildSpec)(nil),          // 26: spore.node.v1.ForkChildSpec
-	(*ForkRequest)(nil),            // 27: spore.node.v1.ForkRequest
-	(*ForkChild)(nil),              // 28: spore.node.v1.ForkChild
-	(*ForkResponse)(nil),           // 29: spore.node.v1.ForkResponse
-	(*RollbackRequest)(nil),        // 30: spore.node.v1.RollbackRequest
-	(*RollbackResponse)(nil),       // 31: spore.node.v1.RollbackResponse
-	(*GetSnapshotRequest)(nil),     // 32: spore.node.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),    // 33: spore.node.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),  // 34: spore.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 35: spore.node.v1.DeleteSnapshotResponse
-	(*BuildImageRequest)(nil),      // 36: spore.node.v1.BuildImageRequest
-	(*BuildImageResponse)(nil),     // 37: spore.node.v1.BuildImageResponse
-	(*ExportRequest)(nil),          // 38: spore.node.v1.ExportRequest
-	(*ExportResponse)(nil),         // 39: spore.node.v1.ExportResponse
-	(*AdoptRequest)(nil),           // 40: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 41: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 42: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 43: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 44: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 45: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 46: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 47: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 48: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 49: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 50: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 51: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 52: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 53: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 54: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 55: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 56: spore.node.v1.EventsResponse
-	(*EgressAuditRequest)(nil),     // 57: spore.node.v1.EgressAuditRequest
-	(*EgressEntry)(nil),            // 58: spore.node.v1.EgressEntry
-	(*EgressAuditResponse)(nil),    // 59: spore.node.v1.EgressAuditResponse
-	nil,                            // 60: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 61: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 62: google.protobuf.Duration
+	(*Injection)(nil),              // 3: spore.node.v1.Injection
+	(*Header)(nil),                 // 4: spore.node.v1.Header
+	(*Death)(nil),                  // 5: spore.node.v1.Death
+	(*Sandbox)(nil),                // 6: spore.node.v1.Sandbox
+	(*SnapshotInfo)(nil),           // 7: spore.node.v1.SnapshotInfo
+	(*Error)(nil),                  // 8: spore.node.v1.Error
+	(*InfoRequest)(nil),            // 9: spore.node.v1.InfoRequest
+	(*InfoResponse)(nil),           // 10: spore.node.v1.InfoResponse
+	(*Overcommit)(nil),             // 11: spore.node.v1.Overcommit
+	(*CreateRequest)(nil),          // 12: spore.node.v1.CreateRequest
+	(*CreateResponse)(nil),         // 13: spore.node.v1.CreateResponse
+	(*GetRequest)(nil),             // 14: spore.node.v1.GetRequest
+	(*GetResponse)(nil),            // 15: spore.node.v1.GetResponse
+	(*ListRequest)(nil),            // 16: spore.node.v1.ListRequest
+	(*ListResponse)(nil),           // 17: spore.node.v1.ListResponse
+	(*KillRequest)(nil),            // 18: spore.node.v1.KillRequest
+	(*KillResponse)(nil),           // 19: spore.node.v1.KillResponse
+	(*PauseRequest)(nil),           // 20: spore.node.v1.PauseRequest
+	(*PauseResponse)(nil),          // 21: spore.node.v1.PauseResponse
+	(*ResumeRequest)(nil),          // 22: spore.node.v1.ResumeRequest
+	(*ResumeResponse)(nil),         // 23: spore.node.v1.ResumeResponse
+	(*HibernateRequest)(nil),       // 24: spore.node.v1.HibernateRequest
+	(*HibernateResponse)(nil),      // 25: spore.node.v1.HibernateResponse
+	(*SnapshotRequest)(nil),        // 26: spore.node.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 27: spore.node.v1.SnapshotResponse
+	(*ForkChildSpec)(nil),          // 28: spore.node.v1.ForkChildSpec
+	(*ForkRequest)(nil),            // 29: spore.node.v1.ForkRequest
+	(*ForkChild)(nil),              // 30: spore.node.v1.ForkChild
+	(*ForkResponse)(nil),           // 31: spore.node.v1.ForkResponse
+	(*RollbackRequest)(nil),        // 32: spore.node.v1.RollbackRequest
+	(*RollbackResponse)(nil),       // 33: spore.node.v1.RollbackResponse
+	(*GetSnapshotRequest)(nil),     // 34: spore.node.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),    // 35: spore.node.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),  // 36: spore.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 37: spore.node.v1.DeleteSnapshotResponse
+	(*BuildImageRequest)(nil),      // 38: spore.node.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),     // 39: spore.node.v1.BuildImageResponse
+	(*ExportRequest)(nil),          // 40: spore.node.v1.ExportRequest
+	(*ExportResponse)(nil),         // 41: spore.node.v1.ExportResponse
+	(*AdoptRequest)(nil),           // 42: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 43: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 44: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 45: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 46: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 47: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 48: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 49: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 50: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 51: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 52: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 53: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 54: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 55: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 56: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 57: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 58: spore.node.v1.EventsResponse
+	(*EgressAuditRequest)(nil),     // 59: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 60: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 61: spore.node.v1.EgressAuditResponse
+	nil,                            // 62: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 63: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 64: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
-	61, // 0: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
-	1,  // 1: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
-	2,  // 2: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	61, // 3: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	3,  // 4: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	61, // 5: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	1,  // 6: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
-	0,  // 7: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
-	0,  // 8: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	60, // 9: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
-	9,  // 10: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
-	2,  // 11: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 12: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	4,  // 13: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	4,  // 14: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
-	4,  // 15: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	5,  // 16: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	26, // 17: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
-	4,  // 18: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
-	6,  // 19: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	28, // 20: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
-	4,  // 21: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	5,  // 22: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	5,  // 23: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 24: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 25: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	62, // 26: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
-	5,  // 27: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 28: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 29: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	4,  // 30: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	61, // 31: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	62, // 32: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	61, // 33: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	55, // 34: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	61, // 35: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	61, // 36: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	61, // 37: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
-	58, // 38: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
-	7,  // 39: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	10, // 40: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	12, // 41: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	14, // 42: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	16, // 43: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	18, // 44: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	20, // 45: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	22, // 46: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	24, // 47: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	27, // 48: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	30, // 49: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	32, // 50: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	34, // 51: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	46, // 52: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	48, // 53: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	50, // 54: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	52, // 55: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	42, // 56: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	40, // 57: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	44, // 58: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	36, // 59: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	38, // 60: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	57, // 61: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	54, // 62: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	8,  // 63: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	11, // 64: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	13, // 65: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	15, // 66: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	17, // 67: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	19, // 68: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	21, // 69: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	23, // 70: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	25, // 71: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	29, // 72: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	31, // 73: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	33, // 74: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	35, // 75: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	47, // 76: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	49, // 77: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	51, // 78: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	53, // 79: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	43, // 80: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	41, // 81: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	45, // 82: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	37, // 83: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	39, // 84: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	59, // 85: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	56, // 86: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	63, // [63:87] is the sub-list for method output_type
-	39, // [39:63] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
+	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
+	63, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
+	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
+	63, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
+	63, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
+	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
+	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
+	62, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
+	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
+	6,  // 14: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 15: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 16: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
+	6,  // 17: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	7,  // 18: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	28, // 19: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	6,  // 20: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
+	8,  // 21: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
+	30, // 22: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	6,  // 23: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	7,  // 24: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	7,  // 25: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 26: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
+	6,  // 27: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	64, // 28: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	7,  // 29: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 30: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 31: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	6,  // 32: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	63, // 33: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	64, // 34: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	63, // 35: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	57, // 36: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	63, // 37: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	63, // 38: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	63, // 39: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	60, // 40: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	9,  // 41: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	12, // 42: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	14, // 43: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	16, // 44: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	18, // 45: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	20, // 46: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	22, // 47: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	24, // 48: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	26, // 49: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	29, // 50: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	32, // 51: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	34, // 52: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	36, // 53: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	48, // 54: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	50, // 55: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	52, // 56: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	54, // 57: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	44, // 58: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	42, // 59: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	46, // 60: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	38, // 61: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	40, // 62: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	59, // 63: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	56, // 64: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 65: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 66: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	15, // 67: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	17, // 68: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	19, // 69: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	21, // 70: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	23, // 71: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	25, // 72: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	27, // 73: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	31, // 74: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	33, // 75: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	35, // 76: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	37, // 77: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	49, // 78: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	51, // 79: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	53, // 80: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	55, // 81: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	45, // 82: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	43, // 83: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	47, // 84: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	39, // 85: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	41, // 86: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	61, // 87: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	58, // 88: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	65, // [65:89] is the sub-list for method output_type
+	41, // [41:65] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -3934,7 +4077,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   61,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
