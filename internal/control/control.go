@@ -339,7 +339,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		if rec.EgressCA, err = s.mintCA(""); err != nil {
 			return Sandbox{}, err
 		}
-		if policy, err = s.withRules(ctx, policy, rec); err != nil {
+		if policy, err = s.withRules(ctx, policy, rec, true); err != nil {
 			return Sandbox{}, err
 		}
 	}

@@ -203,7 +203,7 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 			return err
 		}
 	}
-	if p, err = s.withRules(ctx, p, rec); err != nil {
+	if p, err = s.withRules(ctx, p, rec, true); err != nil {
 		return err
 	}
 	n, err := s.nodeOf(rec)
@@ -410,6 +410,11 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 		}
 		if state != store.StateHibernated && state != store.StateError {
 			s.setTarget(rec.ID, ns.Addr, state)
+		}
+		if len(rec.NetworkRules) > 0 && !ns.RulesLoaded && state != store.StateError {
+			// The node forgot them (its process restarted: it keeps
+			// secrets in memory only): they are set again.
+			s.reloadRules(ctx, n, rec)
 		}
 	}
 	for id := range onNode {

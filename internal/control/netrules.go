@@ -120,12 +120,14 @@ func injections(rules map[string][]store.NetworkRule, resolve func(string) strin
 
 // resolveRules turns a sandbox's rules into the node's injections, the
 // placeholders replaced by their secrets' current values. A secret that
-// does not exist is ErrInvalidArgument naming it.
-func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.NetworkRule) ([]nodeapi.Injection, error) {
+// does not exist is ErrInvalidArgument naming it when strict (rules being
+// given); otherwise (rules set again: a secret deleted since) the headers
+// that name it are left out, so its value stops going anywhere.
+func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.NetworkRule, strict bool) ([]nodeapi.Injection, error) {
 	if len(rules) == 0 {
 		return nil, nil
 	}
-	values := map[string]string{}
+	values, missing := map[string]string{}, map[string]bool{}
 	for _, list := range rules {
 		for _, r := range list {
 			for _, v := range r.Headers {
@@ -134,11 +136,15 @@ func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.Net
 					return nil, errdefs.Invalidf("network rules: %v", err)
 				}
 				for _, n := range names {
-					if _, ok := values[n]; ok {
+					if _, ok := values[n]; ok || missing[n] {
 						continue
 					}
 					val, err := s.secretValue(ctx, n)
 					if errdefs.IsNotFound(err) {
+						if !strict {
+							missing[n] = true
+							continue
+						}
 						return nil, errdefs.Invalidf("network rules: secret %q does not exist", n)
 					}
 					if err != nil {
@@ -164,6 +170,23 @@ func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.Net
 			v = v[end+1:]
 		}
 	}
+	if len(missing) > 0 {
+		// Drop the headers that name a missing secret.
+		kept := make(map[string][]store.NetworkRule, len(rules))
+		for d, list := range rules {
+			for _, r := range list {
+				nr := store.NetworkRule{Headers: map[string]string{}}
+				for k, v := range r.Headers {
+					names, _ := placeholders(v)
+					if !slices.ContainsFunc(names, func(n string) bool { return missing[n] }) {
+						nr.Headers[k] = v
+					}
+				}
+				kept[d] = append(kept[d], nr)
+			}
+		}
+		rules = kept
+	}
 	var out []nodeapi.Injection
 	for _, in := range injections(rules, resolve) {
 		ni := nodeapi.Injection{Pattern: in.Pattern}
@@ -173,6 +196,55 @@ func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.Net
 		out = append(out, ni)
 	}
 	return out, nil
+}
+
+// usesSecret says whether rules name a secret.
+func usesSecret(rules map[string][]store.NetworkRule, name string) bool {
+	for _, list := range rules {
+		for _, r := range list {
+			for _, v := range r.Headers {
+				if names, _ := placeholders(v); slices.Contains(names, name) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// pushSecret sets again the policy of every sandbox whose rules name a
+// secret that changed (a new version, or deleted), so their requests
+// carry the new value (or none) from now on. Best effort: a node that
+// cannot be told is logged, and the sandbox keeps the value it had.
+func (s *Service) pushSecret(ctx context.Context, name string) {
+	cursor := ""
+	for {
+		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{Limit: 500, Cursor: cursor,
+			States: []string{store.StateRunning, store.StatePaused, store.StateHibernated}})
+		if err != nil {
+			s.log.Warn("secret changed: sandboxes not listed, their rules keep the old value", "secret", name, "err", err)
+			return
+		}
+		for _, rec := range page {
+			if !usesSecret(rec.NetworkRules, name) {
+				continue
+			}
+			n, err := s.nodeOf(rec)
+			if err == nil {
+				var p nodeapi.Policy
+				if p, err = s.policyOf(ctx, rec); err == nil {
+					err = n.SetPolicy(ctx, rec.ID, p)
+				}
+			}
+			if err != nil && !errdefs.IsNotFound(err) {
+				s.log.Warn("secret changed: a sandbox's rules keep the old value", "secret", name, "sandbox_id", rec.ID, "err", err)
+			}
+		}
+		if next == "" {
+			return
+		}
+		cursor = next
+	}
 }
 
 // secretValue opens a secret's current value by name.
@@ -224,13 +296,13 @@ func (s *Service) openCA(sealed []byte) (*nodeapi.CA, error) {
 }
 
 // withRules completes a policy with a row's network rules: the resolved
-// headers and the CA (minted into the row, when it has none yet, by the
-// caller: see ensureCA).
-func (s *Service) withRules(ctx context.Context, p nodeapi.Policy, rec store.Sandbox) (nodeapi.Policy, error) {
+// headers (strict: see resolveRules) and the CA (minted into the row by
+// the caller when it has none yet).
+func (s *Service) withRules(ctx context.Context, p nodeapi.Policy, rec store.Sandbox, strict bool) (nodeapi.Policy, error) {
 	if len(rec.NetworkRules) == 0 {
 		return p, nil
 	}
-	inject, err := s.resolveRules(ctx, rec.NetworkRules)
+	inject, err := s.resolveRules(ctx, rec.NetworkRules, strict)
 	if err != nil {
 		return p, err
 	}
@@ -245,12 +317,28 @@ func (s *Service) withRules(ctx context.Context, p nodeapi.Policy, rec store.San
 	return p, nil
 }
 
-// policyOf is a row's whole egress policy, for a node.
+// policyOf is a row's whole egress policy, for a node (rules resolved
+// leniently: a secret deleted since they were given is left out).
 func (s *Service) policyOf(ctx context.Context, rec store.Sandbox) (nodeapi.Policy, error) {
 	allow := rec.AllowInternet
 	p, err := ParsePolicy(&allow, rec.AllowOut, rec.DenyOut)
 	if err != nil {
 		return p, err
 	}
-	return s.withRules(ctx, p, rec)
+	return s.withRules(ctx, p, rec, false)
+}
+
+// reloadRules sets a sandbox's whole policy on its node again, for a node
+// that forgot its network rules. Failures are logged: the next reconcile
+// tries again.
+func (s *Service) reloadRules(ctx context.Context, n nodeapi.Node, rec store.Sandbox) {
+	p, err := s.policyOf(ctx, rec)
+	if err == nil {
+		err = n.SetPolicy(ctx, rec.ID, p)
+	}
+	if err != nil {
+		s.log.Warn("reconcile: network rules not set again on the node", "sandbox_id", rec.ID, "node_id", rec.NodeID, "err", err)
+		return
+	}
+	s.log.Info("reconcile: network rules set again on the node", "sandbox_id", rec.ID, "node_id", rec.NodeID)
 }

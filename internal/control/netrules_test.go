@@ -143,14 +143,33 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 	}
 	ca := p.CA
 
+	// A rotated secret reaches the sandboxes that use it, at once.
 	if _, err := h.ctl.UpdateSecret(ctx, "api-key", "sk-rotated", nil); err != nil {
 		t.Fatal(err)
+	}
+	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "Bearer sk-rotated" || !p.CA.Equal(ca) {
+		t.Fatalf("after the rotation: %+v (same CA %v)", p.Inject, p.CA.Equal(ca))
 	}
 	if err := h.ctl.UpdateNetwork(ctx, sb.ID, nil, nil, nil, rules); err != nil {
 		t.Fatal(err)
 	}
 	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "Bearer sk-rotated" || !p.CA.Equal(ca) {
 		t.Fatalf("after update: %+v (same CA %v)", p.Inject, p.CA.Equal(ca))
+	}
+
+	// A node that forgot the rules (its process restarted: they are in
+	// its memory only) gets them again at the next reconcile.
+	if err := h.n.Engine.SetPolicy(ctx, sb.ID, netns.Policy{Internet: true}); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.nodePolicy(sb.ID); len(p.Inject) != 0 {
+		t.Fatal("the node did not forget")
+	}
+	if err := h.ctl.ReconcileNode(ctx, controltest.NodeID); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "Bearer sk-rotated" || !p.CA.Equal(ca) {
+		t.Fatalf("after the reconcile: %+v", p.Inject)
 	}
 
 	// A rule naming a secret that does not exist: refused, nothing changed.
@@ -182,6 +201,18 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 		t.Fatalf("child's row: %+v", krow.NetworkRules)
 	}
 
+	// A deleted secret stops going anywhere: the headers naming it are
+	// dropped, the others stay.
+	if err := h.ctl.DeleteSecret(ctx, "api-key"); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "" || injected(p, "*.wild.test", "X-A") != "2" {
+		t.Fatalf("after the secret's deletion: %+v", p.Inject)
+	}
+	if _, err := h.ctl.CreateSecret(ctx, "api-key", "sk-again", nil); err != nil {
+		t.Fatal(err)
+	}
+
 	// An update without rules clears them (the row keeps the CA).
 	if err := h.ctl.UpdateNetwork(ctx, sb.ID, nil, nil, nil, nil); err != nil {
 		t.Fatal(err)
@@ -203,7 +234,7 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 	if err := h.ctl.UpdateNetwork(ctx, plain.ID, nil, nil, nil, rules); err != nil {
 		t.Fatal(err)
 	}
-	if p := h.nodePolicy(plain.ID); p.CA == nil || p.CA.Equal(ca) || injected(p, "api.test", "Authorization") != "Bearer sk-rotated" {
+	if p := h.nodePolicy(plain.ID); p.CA == nil || p.CA.Equal(ca) || injected(p, "api.test", "Authorization") != "Bearer sk-again" {
 		t.Fatalf("first rules at run time: %+v", p.Inject)
 	}
 }

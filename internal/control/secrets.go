@@ -73,7 +73,8 @@ func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[s
 }
 
 // UpdateSecret stores value as the secret's next version; md, when not
-// nil, replaces its metadata.
+// nil, replaces its metadata. Sandboxes whose network rules name it get
+// the new value from their next request on.
 func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[string]string) (store.Secret, error) {
 	ref, err := validRef(ref)
 	if err != nil {
@@ -100,6 +101,7 @@ func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[st
 	if err != nil {
 		return store.Secret{}, err
 	}
+	s.pushSecret(ctx, sec.Name)
 	return infoOf(sec), nil
 }
 
@@ -133,11 +135,21 @@ func (s *Service) ListSecrets(ctx context.Context, limit int, next string) ([]st
 	return list, cursor, nil
 }
 
-// DeleteSecret removes a secret and every version of it.
+// DeleteSecret removes a secret and every version of it; sandboxes whose
+// network rules name it stop sending its value (those headers are left
+// out).
 func (s *Service) DeleteSecret(ctx context.Context, ref string) error {
 	ref, err := validRef(ref)
 	if err != nil {
 		return err
 	}
-	return s.st.DeleteSecret(ctx, ref)
+	sec, err := s.st.GetSecret(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if err := s.st.DeleteSecret(ctx, sec.ID); err != nil {
+		return err
+	}
+	s.pushSecret(ctx, sec.Name)
+	return nil
 }

@@ -3,11 +3,13 @@ package engine
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
 
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
@@ -129,7 +131,22 @@ func (e *Engine) initDaemon(ctx context.Context, rec *record, addr netip.Addr, i
 	if rec.Policy.CA != nil {
 		req.EgressCA = string(rec.Policy.CA.CertPEM)
 	}
-	return e.init.Init(ctx, addr, imageToken, req)
+	if err := e.init.Init(ctx, addr, imageToken, req); err != nil {
+		return err
+	}
+	if rec.Policy.CA != nil {
+		rec.TrustedCA = caPrint(rec.Policy.CA)
+	}
+	return nil
+}
+
+// caPrint is an egress CA's fingerprint ("" for none).
+func caPrint(ca *egress.CA) string {
+	if ca == nil {
+		return ""
+	}
+	sum := sha256.Sum256(ca.CertPEM)
+	return hex.EncodeToString(sum[:8])
 }
 
 // newToken returns a fresh access token for a sandbox's daemon.
@@ -149,7 +166,9 @@ func (e *Engine) SetPolicy(ctx context.Context, id string, p netns.Policy) error
 	if e.net == nil {
 		return errdefs.Invalidf("this engine runs sandboxes without network")
 	}
-	newCA := p.CA != nil && !p.CA.Equal(rec.Policy.CA)
+	// A CA the sandbox's trust store does not have yet (its trust store
+	// keeps it across a restart of the node, which forgets the CA itself).
+	newCA := p.CA != nil && caPrint(p.CA) != rec.TrustedCA
 	if newCA && rec.State != StateRunning {
 		return errdefs.Conflictf("sandbox %s is %s: network rules are first given to a running sandbox (its trust store gets their CA)", id, rec.State)
 	}
@@ -182,7 +201,7 @@ func (e *Engine) Reconfigure(ctx context.Context, id string, env []string, p *ne
 	if err := wantState(rec, "reconfigure", StateRunning); err != nil {
 		return Sandbox{}, err
 	}
-	newCA := p != nil && p.CA != nil && !p.CA.Equal(rec.Policy.CA)
+	newCA := p != nil && p.CA != nil && caPrint(p.CA) != rec.TrustedCA
 	if p != nil && e.net != nil {
 		if err := e.net.SetPolicy(ctx, rec.Instance, *p); err != nil {
 			return Sandbox{}, err

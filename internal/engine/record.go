@@ -91,6 +91,9 @@ type record struct {
 	CreatedAt   time.Time          `json:"created_at"`
 	Hibernation string             `json:"hibernation,omitempty"` // snapshot holding it while hibernated
 	Policy      netns.Policy       `json:"policy"`                // egress policy
+	// TrustedCA is the fingerprint of the egress CA its daemon installed
+	// in its trust store (the CA itself is in Policy, in memory only).
+	TrustedCA string `json:"trusted_ca,omitempty"`
 	Addr        netip.Addr         `json:"addr,omitzero"`         // where the host reaches the instance
 	Pending     *pending           `json:"pending,omitempty"`
 	Death       *Death             `json:"death,omitempty"` // set when State is dead

@@ -383,6 +383,10 @@ type Sandbox struct {
 	Death       *Death // set when State is dead
 	// Hibernation is the snapshot holding it while hibernated ("" else).
 	Hibernation string
+	// RulesLoaded: the node holds the sandbox's network rules (Inject,
+	// CA) in memory; false after a restart of the node's process forgot
+	// them, until the control plane sets its policy again.
+	RulesLoaded bool
 }
 
 // CreateRequest asks for a new sandbox.

@@ -47,12 +47,12 @@ assert.deepEqual(info.network.rules, rules, 'getInfo shows the rules with the pl
 ok('getInfo returns the rules as given')
 
 await Secret.update(name, rotated)
-await sbx.updateNetwork({ rules })
-assert.equal(await run(sbx, 'curl -s -m 5 https://allowed.test/'), 'auth:rotated', 'the rotated value after updateNetwork')
+assert.equal(await run(sbx, 'curl -s -m 5 https://allowed.test/'), 'auth:rotated', 'the rotated value, at once')
 await sbx.updateNetwork({})
 assert.equal(await run(sbx, 'curl -sk -m 5 https://allowed.test/'), 'auth:none', 'an update without rules clears them')
 await sbx.updateNetwork({ rules })
-ok('updateNetwork re-reads the secret, and clears the rules when it omits them')
+assert.equal(await run(sbx, 'curl -s -m 5 https://allowed.test/'), 'auth:rotated', 'rules given again by updateNetwork')
+ok('Secret.update reaches the running sandbox; updateNetwork clears the rules when it omits them, and sets them again')
 
 await assert.rejects(sbx.updateNetwork({ rules: { 'allowed.test': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill('no-such-secret')}` } } }] } }), /400|does not exist/)
 await assert.rejects(sbx.updateNetwork({ rules: { '*': [{ transform: { headers: { 'X-A': '1' } } }] } }), /400|domain/)
@@ -60,6 +60,17 @@ await assert.rejects(sbx.updateNetwork({ rules: { 'allowed.test': [{ transform: 
 assert.equal(await run(sbx, 'curl -s -m 5 https://allowed.test/'), 'auth:rotated', 'refused updates change nothing')
 await assert.rejects(Sandbox.create({ network: { rules: { 'allowed.test': [{ transform: { headers: { A: `${Secret.fill('no-such-secret')}` } } }] } } }), /400|does not exist/)
 ok('bad rules (unknown secret, bare *, Host) are refused and change nothing')
+
+// A fork (Spore's REST route) shares the rules and the CA its copied
+// trust store holds.
+const fr = await fetch(`${process.env.E2B_API_URL}/sandboxes/${sbx.sandboxId}/fork`, {
+  method: 'POST', headers: { 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'application/json' }, body: '{"count":1}',
+})
+assert.equal(fr.status, 201, 'fork')
+const kid = await Sandbox.connect((await fr.json())[0].sandbox.sandboxID)
+assert.equal(await run(kid, 'curl -s -m 5 https://allowed.test/'), 'auth:rotated', "the child's request")
+await kid.kill()
+ok('a fork injects the same, trusting the same CA')
 
 // A marker only in this process' memory: the Go side finds it in the
 // snapshot's memory image, so its grep for the secret can see memory.

@@ -75,7 +75,7 @@ func TestCredentialsInjectedAtEgress(t *testing.T) {
 	out := s.node("credentials.mjs", "SECRET_VALUE="+value, "ROTATED_VALUE="+rotated)
 	t.Log(out)
 	i := strings.LastIndex(out, "SANDBOX:")
-	if i < 0 || !strings.Contains(out, "6 passed, 0 failed") {
+	if i < 0 || !strings.Contains(out, "7 passed, 0 failed") {
 		t.Fatal("the SDK part did not pass")
 	}
 	id := strings.Fields(out[i+len("SANDBOX:"):])[0]

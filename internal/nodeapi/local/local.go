@@ -469,7 +469,8 @@ func Sandbox(es engine.Sandbox) nodeapi.Sandbox {
 	sb := nodeapi.Sandbox{ID: es.ID, State: string(es.State), Template: es.Template, Parent: es.Parent,
 		AccessToken: es.Run.AccessToken, Limits: limits(es.Run.Limits.VCPUs, es.Run.Limits.MemoryMB, es.Run.Limits.DiskMB, es.Run.Limits.MaxProcs),
 		Policy: nodeapi.Policy{Internet: es.Policy.Internet, Allow: es.Policy.Allow, Deny: es.Policy.Deny, AllowDomains: es.Policy.AllowDomains, DenyDomains: es.Policy.DenyDomains},
-		Env:    es.Run.Env, CreatedAt: es.CreatedAt, Hibernation: es.Hibernation}
+		Env:    es.Run.Env, CreatedAt: es.CreatedAt, Hibernation: es.Hibernation,
+		RulesLoaded: es.Policy.CA != nil || len(es.Policy.Inject) > 0}
 	if es.Addr.IsValid() {
 		sb.Addr = es.Addr.String()
 	}

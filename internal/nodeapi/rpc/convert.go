@@ -141,7 +141,8 @@ func policyOrNil(p *nodeapi.Policy) *nodev1.Policy {
 
 func sandboxPB(s nodeapi.Sandbox) *nodev1.Sandbox {
 	out := &nodev1.Sandbox{Id: s.ID, State: s.State, Template: s.Template, Parent: s.Parent, Addr: s.Addr,
-		AccessToken: s.AccessToken, Limits: limitsPB(s.Limits), Policy: policyPB(s.Policy), Env: s.Env, CreatedAt: ts(s.CreatedAt), Hibernation: s.Hibernation}
+		AccessToken: s.AccessToken, Limits: limitsPB(s.Limits), Policy: policyPB(s.Policy), Env: s.Env, CreatedAt: ts(s.CreatedAt), Hibernation: s.Hibernation,
+		RulesLoaded: s.RulesLoaded}
 	if s.Death != nil {
 		out.Death = &nodev1.Death{Reason: s.Death.Reason, Detail: s.Death.Detail, At: ts(s.Death.At)}
 	}
@@ -154,7 +155,8 @@ func sandbox(s *nodev1.Sandbox) (nodeapi.Sandbox, error) {
 		return nodeapi.Sandbox{}, fmt.Errorf("sandbox %s from the node: %w", s.GetId(), err)
 	}
 	out := nodeapi.Sandbox{ID: s.GetId(), State: s.GetState(), Template: s.GetTemplate(), Parent: s.GetParent(), Addr: s.GetAddr(),
-		AccessToken: s.GetAccessToken(), Limits: limits(s.GetLimits()), Env: s.GetEnv(), CreatedAt: fromTS(s.GetCreatedAt()), Hibernation: s.GetHibernation()}
+		AccessToken: s.GetAccessToken(), Limits: limits(s.GetLimits()), Env: s.GetEnv(), CreatedAt: fromTS(s.GetCreatedAt()), Hibernation: s.GetHibernation(),
+		RulesLoaded: s.GetRulesLoaded()}
 	if p != nil {
 		out.Policy = *p
 	}

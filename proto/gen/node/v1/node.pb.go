@@ -423,8 +423,9 @@ type Sandbox struct {
 	Policy        *Policy                `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
 	Env           []string               `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty"`
 	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	Death         *Death                 `protobuf:"bytes,11,opt,name=death,proto3" json:"death,omitempty"`             // set when state is "dead"
-	Hibernation   string                 `protobuf:"bytes,12,opt,name=hibernation,proto3" json:"hibernation,omitempty"` // the snapshot holding it while hibernated
+	Death         *Death                 `protobuf:"bytes,11,opt,name=death,proto3" json:"death,omitempty"`                                 // set when state is "dead"
+	Hibernation   string                 `protobuf:"bytes,12,opt,name=hibernation,proto3" json:"hibernation,omitempty"`                     // the snapshot holding it while hibernated
+	RulesLoaded   bool                   `protobuf:"varint,13,opt,name=rules_loaded,json=rulesLoaded,proto3" json:"rules_loaded,omitempty"` // the node holds its network rules (injections, CA) in memory
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,6 +542,13 @@ func (x *Sandbox) GetHibernation() string {
 		return x.Hibernation
 	}
 	return ""
+}
+
+func (x *Sandbox) GetRulesLoaded() bool {
+	if x != nil {
+		return x.RulesLoaded
+	}
+	return false
 }
 
 type SnapshotInfo struct {
@@ -3632,7 +3640,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Death\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x93\x03\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xb6\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -3647,7 +3655,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12*\n" +
 	"\x05death\x18\v \x01(\v2\x14.spore.node.v1.DeathR\x05death\x12 \n" +
-	"\vhibernation\x18\f \x01(\tR\vhibernation\"\xb1\x02\n" +
+	"\vhibernation\x18\f \x01(\tR\vhibernation\x12!\n" +
+	"\frules_loaded\x18\r \x01(\bR\vrulesLoaded\"\xb1\x02\n" +
 	"\fSnapshotInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\tR\x05names\x12\x12\n" +
