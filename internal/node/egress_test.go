@@ -3,10 +3,13 @@ package node_test
 import (
 	"context"
 	"crypto/tls"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/dnsfwd/dnstest"
+	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
@@ -212,7 +216,13 @@ func TestEgressDomainRules(t *testing.T) {
 //
 //	go test -run '^$' -bench EgressProxy -benchtime 50x ./internal/node/
 func BenchmarkEgressProxyHTTPS(b *testing.B) {
-	e, sb, c, ctx := egressBench(b, "spyt-bench", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
+	var withAuth atomic.Int64
+	e, sb, c, ctx := egressBench(b, "spyt-bench", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer sk-bench" {
+			withAuth.Add(1)
+		}
+		fmt.Fprint(w, "ok")
+	}))
 	run := func(p netns.Policy) []time.Duration {
 		if err := e.n.Engine.SetPolicy(ctx, sb.ID, p); err != nil {
 			b.Fatal(err)
@@ -231,8 +241,24 @@ func BenchmarkEgressProxyHTTPS(b *testing.B) {
 	}
 	direct := run(netns.Policy{Internet: true})
 	proxied := run(netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, AllowDomains: []string{"allowed.test"}})
+	injected := run(injectPolicy(b))
+	if n := withAuth.Load(); n < int64(b.N) {
+		b.Fatalf("%d requests carried the injected header, want %d", n, b.N)
+	}
 	quantiles(b, direct, "direct")
 	quantiles(b, proxied, "proxied")
+	quantiles(b, injected, "injected")
+}
+
+// injectPolicy has a network rule for allowed.test: the proxy terminates
+// the sandbox's TLS and sets a header on each request.
+func injectPolicy(b *testing.B) netns.Policy {
+	ca, err := egress.NewCA("bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return netns.Policy{Internet: true, CA: ca,
+		Inject: []egress.Injection{{Pattern: "allowed.test", Headers: []egress.Header{{Name: "Authorization", Value: "Bearer sk-bench"}}}}}
 }
 
 // A 100 MB HTTPS download through the egress proxy (a domain rule in
@@ -267,8 +293,10 @@ func BenchmarkEgressProxyThroughput(b *testing.B) {
 	}
 	direct := run(netns.Policy{Internet: true})
 	proxied := run(netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, AllowDomains: []string{"allowed.test"}})
+	injected := run(injectPolicy(b))
 	b.ReportMetric(direct, "MB/s-direct")
 	b.ReportMetric(proxied, "MB/s-proxied")
+	b.ReportMetric(injected, "MB/s-injected")
 }
 
 // egressBench serves h over HTTPS as allowed.test on a test host named
@@ -276,13 +304,19 @@ func BenchmarkEgressProxyThroughput(b *testing.B) {
 // sandbox on it, for the egress proxy's benchmarks.
 func egressBench(b *testing.B, name string, h http.Handler) (*env, engine.Sandbox, *client, context.Context) {
 	th := testenv.NewTestHost(b, name, allowedIP, netip.MustParseAddr("198.19.41.1"), false)
-	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{testenv.SelfSignedCert(b)}}}
+	cert := testenv.SelfSignedCert(b)
+	caFile := filepath.Join(b.TempDir(), "upstream.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
 	go srv.ServeTLS(th.Listen(b, "tcp4", allowedIP.String()+":443"), "", "")
 	dns := dnstest.Serve(th.ListenPacket(b, "udp4", allowedIP.String()+":53"), nil, map[string]netip.Addr{"allowed.test": allowedIP})
 	b.Cleanup(func() { srv.Close(); dns.Close() })
 	e := newEnvTuned(b, func(c *node.Config) {
 		c.NetPrefix = "spy"
 		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
+		c.EgressCAFiles = []string{caFile} // the proxy verifies it when it injects headers
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	b.Cleanup(cancel)
