@@ -556,3 +556,11 @@ func TestMemoryAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSandboxOf(t *testing.T) {
+	for in, want := range map[string]string{"iabc-1": "iabc", "iabc-12": "iabc", "iabc": "iabc", "iabc-": "iabc-", "b-x": "b-x"} {
+		if got := engine.SandboxOf(in); got != want {
+			t.Errorf("SandboxOf(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/atomicfs"
@@ -93,10 +94,10 @@ type record struct {
 	Policy      netns.Policy       `json:"policy"`                // egress policy
 	// TrustedCA is the fingerprint of the egress CA its daemon installed
 	// in its trust store (the CA itself is in Policy, in memory only).
-	TrustedCA string `json:"trusted_ca,omitempty"`
-	Addr        netip.Addr         `json:"addr,omitzero"`         // where the host reaches the instance
-	Pending     *pending           `json:"pending,omitempty"`
-	Death       *Death             `json:"death,omitempty"` // set when State is dead
+	TrustedCA string     `json:"trusted_ca,omitempty"`
+	Addr      netip.Addr `json:"addr,omitzero"` // where the host reaches the instance
+	Pending   *pending   `json:"pending,omitempty"`
+	Death     *Death     `json:"death,omitempty"` // set when State is dead
 }
 
 // newInstance names the instance of the record's next generation and
@@ -106,6 +107,16 @@ type record struct {
 func (r *record) newInstance() string {
 	r.Gen++
 	return r.ID + "-" + strconv.Itoa(r.Gen)
+}
+
+// SandboxOf is the sandbox an instance name belongs to (instances are
+// named "<sandbox ID>-<generation>"; a template build's have no
+// generation and are their own).
+func SandboxOf(instance string) string {
+	if i := strings.LastIndexByte(instance, '-'); i > 0 && strings.Trim(instance[i+1:], "0123456789") == "" && i+1 < len(instance) {
+		return instance[:i]
+	}
+	return instance
 }
 
 // Sandbox is the public view of a sandbox.

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -101,7 +100,7 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()`)
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if err := inNamespace(h, PrepareNamespace); err != nil {
+	if err := testenv.InNetNS(h, PrepareNamespace); err != nil {
 		t.Fatal(err)
 	}
 	const id = "iaudittest000000001"
@@ -182,19 +181,4 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()`)
 	if closed != 1 {
 		t.Fatalf("the held connection after the final stop (want it once, with its bytes): %+v", got)
 	}
-}
-
-// inNamespace runs fn on a thread moved into ns (then thrown away, as
-// netns.Manager does).
-func inNamespace(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }

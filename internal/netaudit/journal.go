@@ -60,8 +60,22 @@ type Journal struct {
 	retention time.Duration
 	now       func() time.Time
 
-	mu   sync.Mutex
-	open map[string]func() []Entry // live sources of open entries, by sandbox
+	mu    sync.Mutex                // guards open and locks
+	open  map[string]func() []Entry // live sources of open entries, by sandbox
+	locks map[string]*sync.Mutex    // one per sandbox: its file's appends, reads and removal
+}
+
+// lockOf is a sandbox's file lock: appends to different sandboxes'
+// journals do not wait for each other.
+func (j *Journal) lockOf(sandboxID string) *sync.Mutex {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	l := j.locks[sandboxID]
+	if l == nil {
+		l = &sync.Mutex{}
+		j.locks[sandboxID] = l
+	}
+	return l
 }
 
 // OpenJournal opens (creating) the journal in dir; retention <= 0 is
@@ -73,7 +87,7 @@ func OpenJournal(dir string, retention time.Duration) (*Journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("egress journal: %w", err)
 	}
-	return &Journal{dir: dir, retention: retention, now: time.Now, open: map[string]func() []Entry{}}, nil
+	return &Journal{dir: dir, retention: retention, now: time.Now, open: map[string]func() []Entry{}, locks: map[string]*sync.Mutex{}}, nil
 }
 
 // Retention is how long a journal outlives its last entry.
@@ -97,8 +111,9 @@ func (j *Journal) Append(sandboxID string, es ...Entry) error {
 			return err
 		}
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	l := j.lockOf(sandboxID)
+	l.Lock()
+	defer l.Unlock()
 	f, err := os.OpenFile(j.path(sandboxID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("egress journal: %w", err)
@@ -133,8 +148,11 @@ func (j *Journal) Query(sandboxID string, since time.Time, limit int) ([]Entry, 
 	}
 	j.mu.Lock()
 	live := j.open[sandboxID]
-	b, err := os.ReadFile(j.path(sandboxID))
 	j.mu.Unlock()
+	l := j.lockOf(sandboxID)
+	l.Lock()
+	b, err := os.ReadFile(j.path(sandboxID))
+	l.Unlock()
 	if errors.Is(err, fs.ErrNotExist) {
 		if live == nil {
 			return nil, errdefs.NotFoundf("no egress journal for sandbox %s", sandboxID)
@@ -184,13 +202,24 @@ func (j *Journal) Sweep() (int, error) {
 			continue
 		}
 		if fi.ModTime().Before(cutoff) {
+			id := e.Name()[:len(e.Name())-len(".jsonl")]
 			j.mu.Lock()
-			_, live := j.open[e.Name()[:len(e.Name())-len(".jsonl")]]
-			if !live {
+			_, live := j.open[id]
+			j.mu.Unlock()
+			if live {
+				continue
+			}
+			l := j.lockOf(id)
+			l.Lock()
+			// Still old under its lock (an append meanwhile keeps it).
+			if fi, err := os.Stat(filepath.Join(j.dir, e.Name())); err == nil && fi.ModTime().Before(cutoff) {
 				if os.Remove(filepath.Join(j.dir, e.Name())) == nil {
 					n++
 				}
 			}
+			l.Unlock()
+			j.mu.Lock()
+			delete(j.locks, id)
 			j.mu.Unlock()
 		}
 	}

@@ -3,10 +3,10 @@ package node
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/egress"
+	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/netns"
 )
@@ -18,18 +18,9 @@ type auditor struct {
 	log *slog.Logger
 }
 
-// sandboxOf is the sandbox an instance belongs to: the engine names
-// instances "<sandbox ID>-<generation>".
-func sandboxOf(instance string) string {
-	if i := strings.LastIndexByte(instance, '-'); i > 0 {
-		return instance[:i]
-	}
-	return instance
-}
-
 // Start implements netns.Auditor.
 func (a *auditor) Start(instance string, gwFD int) (func(final bool), error) {
-	c, err := netaudit.Start(a.j, sandboxOf(instance), gwFD, netns.SandboxIP, netns.GatewayIP, a.log)
+	c, err := netaudit.Start(a.j, engine.SandboxOf(instance), gwFD, netns.SandboxIP, netns.GatewayIP, a.log)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +35,7 @@ func (a *auditor) proxied(instance string, r egress.Record) {
 		end := time.Now().UTC()
 		e.End = &end
 	}
-	if err := a.j.Append(sandboxOf(instance), e); err != nil {
+	if err := a.j.Append(engine.SandboxOf(instance), e); err != nil {
 		a.log.Warn("egress audit: journal", "instance", instance, "err", err)
 	}
 }

@@ -97,7 +97,11 @@ ip -n %[1]s route add default via %[4]s
 
 // in runs fn with the calling thread in the test host's namespace
 // (sockets made there stay there).
-func (h *TestHost) in(fn func() error) error {
+func (h *TestHost) in(fn func() error) error { return InNetNS(h.ns, fn) }
+
+// InNetNS runs fn with the calling goroutine's thread in network
+// namespace ns, and puts the thread back where it was.
+func InNetNS(ns netns.NsHandle, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
@@ -105,7 +109,7 @@ func (h *TestHost) in(fn func() error) error {
 		return err
 	}
 	defer orig.Close()
-	if err := netns.Set(h.ns); err != nil {
+	if err := netns.Set(ns); err != nil {
 		return err
 	}
 	defer netns.Set(orig)
