@@ -35,6 +35,7 @@ type env struct {
 	n      *node.Node
 	tune   func(*node.Config) // changes the node's configuration
 	prefix string             // of the node's network namespaces
+	rootfs string             // its own root filesystem directory (testenv.PrivateRootFSDir)
 }
 
 func newEnv(t testing.TB) *env { return newEnvTuned(t, nil) }
@@ -42,7 +43,7 @@ func newEnv(t testing.TB) *env { return newEnvTuned(t, nil) }
 func newEnvTuned(t testing.TB, tune func(*node.Config)) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
-	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: tune}
+	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), tune: tune, rootfs: testenv.PrivateRootFSDir(t)}
 	e.open()
 	t.Cleanup(e.destroy)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -56,7 +57,7 @@ func newEnvTuned(t testing.TB, tune func(*node.Config)) *env {
 func (e *env) open() {
 	e.t.Helper()
 	cfg := node.Config{
-		DataDir: e.dir, RootFSDir: testenv.RootFSDir(e.t), Runsc: testenv.Runsc(e.t), EnvdBinary: testenv.EnvdBinary(e.t),
+		DataDir: e.dir, RootFSDir: e.rootfs, Runsc: testenv.Runsc(e.t), EnvdBinary: testenv.EnvdBinary(e.t),
 		NetPrefix: "spn", CgroupParent: e.cgroup,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}

@@ -91,6 +91,34 @@ func RootFSDir(t testing.TB) string {
 	return dir
 }
 
+// PrivateRootFSDir is a root filesystem directory of the test's own,
+// removed when the test ends: the shared base tree hard-linked into it
+// (no file data copied; a root filesystem is only ever a read-only lower
+// layer) with its stamp, on the shared directory's filesystem. What a node
+// adds there (image trees pulled from a registry, their root filesystems,
+// export layers: hundreds of MB each) goes with the test instead of
+// piling up in the shared directory.
+func PrivateRootFSDir(t testing.TB) string {
+	t.Helper()
+	shared := RootFSDir(t)
+	dir, err := os.MkdirTemp(DataDir(), "test-rootfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if out, err := exec.Command("cp", "-al", filepath.Join(shared, "base"), filepath.Join(dir, "base")).CombinedOutput(); err != nil {
+		t.Fatalf("hard-link the base root filesystem: %v: %s", err, out)
+	}
+	stamp, err := os.ReadFile(filepath.Join(shared, "base.json"))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "base.json"), stamp, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // BaseRootFS returns the path of the base root filesystem.
 func BaseRootFS(t testing.TB) string {
 	return filepath.Join(RootFSDir(t), "base")

@@ -53,7 +53,7 @@ func benchServer(b *testing.B, bin, prefix string) *server {
 		s.stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		n, err := node.Open(ctx, node.Config{DataDir: s.data, RootFSDir: testenv.RootFSDir(b), Runsc: testenv.Runsc(b),
+		n, err := node.Open(ctx, node.Config{DataDir: s.data, RootFSDir: s.rootfs, Runsc: testenv.Runsc(b),
 			EnvdBinary: filepath.Join(s.bin, "spore-envd"), NetPrefix: prefix, CgroupParent: s.cgroup})
 		if err != nil {
 			b.Errorf("cleanup: open node: %v", err)

@@ -34,6 +34,7 @@ type server struct {
 	bin    string
 	data   string
 	cgroup string
+	rootfs string // its own (testenv.PrivateRootFSDir): images it pulls go with it
 	addr   string
 	cmd    *exec.Cmd
 }
@@ -66,7 +67,8 @@ func newServer(t testing.TB, extra ...string) *server {
 	if _, err := os.Stat("node_modules/e2b/package.json"); err != nil {
 		t.Fatal("test/sdk/node_modules missing: `make test` installs it (npm ci --prefix test/sdk)")
 	}
-	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(t), extra: extra}
+	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(t), extra: extra,
+		rootfs: testenv.PrivateRootFSDir(t)}
 	t.Cleanup(s.destroy)
 	s.start()
 	return s
@@ -74,7 +76,7 @@ func newServer(t testing.TB, extra ...string) *server {
 
 func (s *server) start() {
 	s.t.Helper()
-	args := append([]string{"up", "--data-dir", s.data, "--listen", s.addr, "--rootfs-dir", testenv.RootFSDir(s.t),
+	args := append([]string{"up", "--data-dir", s.data, "--listen", s.addr, "--rootfs-dir", s.rootfs,
 		"--runsc", testenv.Runsc(s.t), "--net-prefix", "spa", "--cgroup-parent", s.cgroup}, s.extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "spore"), args...)
 	s.cmd.Env = append(os.Environ(), "SPORE_API_KEY="+apiKey)
@@ -138,7 +140,7 @@ func (s *server) destroy() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	n, err := node.Open(ctx, node.Config{DataDir: s.data, RootFSDir: testenv.RootFSDir(s.t), Runsc: testenv.Runsc(s.t),
+	n, err := node.Open(ctx, node.Config{DataDir: s.data, RootFSDir: s.rootfs, Runsc: testenv.Runsc(s.t),
 		EnvdBinary: filepath.Join(s.bin, "spore-envd"), NetPrefix: "spa", CgroupParent: s.cgroup})
 	if err != nil {
 		s.t.Errorf("cleanup: open node: %v", err)

@@ -125,7 +125,7 @@ func openReal(t *testing.T) *realNode {
 	listed, unlisted := testenv.NewRegistry(t, "spore", "s3cret"), testenv.NewRegistry(t, "", "")
 	down := "127.0.0.1:1"
 	cfg := node.Config{
-		DataDir: dir, RootFSDir: testenv.RootFSDir(t), Runsc: testenv.Runsc(t), EnvdBinary: testenv.EnvdBinary(t),
+		DataDir: dir, RootFSDir: testenv.PrivateRootFSDir(t), Runsc: testenv.Runsc(t), EnvdBinary: testenv.EnvdBinary(t),
 		NetPrefix: "spc", CgroupParent: "/spore-test-" + ids.New('g'),
 		Logger:             slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		InsecureRegistries: []string{listed.Host, down},
