@@ -29,6 +29,18 @@ func (s *Service) secretsBox() (*secrets.Box, error) {
 	return s.cfg.Secrets, nil
 }
 
+// checkSecret checks a value and metadata to store, and returns the box
+// that seals the value.
+func (s *Service) checkSecret(value string, md map[string]string) (*secrets.Box, error) {
+	if err := secrets.ValidateValue(value); err != nil {
+		return nil, err
+	}
+	if err := secrets.ValidateMetadata(md); err != nil {
+		return nil, err
+	}
+	return s.secretsBox()
+}
+
 // validRef checks a secret ID or name as given in a path.
 func validRef(ref string) (string, error) {
 	if secrets.IsID(ref) {
@@ -47,13 +59,7 @@ func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[s
 	if err != nil {
 		return store.Secret{}, err
 	}
-	if err := secrets.ValidateValue(value); err != nil {
-		return store.Secret{}, err
-	}
-	if err := secrets.ValidateMetadata(md); err != nil {
-		return store.Secret{}, err
-	}
-	box, err := s.secretsBox()
+	box, err := s.checkSecret(value, md)
 	if err != nil {
 		return store.Secret{}, err
 	}
@@ -80,13 +86,7 @@ func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[st
 	if err != nil {
 		return store.Secret{}, err
 	}
-	if err := secrets.ValidateValue(value); err != nil {
-		return store.Secret{}, err
-	}
-	if err := secrets.ValidateMetadata(md); err != nil {
-		return store.Secret{}, err
-	}
-	box, err := s.secretsBox()
+	box, err := s.checkSecret(value, md)
 	if err != nil {
 		return store.Secret{}, err
 	}

@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,11 +81,10 @@ func NewCA(sandboxID string) (*CA, error) {
 	if sandboxID != "" {
 		cn += " for sandbox " + sandboxID
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, serial, err := newKey()
 	if err != nil {
 		return nil, err
 	}
-	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
@@ -109,6 +107,16 @@ func NewCA(sandboxID string) (*CA, error) {
 	}
 	return &CA{CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})}, nil
+}
+
+// newKey is a certificate's key (ECDSA P-256) and a random serial.
+func newKey() (*ecdsa.PrivateKey, *big.Int, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	return key, serial, err
 }
 
 // Equal says whether two CAs are the same certificate.
@@ -156,11 +164,10 @@ func (ca *CA) leaf(name string) (*tls.Certificate, error) {
 	if err := ca.parse(); err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, serial, err := newKey()
 	if err != nil {
 		return nil, err
 	}
-	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
@@ -334,7 +341,7 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 // isHTTPS reports whether a peeked connection to port looks like TLS (it
 // is judged on its SNI).
 func isHTTPS(port uint16, head []byte) bool {
-	return port != 80 && len(head) > 0 && head[0] == 0x16 && !strings.HasPrefix(string(head), "GET ")
+	return port != 80 && len(head) > 0 && head[0] == 0x16 // a TLS handshake record
 }
 
 // Limits of a sandbox's injections.
