@@ -240,6 +240,19 @@ func (c *countConn) Close() error {
 	return c.Conn.Close()
 }
 
+// trackedConn is an upstream connection of an intercepted one: the
+// sandbox's stop closes it, and it leaves the sandbox's set when closed.
+type trackedConn struct {
+	net.Conn
+	once    sync.Once
+	untrack func()
+}
+
+func (t *trackedConn) Close() error {
+	t.once.Do(t.untrack)
+	return t.Conn.Close()
+}
+
 // oneConn is a listener that hands out one connection, then waits for it
 // to close.
 type oneConn struct {
@@ -289,11 +302,14 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 			d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second},
 				Config: &tls.Config{ServerName: name, RootCAs: p.cfg.RootCAs, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}}
 			u, err := d.DialContext(ctx, "tcp4", up.String())
-			if err == nil && !sb.track(u) {
+			if err != nil {
+				return nil, err
+			}
+			if !sb.track(u) {
 				u.Close()
 				return nil, net.ErrClosed
 			}
-			return u, err
+			return &trackedConn{Conn: u, untrack: func() { sb.untrack(u) }}, nil
 		},
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,

@@ -63,7 +63,7 @@ func TestCA(t *testing.T) {
 
 // interceptHarness runs intercept on one side of a loopback connection
 // and returns the other (the sandbox's), and the outcome once done.
-func interceptHarness(t *testing.T, p *Proxy, up netip.AddrPort, in *Injection, ca *CA) (net.Conn, func() (int64, int64, string)) {
+func interceptHarness(t *testing.T, p *Proxy, up netip.AddrPort, in *Injection, ca *CA) (net.Conn, *sandbox, func() (int64, int64, string)) {
 	t.Helper()
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -84,7 +84,7 @@ func interceptHarness(t *testing.T, p *Proxy, up netip.AddrPort, in *Injection, 
 	var reason string
 	var wg sync.WaitGroup
 	wg.Go(func() { out, inb, reason = p.intercept(sb, server.(*net.TCPConn), nil, "api.test", up, in, ca) })
-	return client, func() (int64, int64, string) { wg.Wait(); return out, inb, reason }
+	return client, sb, func() (int64, int64, string) { wg.Wait(); return out, inb, reason }
 }
 
 // An intercepted HTTPS connection: the sandbox sees a certificate for the
@@ -112,7 +112,7 @@ func TestIntercept(t *testing.T) {
 	p := New(Config{RootCAs: roots})
 	ca, _ := NewCA("i-test")
 	in := &Injection{Pattern: "api.test", Headers: []Header{{"Authorization", "Bearer sk-secret"}, {"X-Team", "ml"}}}
-	conn, wait := interceptHarness(t, p, netip.MustParseAddrPort(up.Listener.Addr().String()), in, ca)
+	conn, sb, wait := interceptHarness(t, p, netip.MustParseAddrPort(up.Listener.Addr().String()), in, ca)
 
 	sroots := x509.NewCertPool()
 	sroots.AppendCertsFromPEM(ca.CertPEM)
@@ -143,6 +143,12 @@ func TestIntercept(t *testing.T) {
 	}
 	tc.Close()
 	out, inb, reason := wait()
+	sb.mu.Lock()
+	left := len(sb.conns)
+	sb.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d upstream connections left in the sandbox's set after the connection ended", left)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != 2 {
@@ -180,7 +186,7 @@ func TestInterceptRefusals(t *testing.T) {
 	addr := netip.MustParseAddrPort(up.Listener.Addr().String())
 
 	// The proxy's roots do not hold the upstream's certificate.
-	conn, wait := interceptHarness(t, New(Config{RootCAs: x509.NewCertPool()}), addr, in, ca)
+	conn, _, wait := interceptHarness(t, New(Config{RootCAs: x509.NewCertPool()}), addr, in, ca)
 	sroots := x509.NewCertPool()
 	sroots.AppendCertsFromPEM(ca.CertPEM)
 	tc := tls.Client(conn, &tls.Config{ServerName: "api.test", RootCAs: sroots})
@@ -202,7 +208,7 @@ func TestInterceptRefusals(t *testing.T) {
 	}
 
 	// The sandbox does not trust the proxy's certificate.
-	conn, wait = interceptHarness(t, New(Config{}), addr, in, ca)
+	conn, _, wait = interceptHarness(t, New(Config{}), addr, in, ca)
 	tc = tls.Client(conn, &tls.Config{ServerName: "api.test", RootCAs: x509.NewCertPool()})
 	if err := tc.Handshake(); err == nil {
 		t.Fatal("handshake with an untrusted certificate succeeded")
