@@ -154,6 +154,12 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Written with its upload's intent: a crash before the upload begins
+	// leaves a row RetryUploads takes (it was written local, and stayed
+	// local for good: test/sdk TestUploadSurvivesSIGKILL, once).
+	if sn.Storage != store.StorageUploading {
+		t.Fatalf("the row as written: %q, want %q", sn.Storage, store.StorageUploading)
+	}
 	got := f.waitStorage(sn.ID, store.StorageDurable)
 	if got.StoredBytes <= 0 || got.NodeID != "na" {
 		t.Fatalf("durable row: %+v", got)
@@ -254,6 +260,9 @@ func testSnapshotWithoutBlobStoreStaysLocal(t *testing.T, _ controltest.Config) 
 	sn, err := f.ctl.Snapshot(ctx, src.ID, "", false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sn.Storage != store.StorageLocal {
+		t.Fatalf("the row of a node without a blob store, as written: %q", sn.Storage)
 	}
 	// The upload runs in the background and finds no blob store.
 	deadline := time.Now().Add(10 * time.Second)

@@ -44,8 +44,9 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		return store.Snapshot{}, err
 	}
 	sn := snapshotRecord(info, rec.NodeID)
+	durable := false
 	if nr, err := s.st.GetNode(ctx, rec.NodeID); err == nil {
-		sn.RunscBuild, sn.CPUFeatures = nr.RunscBuild, nr.CPUFeatures
+		sn.RunscBuild, sn.CPUFeatures, durable = nr.RunscBuild, nr.CPUFeatures, nr.Durable
 	}
 	if template {
 		old, oerr := s.st.GetTemplate(ctx, name)
@@ -60,6 +61,11 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		}
 		s.startTemplateUpload(name, info.ID)
 		return sn, nil // templates are listed from the nodes, not the snapshot catalog
+	}
+	if durable {
+		// The upload's intent goes in with the row: a crash before the
+		// upload begins leaves it to RetryUploads, not local for good.
+		sn.Storage = store.StorageUploading
 	}
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
 		return store.Snapshot{}, err
