@@ -47,8 +47,8 @@ func BenchmarkKeepAliveSaving(b *testing.B) {
 // benchServer starts `spore up` from bin with its own network prefix and
 // cleans up after it under that prefix (sdk_test.go's server sweeps "spa").
 func benchServer(b *testing.B, bin, prefix string) *server {
-	s := &server{t: b, bin: bin, data: b.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(b),
-		extra: []string{"--net-prefix", prefix}}
+	s := &server{t: b, bin: bin, data: b.TempDir(), cgroup: "/spore-test-" + ids.New('g'),
+		rootfs: testenv.PrivateRootFSDir(b), extra: []string{"--net-prefix", prefix}}
 	b.Cleanup(func() {
 		s.stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

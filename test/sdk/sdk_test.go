@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,8 +34,12 @@ type server struct {
 	data   string
 	cgroup string
 	rootfs string // its own (testenv.PrivateRootFSDir): images it pulls go with it
+	// addr is where it listens: a port of its own choosing at the first
+	// start (read from its log: a port picked by the test and bound later
+	// was once taken meanwhile), the same one at a restart.
 	addr   string
 	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has been waited for
 }
 
 func buildBinaries(t testing.TB) string {
@@ -53,21 +56,12 @@ func buildBinaries(t testing.TB) string {
 	return dir
 }
 
-func freePort(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func newServer(t testing.TB, extra ...string) *server {
 	testenv.RequireRoot(t)
 	if _, err := os.Stat("node_modules/e2b/package.json"); err != nil {
 		t.Fatal("test/sdk/node_modules missing: `make test` installs it (npm ci --prefix test/sdk)")
 	}
-	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), addr: freePort(t), extra: extra,
+	s := &server{t: t, bin: buildBinaries(t), data: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), extra: extra,
 		rootfs: testenv.PrivateRootFSDir(t)}
 	t.Cleanup(s.destroy)
 	s.start()
@@ -76,7 +70,11 @@ func newServer(t testing.TB, extra ...string) *server {
 
 func (s *server) start() {
 	s.t.Helper()
-	args := append([]string{"up", "--data-dir", s.data, "--listen", s.addr, "--rootfs-dir", s.rootfs,
+	listen := s.addr
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	args := append([]string{"up", "--data-dir", s.data, "--listen", listen, "--rootfs-dir", s.rootfs,
 		"--runsc", testenv.Runsc(s.t), "--net-prefix", "spa", "--cgroup-parent", s.cgroup}, s.extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "spore"), args...)
 	s.cmd.Env = append(os.Environ(), "SPORE_API_KEY="+apiKey)
@@ -85,16 +83,28 @@ func (s *server) start() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
+	s.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(s.cmd, s.exited)
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + s.addr + "/health"); err == nil {
-			resp.Body.Close()
-			return
+		if s.addr == "" {
+			b, _ := os.ReadFile(logf.Name())
+			if _, rest, ok := strings.Cut(string(b), "Spore is up on http://"); ok {
+				s.addr, _, _ = strings.Cut(rest, "\n")
+			}
 		}
-		if s.cmd.ProcessState != nil {
-			break
+		if s.addr != "" {
+			if resp, err := http.Get("http://" + s.addr + "/health"); err == nil {
+				resp.Body.Close()
+				return
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-s.exited:
+			b, _ := os.ReadFile(logf.Name())
+			s.t.Fatalf("spore up exited: %s", b)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	b, _ := os.ReadFile(logf.Name())
 	s.t.Fatalf("spore up did not come up: %s", b)
@@ -103,13 +113,18 @@ func (s *server) start() {
 // kill9 kills the server the hard way.
 func (s *server) kill9() {
 	s.cmd.Process.Signal(syscall.SIGKILL)
-	s.cmd.Wait()
+	<-s.exited
 }
 
 func (s *server) stop() {
-	if s.cmd != nil && s.cmd.ProcessState == nil {
+	if s.cmd == nil {
+		return
+	}
+	select {
+	case <-s.exited:
+	default:
 		s.cmd.Process.Signal(syscall.SIGTERM)
-		s.cmd.Wait()
+		<-s.exited
 	}
 }
 
