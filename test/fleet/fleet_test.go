@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -54,24 +55,26 @@ func buildBinaries(t testing.TB) string {
 	return dir
 }
 
-// basePort finds two consecutive free ports (the replicas').
+// basePort returns the first of four consecutive free TCP ports for a
+// fleet's API replicas, below the kernel's ephemeral range (32768 and
+// up): ports a test picks and a process binds later are then never taken
+// meanwhile by an outgoing connection (the way test/sdk lost one).
 func basePort(t testing.TB) int {
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", ":0")
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
 		if err != nil {
-			t.Fatal(err)
+			return false
 		}
-		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if p > 65000 {
-			continue
-		}
-		if l2, err := net.Listen("tcp", ":"+strconv.Itoa(p+1)); err == nil {
-			l2.Close()
+		return true
+	}
+	for range 200 {
+		p := 20000 + rand.IntN(12000)
+		if free(p) && free(p+1) && free(p+2) && free(p+3) {
 			return p
 		}
 	}
-	t.Fatal("no two consecutive free ports")
+	t.Fatal("no four consecutive free ports in 20000-32000")
 	return 0
 }
 
