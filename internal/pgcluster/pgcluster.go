@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -80,14 +81,19 @@ func Command(ctx context.Context, path string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// FreePort is a loopback TCP port nobody listens on now.
+// FreePort is a loopback TCP port nobody listens on now, for a server
+// started next. It is picked below the kernel's ephemeral range (32768
+// and up), so no outgoing connection takes it before the server binds it.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		p := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err == nil {
+			l.Close()
+			return p, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port in 20000-32000")
 }
 
 // Init creates c.Dir (owned by the user the server runs as) and an empty

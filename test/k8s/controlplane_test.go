@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spore-run/spore/internal/pgcluster"
 )
 
 // controlPlane is a real Kubernetes control plane on loopback: etcd, kube-apiserver (token
@@ -206,14 +208,15 @@ func writeFile(t testing.TB, path string, b []byte) {
 	}
 }
 
+// freePort is a port for a server started next (see pgcluster.FreePort:
+// outside the ephemeral range, so not taken before it binds).
 func freePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := pgcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(p)
 }
 
 // start runs bin with args in its own process group, output to <dir>/<name>.log.
