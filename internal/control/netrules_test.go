@@ -223,6 +223,21 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 	if r, _ := h.st.GetSandbox(ctx, sb.ID); len(r.NetworkRules) != 0 || !bytes.Equal(r.EgressCA, row.EgressCA) {
 		t.Fatalf("row after clearing: %+v", r.NetworkRules)
 	}
+	// First rules for a paused sandbox: a conflict (its daemon installs
+	// the CA), nothing changed.
+	paused, err := h.ctl.Create(ctx, control.CreateRequest{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ctl.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ctl.UpdateNetwork(ctx, paused.ID, nil, nil, nil, rules); !errdefs.IsConflict(err) {
+		t.Fatalf("first rules for a paused sandbox: %v", err)
+	}
+	if r, _ := h.st.GetSandbox(ctx, paused.ID); len(r.NetworkRules) != 0 || len(r.EgressCA) != 0 {
+		t.Fatalf("a refused update changed the row: %+v", r.NetworkRules)
+	}
 	// A sandbox created without rules gets its CA with its first ones.
 	plain, err := h.ctl.Create(ctx, control.CreateRequest{Timeout: time.Minute})
 	if err != nil {
