@@ -309,14 +309,16 @@ func parseMetadataQuery(q string) (map[string]string, error) {
 	return out, nil
 }
 
-func parseLimit(q url.Values) (int, error) {
+// parseLimit reads a list's page size: 1 to max, min(100, max) when
+// absent.
+func parseLimit(q url.Values, max int) (int, error) {
 	l := q.Get("limit")
 	if l == "" {
-		return 100, nil
+		return min(100, max), nil
 	}
 	n, err := strconv.Atoi(l)
-	if err != nil || n < 1 || n > 1000 {
-		return 0, errdefs.Invalidf("limit %q must be an integer from 1 to 1000", l)
+	if err != nil || n < 1 || n > max {
+		return 0, errdefs.Invalidf("limit %q must be an integer from 1 to %d", l, max)
 	}
 	return n, nil
 }
@@ -327,7 +329,7 @@ func ParseListQuery(q url.Values) (store.SandboxFilter, error) {
 	if err != nil {
 		return store.SandboxFilter{}, err
 	}
-	limit, err := parseLimit(q)
+	limit, err := parseLimit(q, 1000)
 	if err != nil {
 		return store.SandboxFilter{}, err
 	}

@@ -2,10 +2,8 @@ package api
 
 import (
 	"net/http"
-	"strconv"
 
 	"github.com/spore-run/spore/internal/control"
-	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -49,14 +47,10 @@ func (s *Server) secretRoutes() []route {
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
-	limit := control.MaxSecretsPage
-	if l := r.URL.Query().Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > control.MaxSecretsPage {
-			s.fail(w, r, errdefs.Invalidf("limit %q must be an integer from 1 to %d", l, control.MaxSecretsPage))
-			return
-		}
-		limit = n
+	limit, err := parseLimit(r.URL.Query(), control.MaxSecretsPage)
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	list, next, err := s.c.ListSecrets(r.Context(), limit, r.URL.Query().Get("nextToken"))
 	if err != nil {

@@ -73,7 +73,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit, err := parseLimit(q)
+	limit, err := parseLimit(q, 1000)
 	if err != nil {
 		s.fail(w, r, err)
 		return

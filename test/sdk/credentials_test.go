@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -80,7 +81,7 @@ func TestCredentialsInjectedAtEgress(t *testing.T) {
 	}
 	id := strings.Fields(out[i+len("SANDBOX:"):])[0]
 	mu.Lock()
-	if !containsStr(auths, "Bearer "+value) || !containsStr(auths, "Bearer "+rotated) || containsStr(auths, "Bearer mine") {
+	if !slices.Contains(auths, "Bearer "+value) || !slices.Contains(auths, "Bearer "+rotated) || slices.Contains(auths, "Bearer mine") {
 		t.Errorf("the server saw %q", auths)
 	}
 	mu.Unlock()
@@ -115,13 +116,4 @@ func TestCredentialsInjectedAtEgress(t *testing.T) {
 	if code, b := s.rest("DELETE", "/sandboxes/"+id, ""); code != 204 {
 		t.Fatalf("kill: %d %s", code, b)
 	}
-}
-
-func containsStr(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
