@@ -38,6 +38,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringArrayVar(&cfg.RunscFlags, "runsc-flag", nil, "extra global runsc flag, repeatable (--runsc-flag=--debug --runsc-flag=--debug-log=/tmp/runsc/ shows runsc's own timeline)")
 	f.StringSliceVar(&egressFloor, "egress-floor", floorDefault, "destinations (CIDRs) no sandbox reaches whatever its allowOut: replaces the default list; the host's own addresses are always added")
 	f.StringSliceVar(&egressDeny, "egress-deny", nil, "more destinations (CIDRs) added to the egress floor")
+	f.BoolVar(&cfg.NoIPv6, "no-ipv6", false, "give sandboxes IPv4 alone (by default they also get IPv6, NAT66'd through the host, when the host has IPv6)")
 	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
 	var cacheMiB int64
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")

@@ -213,8 +213,8 @@ func ParsePolicy(internet *bool, allow, deny []string) (nodeapi.Policy, error) {
 				*domains = append(*domains, d)
 				continue
 			}
-			// IPv4 or IPv6, as E2B takes them (IPv6 entries are kept in
-			// the policy; sandboxes have no IPv6 route to apply them to).
+			// IPv4 or IPv6, as E2B takes them (each family's entries
+			// go into that family's rules on the node).
 			if pr, err := netip.ParsePrefix(c); err == nil && !pr.Addr().Is4In6() && pr.Addr().Zone() == "" {
 				out = append(out, pr.Masked())
 				continue

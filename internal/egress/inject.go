@@ -301,7 +301,7 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second},
 				Config: &tls.Config{ServerName: name, RootCAs: p.cfg.RootCAs, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}}
-			u, err := d.DialContext(ctx, "tcp4", up.String())
+			u, err := d.DialContext(ctx, "tcp", up.String())
 			if err != nil {
 				return nil, err
 			}

@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -58,7 +59,7 @@ type cached struct {
 // sandbox is one instance's listener, rules, connections and log.
 type sandbox struct {
 	instance string
-	l        net.Listener
+	ls       []net.Listener
 	rules    atomic.Pointer[Rules]
 	log      *ring
 	mu       sync.Mutex
@@ -83,11 +84,12 @@ func New(cfg Config) *Proxy {
 	return p
 }
 
-// Serve takes l (a listener in the instance's gateway namespace) and
-// serves it with rules until Stop; an earlier listener of the instance is
-// closed. The instance's log is kept across.
-func (p *Proxy) Serve(instance string, l net.Listener, r Rules) {
-	sb := &sandbox{instance: instance, l: l, conns: map[net.Conn]struct{}{}}
+// Serve takes ls (listeners in the instance's gateway namespace: one per
+// address family) and serves them with rules until Stop; earlier
+// listeners of the instance are closed. The instance's log is kept
+// across.
+func (p *Proxy) Serve(instance string, r Rules, ls ...net.Listener) {
+	sb := &sandbox{instance: instance, ls: ls, conns: map[net.Conn]struct{}{}}
 	sb.rules.Store(&r)
 	p.mu.Lock()
 	old := p.sbs[instance]
@@ -101,7 +103,9 @@ func (p *Proxy) Serve(instance string, l net.Listener, r Rules) {
 	if old != nil {
 		old.stop()
 	}
-	go p.accept(instance, sb)
+	for _, l := range ls {
+		go p.accept(instance, sb, l)
+	}
 }
 
 // Update replaces an instance's rules; connections opened from now on
@@ -151,7 +155,9 @@ func (p *Proxy) Log(instance string) []Record {
 }
 
 func (sb *sandbox) stop() {
-	sb.l.Close()
+	for _, l := range sb.ls {
+		l.Close()
+	}
 	sb.mu.Lock()
 	sb.done = true
 	conns := sb.conns
@@ -178,9 +184,9 @@ func (sb *sandbox) untrack(c net.Conn) {
 	sb.mu.Unlock()
 }
 
-func (p *Proxy) accept(instance string, sb *sandbox) {
+func (p *Proxy) accept(instance string, sb *sandbox, l net.Listener) {
 	for {
-		c, err := sb.l.Accept()
+		c, err := l.Accept()
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				p.cfg.Logger.Warn("egress proxy: accept", "instance", instance, "err", err)
@@ -191,12 +197,31 @@ func (p *Proxy) accept(instance string, sb *sandbox) {
 	}
 }
 
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/
+// ip6_tables.h): SO_ORIGINAL_DST's IPv6 twin, at level SOL_IPV6.
+const ip6tSOOriginalDst = 80
+
 // OriginalDst returns where a redirected connection was headed (the
-// gateway's connection tracking keeps it).
+// gateway's connection tracking keeps it), IPv4 or IPv6 after the
+// connection's own family.
 func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, err
+	}
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok && la.IP.To4() == nil {
+		var info *unix.IPv6MTUInfo // its head is a struct sockaddr_in6
+		var gerr error
+		if err := raw.Control(func(fd uintptr) {
+			info, gerr = unix.GetsockoptIPv6MTUInfo(int(fd), unix.IPPROTO_IPV6, ip6tSOOriginalDst)
+		}); err != nil {
+			return netip.AddrPort{}, err
+		}
+		if gerr != nil {
+			return netip.AddrPort{}, fmt.Errorf("IP6T_SO_ORIGINAL_DST: %w", gerr)
+		}
+		port := binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, info.Addr.Port)) // stored in network byte order
+		return netip.AddrPortFrom(netip.AddrFrom16(info.Addr.Addr), port), nil
 	}
 	var m *unix.IPv6Mreq
 	var gerr error
@@ -246,7 +271,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		addrs, err := p.resolve(ctx, name)
 		cancel()
-		addrs = slices.DeleteFunc(addrs, func(a netip.Addr) bool { return !a.Is4() || inAny(rules.Floor, a) })
+		addrs = slices.DeleteFunc(addrs, func(a netip.Addr) bool { return inAny(rules.Floor, a) })
 		switch {
 		case err != nil || len(addrs) == 0:
 			rec.Allowed, rec.Reason = false, "resolve"
@@ -257,8 +282,9 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		case !slices.Contains(addrs, dst.Addr()):
 			// The sandbox asked for a name at an address that is not
 			// the name's: go where the name is, never to an address
-			// the rules did not allow.
-			up = netip.AddrPortFrom(addrs[0], dst.Port())
+			// the rules did not allow; in the family the sandbox used
+			// when the name has one there.
+			up = netip.AddrPortFrom(pickFamily(addrs, dst.Addr().Is6()), dst.Port())
 		}
 	}
 	rec.Upstream = up
@@ -280,7 +306,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		p.audit(sb, rec)
 		return
 	}
-	u, err := net.DialTimeout("tcp4", up.String(), 10*time.Second)
+	u, err := net.DialTimeout("tcp", up.String(), 10*time.Second)
 	if err != nil {
 		sb.log.update(seq, func(r *Record) { r.Allowed, r.Reason = false, "dial" })
 		rec.Allowed, rec.Reason = false, "dial"
@@ -366,9 +392,20 @@ func relay(c, u *net.TCPConn, out, in *atomic.Int64) {
 	u.Close()
 }
 
-// lookup resolves a name's IPv4 addresses through the upstreams, keeping
-// answers for 10 s (each allowed HTTPS connection would otherwise cost a
-// lookup).
+// pickFamily returns the first of addrs in IPv6 (six) or IPv4, or the
+// first of all when none is.
+func pickFamily(addrs []netip.Addr, six bool) netip.Addr {
+	for _, a := range addrs {
+		if a.Is6() == six {
+			return a
+		}
+	}
+	return addrs[0]
+}
+
+// lookup resolves a name's IPv4 and IPv6 addresses through the
+// upstreams, keeping answers for 10 s (each allowed HTTPS connection
+// would otherwise cost a lookup).
 func (p *Proxy) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
 	p.mu.Lock()
 	e, ok := p.cache[name]
@@ -390,7 +427,7 @@ func (p *Proxy) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
 		}
 		return nil, err
 	}}
-	addrs, err := r.LookupNetIP(ctx, "ip4", name+".")
+	addrs, err := r.LookupNetIP(ctx, "ip", name+".")
 	if err != nil {
 		return nil, err
 	}

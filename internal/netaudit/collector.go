@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -22,8 +23,8 @@ import (
 type Collector struct {
 	j       *Journal
 	sandbox string
-	src     netip.Addr // the sandbox's address, as the gateway sees it
-	gw      netip.Addr // the gateway's own address (traffic to it is not egress)
+	src     []netip.Addr // the sandbox's addresses (IPv4, IPv6), as the gateway sees them
+	gw      []netip.Addr // the gateway's own addresses (traffic to them is not egress)
 	log     *slog.Logger
 	nsFD    int
 
@@ -62,8 +63,9 @@ const (
 
 // Start begins collecting in the namespace whose descriptor is nsFD (the
 // caller keeps it open until Stop) for the sandbox whose address there is
-// src. The caller readies the namespace first (PrepareNamespace).
-func Start(j *Journal, sandboxID string, nsFD int, src, gw netip.Addr, log *slog.Logger) (*Collector, error) {
+// one of src (one address per family), whose gateway is at one of gw. The
+// caller readies the namespace first (PrepareNamespace).
+func Start(j *Journal, sandboxID string, nsFD int, src, gw []netip.Addr, log *slog.Logger) (*Collector, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -221,7 +223,7 @@ func (c *Collector) pruneEnded() {
 // should report: not the egress proxy's redirected ones (the proxy
 // reports those, with the name), not the gateway's own.
 func (c *Collector) ours(f *conntrack.Flow) bool {
-	return f.TupleOrig.IP.SourceAddress == c.src && f.TupleOrig.IP.DestinationAddress != c.gw && !f.Status.DstNAT()
+	return slices.Contains(c.src, f.TupleOrig.IP.SourceAddress) && !slices.Contains(c.gw, f.TupleOrig.IP.DestinationAddress) && !f.Status.DstNAT()
 }
 
 func flowEntry(f *conntrack.Flow, at time.Time) Entry {
@@ -352,6 +354,8 @@ func protoName(p uint8) string {
 		return "udp"
 	case unix.IPPROTO_ICMP:
 		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6"
 	case unix.IPPROTO_SCTP:
 		return "sctp"
 	}

@@ -104,7 +104,7 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()`)
 		t.Fatal(err)
 	}
 	const id = "iaudittest000000001"
-	c, err := Start(j, id, int(h), netip.MustParseAddr("10.99.7.2"), netip.MustParseAddr("10.99.7.1"), slog.Default())
+	c, err := Start(j, id, int(h), []netip.Addr{netip.MustParseAddr("10.99.7.2")}, []netip.Addr{netip.MustParseAddr("10.99.7.1")}, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

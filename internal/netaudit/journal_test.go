@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ti-mo/netfilter"
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/errdefs"
 )
@@ -118,13 +119,35 @@ func TestParseLogged(t *testing.T) {
 		t.Fatal("a prefix not Spore's was taken")
 	}
 	for _, bad := range [][]byte{nil, pkt[:10], append([]byte{0x65}, pkt[1:]...), append([]byte{0x4f}, pkt[1:]...)} {
-		if _, _, ok := parseIPv4(bad); ok {
+		if _, _, _, ok := parseIPv4(bad); ok {
 			t.Errorf("parsed a bad packet %x", bad)
 		}
 	}
 	icmp := append([]byte(nil), pkt[:20]...)
 	icmp[9] = 1
-	if p, dst, ok := parseIPv4(icmp); !ok || p != 1 || dst.Port() != 0 || dstString(p, dst.Addr(), dst.Port()) != "198.19.1.2" {
+	if p, dst, _, ok := parseIPv4(icmp); !ok || p != 1 || dst.Port() != 0 || dstString(p, dst.Addr(), dst.Port()) != "198.19.1.2" {
 		t.Fatalf("icmp: %d %v %v", p, dst, ok)
+	}
+
+	// IPv6: a TCP SYN to [2001:2::5]:443 from port 40000, and ICMPv6.
+	pkt6 := make([]byte, 44)
+	pkt6[0] = 0x60
+	pkt6[6] = 6
+	copy(pkt6[24:40], netip.MustParseAddr("2001:2::5").AsSlice())
+	binary.BigEndian.PutUint16(pkt6[40:42], 40000)
+	binary.BigEndian.PutUint16(pkt6[42:44], 443)
+	d, ok = parseLogged([]netfilter.Attribute{{Type: nfulaPrefix, Data: []byte("spore:floor\x00")}, {Type: nfulaPayload, Data: pkt6}})
+	if !ok || d.Rule != "floor" || d.Proto != 6 || d.Dst != netip.MustParseAddrPort("[2001:2::5]:443") || d.SrcPort != 40000 {
+		t.Fatalf("parsed IPv6 %+v %v", d, ok)
+	}
+	icmp6 := append([]byte(nil), pkt6[:40]...)
+	icmp6[6] = unix.IPPROTO_ICMPV6
+	if p, dst, _, ok := parseIPv6(icmp6); !ok || p != unix.IPPROTO_ICMPV6 || dst.Port() != 0 || dstString(p, dst.Addr(), dst.Port()) != "2001:2::5" {
+		t.Fatalf("icmpv6: %d %v %v", p, dst, ok)
+	}
+	for _, bad := range [][]byte{pkt6[:39], append([]byte{0x40}, pkt6[1:]...)} {
+		if _, _, _, ok := parseIPv6(bad); ok {
+			t.Errorf("parsed a bad IPv6 packet %x", bad)
+		}
 	}
 }

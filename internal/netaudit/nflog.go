@@ -20,7 +20,7 @@ const Group = 7311
 const PrefixMark = "spore:"
 
 // SnapLen is how much of a dropped packet is logged: the IPv4 header
-// (with options) and the ports.
+// (with options) or the IPv6 one (40 bytes), and the ports.
 const SnapLen = 64
 
 // The NFLOG protocol (linux/netfilter/nfnetlink_log.h).
@@ -107,7 +107,7 @@ func (r *nflogReader) next() ([]Denied, error) {
 
 func (r *nflogReader) close() error { return r.c.Close() }
 
-// parseLogged reads a logged packet's prefix and IPv4 header.
+// parseLogged reads a logged packet's prefix and IP header.
 func parseLogged(attrs []netfilter.Attribute) (Denied, bool) {
 	var prefix string
 	var payload []byte
@@ -123,36 +123,56 @@ func parseLogged(attrs []netfilter.Attribute) (Denied, bool) {
 	if !ok {
 		return Denied{}, false
 	}
-	proto, dst, ok := parseIPv4(payload)
+	proto, dst, hl, ok := parseIPv4(payload)
 	if !ok {
-		return Denied{}, false
+		if proto, dst, hl, ok = parseIPv6(payload); !ok {
+			return Denied{}, false
+		}
 	}
 	d := Denied{Rule: rule, Proto: proto, Dst: dst}
 	if dst.Port() != 0 {
-		ihl := int(payload[0]&0x0f) * 4
-		d.SrcPort = binary.BigEndian.Uint16(payload[ihl : ihl+2])
+		d.SrcPort = binary.BigEndian.Uint16(payload[hl : hl+2])
 	}
 	return d, true
 }
 
-// parseIPv4 returns an IPv4 packet's protocol and destination (with the
-// port for TCP, UDP and SCTP).
-func parseIPv4(p []byte) (uint8, netip.AddrPort, bool) {
+// parseIPv6 returns an IPv6 packet's protocol, destination (with the port
+// for TCP, UDP and SCTP directly after the fixed header) and header
+// length. A packet whose first header is an extension header is given by
+// that header's number, without a port.
+func parseIPv6(p []byte) (uint8, netip.AddrPort, int, bool) {
+	const hl = 40
+	if len(p) < hl || p[0]>>4 != 6 {
+		return 0, netip.AddrPort{}, 0, false
+	}
+	proto := p[6]
+	dst := netip.AddrFrom16([16]byte(p[24:40]))
+	return proto, netip.AddrPortFrom(dst, transportPort(proto, p, hl)), hl, true
+}
+
+// transportPort is the destination port of a TCP, UDP or SCTP header at
+// offset hl of p (0 for other protocols or a packet cut short).
+func transportPort(proto uint8, p []byte, hl int) uint16 {
+	switch proto {
+	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
+		if len(p) >= hl+4 {
+			return binary.BigEndian.Uint16(p[hl+2 : hl+4])
+		}
+	}
+	return 0
+}
+
+// parseIPv4 returns an IPv4 packet's protocol, destination (with the
+// port for TCP, UDP and SCTP) and header length.
+func parseIPv4(p []byte) (uint8, netip.AddrPort, int, bool) {
 	if len(p) < 20 || p[0]>>4 != 4 {
-		return 0, netip.AddrPort{}, false
+		return 0, netip.AddrPort{}, 0, false
 	}
 	ihl := int(p[0]&0x0f) * 4
 	if ihl < 20 || len(p) < ihl {
-		return 0, netip.AddrPort{}, false
+		return 0, netip.AddrPort{}, 0, false
 	}
 	proto := p[9]
 	dst := netip.AddrFrom4([4]byte(p[16:20]))
-	var port uint16
-	switch proto {
-	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
-		if len(p) >= ihl+4 {
-			port = binary.BigEndian.Uint16(p[ihl+2 : ihl+4])
-		}
-	}
-	return proto, netip.AddrPortFrom(dst, port), true
+	return proto, netip.AddrPortFrom(dst, transportPort(proto, p, ihl)), ihl, true
 }

@@ -16,12 +16,18 @@ const MaxPolicyEntries = 256
 // defaultFloor is what no sandbox reaches, whatever its policy: the host's
 // LAN (private ranges), carrier-grade NAT, link-local (the cloud metadata
 // address 169.254.169.254), loopback, "this network", IETF protocol
-// assignments, multicast and reserved space. 198.18.0.0/15 (benchmarking)
-// is deliberately not here: the tests' outside hosts live there.
+// assignments, multicast and reserved space; in IPv6 the unspecified and
+// loopback addresses, IPv4-mapped and IPv4-translated addresses (a way
+// around the IPv4 floor), discard-only, the local-use NAT64 prefix, unique
+// local (the LAN's and the cloud metadata's fd00:ec2::254), site-local,
+// link-local and multicast. The benchmarking ranges 198.18.0.0/15 and
+// 2001:2::/48 are deliberately not here: the tests' outside hosts live
+// there.
 var defaultFloor = []string{
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-	"::1/128", "fc00::/7", "fe80::/10",
+	"::/128", "::1/128", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "100::/64",
+	"fc00::/7", "fec0::/10", "fe80::/10", "ff00::/8",
 }
 
 // DefaultFloor returns the default operator floor (see Config.Floor).
@@ -99,31 +105,31 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// buildFloor returns the IPv4 floor the gateways enforce: the configured
-// prefixes (DefaultFloor when nil) and the host's own addresses, outside
-// the sandbox space (which the floor's 10.0.0.0/8 covers by default and
-// the root namespace's rules cover anyway). IPv6 entries need no rule:
-// sandboxes have no IPv6 address or route and gateways forward no IPv6.
-func buildFloor(cfg []netip.Prefix, host map[netip.Addr]bool, sandboxSpace netip.Prefix) []netip.Prefix {
+// buildFloor returns the floor the gateways enforce (IPv4 and IPv6): the
+// configured prefixes (DefaultFloor when nil) and the host's own
+// addresses, outside the sandbox spaces (which the floor's 10.0.0.0/8 and
+// fc00::/7 cover by default and the root namespace's rules cover anyway).
+func buildFloor(cfg []netip.Prefix, host map[netip.Addr]bool) []netip.Prefix {
 	if cfg == nil {
 		cfg = DefaultFloor()
 	}
 	var out []netip.Prefix
 	for _, p := range cfg {
-		if p.Addr().Is4() {
-			out = append(out, p.Masked())
-		}
+		out = append(out, p.Masked())
 	}
 	for a := range host {
-		if a.Is4() && !sandboxSpace.Contains(a) && !slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			out = append(out, netip.PrefixFrom(a, 32))
+		if a.Zone() != "" || sandboxSpace.Contains(a) || sandboxSpace6.Contains(a) {
+			continue
+		}
+		if !slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
 	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return out
 }
 
-// Floor returns the IPv4 prefixes no sandbox of this manager reaches.
+// Floor returns the prefixes no sandbox of this manager reaches.
 func (m *Manager) Floor() []netip.Prefix { return slices.Clone(m.floor) }
 
 // DNSVerdict says what the node's DNS forwarder does with a query from a

@@ -3,15 +3,19 @@ package netns_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // These tests check the topology with ordinary Linux processes placed in
@@ -234,5 +238,158 @@ func TestTwoManagersShareTheHost(t *testing.T) {
 			t.Fatalf("%s and %s both got %s", other, n.Instance, n.Addr)
 		}
 		seen[n.Addr] = n.Instance
+	}
+}
+
+// A sandbox has IPv6 beside IPv4 when the host has it: it reaches an
+// outside IPv6 host (masqueraded: the host sees the node's address, not
+// the sandbox's), and the policy's IPv6 entries, the floor and the host's
+// isolation hold as they do in IPv4.
+func TestIPv6Egress(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	a, err := m.Setup(ctx, "inst-6a", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Setup(ctx, "inst-6b", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Addr6.IsValid() || a.Addr6 == b.Addr6 {
+		t.Fatalf("IPv6 addresses: %v %v", a.Addr6, b.Addr6)
+	}
+	out, err := exec.Command("ip", "netns", "exec", "spt-sb-inst-6a", "ip", "-6", "route", "show", "default").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "via "+netns.GatewayIP6.String()) {
+		t.Fatalf("sandbox's IPv6 default route: %s %v", out, err)
+	}
+
+	peer := testenv.NewTestHost(t, "spt-peer6", netip.MustParseAddr("198.18.6.2"), netip.MustParseAddr("198.18.6.1"), false)
+	peer.AddIPv6(t, netip.MustParseAddr("2001:2:0:6::2"), netip.MustParseAddr("2001:2:0:6::1"))
+	seen := make(chan string, 16)
+	l := peer.Listen(t, "tcp6", "[2001:2:0:6::2]:8006")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case seen <- r.RemoteAddr:
+		default:
+		}
+		fmt.Fprint(w, "outside6")
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	out6 := "[2001:2:0:6::2]:8006"
+	eventually(t, func() error {
+		got, err := get("spt-sb-inst-6a", out6)
+		if err == nil && got != "outside6" {
+			err = fmt.Errorf("got %q", got)
+		}
+		return err
+	})
+	if from := <-seen; !strings.HasPrefix(from, "[2001:2:0:6::1]:") {
+		t.Fatalf("the outside host saw %s, want the node's address 2001:2:0:6::1", from)
+	}
+
+	// Deny an IPv6 prefix: that host is gone over IPv6 alone.
+	v4 := peer.ServeText(t, 8007, "outside4")
+	deny := netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("2001:2:0:6::/64")}}
+	if err := m.SetPolicy(ctx, "inst-6a", deny); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-6a", out6); err == nil {
+		t.Fatal("IPv6 deny entry not enforced")
+	}
+	if got, err := get("spt-sb-inst-6a", v4); err != nil || got != "outside4" {
+		t.Fatalf("an IPv6 deny entry closed IPv4: %q %v", got, err)
+	}
+	if _, err := get("spt-sb-inst-6b", out6); err != nil {
+		t.Fatalf("b's policy changed with a's: %v", err)
+	}
+	// Everything off but one IPv6 address: allow wins over deny.
+	only := netns.Policy{Internet: true, Deny: []netip.Prefix{netip.MustParsePrefix("::/0"), netip.MustParsePrefix("0.0.0.0/0")},
+		Allow: []netip.Prefix{netip.MustParsePrefix("2001:2:0:6::2/128")}}
+	if err := m.SetPolicy(ctx, "inst-6a", only); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-6a", out6); err != nil {
+		t.Fatalf("IPv6 allow entry not honoured: %v", err)
+	}
+	if _, err := get("spt-sb-inst-6a", v4); err == nil {
+		t.Fatal("deny 0.0.0.0/0 not enforced beside an IPv6 allow entry")
+	}
+	if err := m.SetPolicy(ctx, "inst-6a", netns.Policy{Internet: false}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := get("spt-sb-inst-6a", out6); err == nil {
+		t.Fatal("internet off not enforced over IPv6")
+	}
+
+	// The host and other sandboxes stay out of reach over IPv6, whatever
+	// the policy allows: the host's own addresses (the floor), its end of
+	// the sandbox's link and another sandbox (the root namespace's rules).
+	if err := m.SetPolicy(ctx, "inst-6a", netns.Policy{Internet: true, Allow: []netip.Prefix{netip.MustParsePrefix("::/0")}}); err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp6", "[::]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hsrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "host6") })}
+	go hsrv.Serve(hl)
+	t.Cleanup(func() { hsrv.Close() })
+	port := strconv.Itoa(hl.Addr().(*net.TCPAddr).Port)
+	targets := []string{net.JoinHostPort(a.HostAddr6.String(), port), net.JoinHostPort(peer.Gateway6.String(), port), "[::1]:" + port,
+		net.JoinHostPort(b.Addr6.String(), port)}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ad := range addrs {
+		if ip := ad.(*net.IPNet).IP; ip.To4() == nil && !ip.IsLinkLocalUnicast() {
+			targets = append(targets, net.JoinHostPort(ip.String(), port))
+		}
+	}
+	if got, err := get("", "[::1]:"+port); err != nil || got != "host6" {
+		t.Fatalf("the host's own service: %q %v", got, err)
+	}
+	for _, target := range targets {
+		if got, err := get("spt-sb-inst-6a", target); err == nil {
+			t.Errorf("sandbox reached the host at %s: %q", target, got)
+		}
+	}
+	if got, err := get("spt-sb-inst-6a", out6); err != nil || got != "outside6" {
+		t.Fatalf("outside host after the isolation checks: %q %v", got, err)
+	}
+}
+
+// BenchmarkSetup: one sandbox network's Setup and Teardown (namespaces,
+// links, addresses, rules), IPv4 alone and with IPv6 beside it.
+func BenchmarkSetup(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		noIPv6 bool
+	}{{"ipv4", true}, {"ipv4+ipv6", false}} {
+		b.Run(c.name, func(b *testing.B) {
+			m, err := netns.New(context.Background(), netns.Config{Prefix: "spb", StateDir: b.TempDir(), NoIPv6: c.noIPv6})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.RemoveHostRules()
+			ctx := context.Background()
+			var setup, teardown time.Duration
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("bench-%d", i)
+				t0 := time.Now()
+				if _, err := m.Setup(ctx, id, netns.Policy{Internet: true}); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := m.Teardown(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				setup, teardown = setup+t1.Sub(t0), teardown+time.Since(t1)
+			}
+			b.ReportMetric(float64(setup.Microseconds())/float64(b.N)/1000, "setup-ms/op")
+			b.ReportMetric(float64(teardown.Microseconds())/float64(b.N)/1000, "teardown-ms/op")
+		})
 	}
 }

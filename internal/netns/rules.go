@@ -20,10 +20,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const (
-	offSrc = 12
-	offDst = 16
+// family is what the rules of one address family differ in: the table's
+// family and where the addresses sit in the network header.
+type family struct {
+	table        nftables.TableFamily
+	src, dst     uint32 // offsets of the source and destination addresses
+	six          bool
+	gatewayRange netip.Prefix // the sandbox-gateway link
+}
+
+var (
+	fam4 = family{table: nftables.TableFamilyIPv4, src: 12, dst: 16, gatewayRange: netip.PrefixFrom(GatewayIP, 30).Masked()}
+	fam6 = family{table: nftables.TableFamilyIPv6, src: 8, dst: 24, six: true, gatewayRange: inside6}
 )
+
+// of keeps the prefixes of this family.
+func (f family) of(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if p.Addr().Is6() == f.six {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// gatewayTable is a gateway's table of a family (both are named "spore").
+func (f family) gatewayTable() *nftables.Table {
+	return &nftables.Table{Family: f.table, Name: "spore"}
+}
 
 // bigBatch lets one transaction carry a policy's hundreds of rules: the
 // kernel acknowledges every message, and the acknowledgements of ~500
@@ -49,14 +74,46 @@ var bigBatch = nftables.WithSockOptions(func(c *netlink.Conn) error {
 var policyAccept = nftables.ChainPolicyAccept
 var policyDrop = nftables.ChainPolicyDrop
 
-// hostRules installs (replacing) the root namespace's table: no new
-// connections from sandboxes to the host, none between sandboxes, and
-// masquerading of sandbox egress.
+// hostRules installs (replacing) the root namespace's tables (IPv4, and
+// IPv6 when sandboxes have it): no new connections from sandboxes to the
+// host, none between sandboxes, and masquerading of sandbox egress.
 func (m *Manager) hostRules() error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
+	if err := m.hostRules4(c); err != nil {
+		return err
+	}
+	if m.ipv6 {
+		m.hostRules6(c)
+	}
+	return c.Flush()
+}
+
+// hostRules6 queues the root namespace's IPv6 table: the IPv4 one's input
+// and forward rules (sandboxes get no IPv6 DNS service: their resolver
+// is the IPv4 one) and NAT66 of the sandboxes' egress.
+func (m *Manager) hostRules6(c *nftables.Conn) {
+	t := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: m.cfg.Prefix + "-host"}
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	sb := m.hostIfPrefix() + "*"
+	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
+	// Neighbour discovery on the host ends is not a connection: the host
+	// must answer its gateway's solicitations.
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.NDP(), nftexpr.Verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam6.src, sandboxSpace6, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
+}
+
+// hostRules4 queues the root namespace's IPv4 table.
+func (m *Manager) hostRules4(c *nftables.Conn) error {
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.cfg.Prefix + "-host"}
 	c.AddTable(t)
 	c.DelTable(t) // replace whatever an earlier run left
@@ -82,23 +139,25 @@ func (m *Manager) hostRules() error {
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(offSrc, netip.MustParsePrefix("10.200.0.0/16"), expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
-	return c.Flush()
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam4.src, sandboxSpace, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
+	return nil
 }
 
-// RemoveHostRules deletes the root namespace's table; one already gone is
-// no error.
+// RemoveHostRules deletes the root namespace's tables; one already gone
+// is no error.
 func (m *Manager) RemoveHostRules() error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
+	var errs []error
+	for _, f := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		c.DelTable(&nftables.Table{Family: f, Name: m.cfg.Prefix + "-host"})
+		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.cfg.Prefix + "-host"}
-	c.DelTable(t)
-	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		return err
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // gatewayRules installs the gateway namespace's table: DNAT of the host's
@@ -114,7 +173,7 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	sbAddr := SandboxIP.As4()
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
 		nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq),
-		nftexpr.InPrefix(offDst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
+		nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
 		&expr.Immediate{Register: 1, Data: sbAddr[:]},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
 	)})
@@ -126,7 +185,7 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
 				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq),
-				nftexpr.InPrefix(offDst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
+				nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
 				nftexpr.Dport(proto, 53),
 				&expr.Immediate{Register: 1, Data: hostAddr[:]},
 				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
@@ -138,7 +197,7 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	// (a chain of its own, rewritten with the policy).
 	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egressnat"})})
-	redirectRules(c, t, enat, m.floor, n.Policy)
+	redirectRules(c, t, enat, fam4, m.floor, n.Policy)
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	// Toward the sandbox everything comes from its gateway; outward
 	// everything leaves from up0's address.
@@ -154,13 +213,36 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(
 				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq),
-				nftexpr.InPrefix(offDst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
+				nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
 		}
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
 	auditChains(c, t)
-	egressRules(c, t, egress, m.floor, n.Policy)
+	egressRules(c, t, egress, fam4, m.floor, n.Policy)
+	if n.Addr6.IsValid() {
+		gatewayRules6(c, m.floor, n.Policy)
+	}
 	return c.Flush()
+}
+
+// gatewayRules6 queues a gateway's IPv6 table: the IPv4 table's egress
+// path without its DNAT (the host reaches a sandbox's ports over IPv4,
+// and its resolver is the IPv4 one): the egress proxy's redirect, a
+// default-drop forward chain with the policy, and NAT66 out of up0.
+func gatewayRules6(c *nftables.Conn, floor []netip.Prefix, p Policy) {
+	t := c.AddTable(fam6.gatewayTable())
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egressnat"})})
+	redirectRules(c, t, enat, fam6, floor, p)
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Masq{})})
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyDrop})
+	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
+	auditChains(c, t)
+	egressRules(c, t, egress, fam6, floor, p)
 }
 
 // egressRules fills the egress chain: the operator floor first (the
@@ -168,28 +250,24 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 // then the allow list, the deny list and the default: allow wins over
 // deny, as in E2B (`denyOut: ["0.0.0.0/0"], allowOut: ["1.1.1.1"]` reaches
 // that address only). The floor is rewritten with the policy, so a policy
-// change also brings an older gateway up to the manager's floor. IPv6
-// entries get no rule: sandboxes have no IPv6 route.
+// change also brings an older gateway up to the manager's floor. Each
+// family's chain gets that family's entries.
 //
 // Every drop goes through an audit chain (auditChains) that logs the
 // connection attempt to the egress audit's NFLOG group, naming the rule
 // kind (netaudit), then drops it.
-func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
+func egressRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, fam family, floor []netip.Prefix, p Policy) {
 	drop := func(chain string, match ...any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(append(append([]any{}, match...), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain})...)})
 	}
-	for _, f := range floor {
-		drop(auditFloor, nftexpr.InPrefix(offDst, f, expr.CmpOpEq))
+	for _, f := range fam.of(floor) {
+		drop(auditFloor, nftexpr.InPrefix(fam.dst, f, expr.CmpOpEq))
 	}
-	for _, a := range p.Allow {
-		if a.Addr().Is4() {
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, a, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
-		}
+	for _, a := range fam.of(p.Allow) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam.dst, a, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
 	}
-	for _, d := range p.Deny {
-		if d.Addr().Is4() {
-			drop(auditDeny, nftexpr.InPrefix(offDst, d, expr.CmpOpEq))
-		}
+	for _, d := range fam.of(p.Deny) {
+		drop(auditDeny, nftexpr.InPrefix(fam.dst, d, expr.CmpOpEq))
 	}
 	if !p.Internet {
 		drop(auditOff)
@@ -236,12 +314,12 @@ func auditChains(c *nftables.Conn, t *nftables.Table) {
 // the egress proxy's listener in the gateway, which judges them on the
 // name they ask for. Floor destinations (and the gateway itself) are not
 // redirected: the forward chain drops them as before.
-func redirectRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, floor []netip.Prefix, p Policy) {
+func redirectRules(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, fam family, floor []netip.Prefix, p Policy) {
 	if !p.NeedsProxy() {
 		return
 	}
-	for _, f := range append([]netip.Prefix{netip.PrefixFrom(GatewayIP, 30)}, floor...) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(offDst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictReturn))})
+	for _, f := range append([]netip.Prefix{fam.gatewayRange}, fam.of(floor)...) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam.dst, f, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictReturn))})
 	}
 	for _, port := range []uint16{80, 443} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: nftexpr.Rule(
@@ -269,7 +347,7 @@ func (m *Manager) SetPolicy(ctx context.Context, instance string, p Policy) erro
 	if m.cfg.Egress != nil {
 		m.cfg.Egress.Update(instance, m.egressRules(p))
 	}
-	if err := m.writeEgress(instance, p); err != nil {
+	if err := m.writeEgress(n, p); err != nil {
 		if m.cfg.Egress != nil {
 			m.cfg.Egress.Update(instance, m.egressRules(n.Policy))
 		}
@@ -281,32 +359,40 @@ func (m *Manager) SetPolicy(ctx context.Context, instance string, p Policy) erro
 	return os.WriteFile(m.statePath(instance), b, 0o600)
 }
 
-// writeEgress replaces a gateway's egress chain in one transaction.
-func (m *Manager) writeEgress(instance string, p Policy) error {
-	gw, err := netns.GetFromName(m.gwName(instance))
+// writeEgress replaces a gateway's egress chains (each family's) in one
+// transaction.
+func (m *Manager) writeEgress(n Net, p Policy) error {
+	gw, err := netns.GetFromName(m.gwName(n.Instance))
 	if err != nil {
-		return fmt.Errorf("network of %s: %w", instance, err)
+		return fmt.Errorf("network of %s: %w", n.Instance, err)
 	}
 	defer gw.Close()
 	c, err := nftables.New(nftables.WithNetNSFd(int(gw)), bigBatch)
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "spore"}
-	ch := &nftables.Chain{Name: "egress", Table: t}
-	c.FlushChain(ch)
-	// A gateway built before the egress audit has no audit chains: made
-	// here, so its drops are journaled from now on.
-	auditChains(c, t)
-	egressRules(c, t, ch, m.floor, p)
-	// A gateway built before the egress proxy has no egressnat chain (and
-	// no jump to it): adding it is harmless there, and its domain rules
-	// then fail closed (ports 80 and 443 judged by the CIDR rules alone).
-	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
-	c.FlushChain(enat)
-	redirectRules(c, t, enat, m.floor, p)
+	fams := []family{fam4}
+	if n.Addr6.IsValid() {
+		fams = append(fams, fam6)
+	}
+	for _, fam := range fams {
+		t := fam.gatewayTable()
+		ch := &nftables.Chain{Name: "egress", Table: t}
+		c.FlushChain(ch)
+		// A gateway built before the egress audit has no audit chains:
+		// made here, so its drops are journaled from now on.
+		auditChains(c, t)
+		egressRules(c, t, ch, fam, m.floor, p)
+		// A gateway built before the egress proxy has no egressnat chain
+		// (and no jump to it): adding it is harmless there, and its
+		// domain rules then fail closed (ports 80 and 443 judged by the
+		// CIDR rules alone).
+		enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
+		c.FlushChain(enat)
+		redirectRules(c, t, enat, fam, m.floor, p)
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("network of %s: set policy: %w", instance, err)
+		return fmt.Errorf("network of %s: set policy: %w", n.Instance, err)
 	}
 	return nil
 }
@@ -325,7 +411,7 @@ func (m *Manager) refreshEgress() {
 		if _, err := os.Stat(filepath.Join(runDir, m.gwName(id))); err != nil {
 			continue
 		}
-		if err := m.writeEgress(id, n.Policy); err != nil {
+		if err := m.writeEgress(n, n.Policy); err != nil {
 			m.cfg.Logger.Warn("egress floor not applied to a running sandbox", "instance", id, "err", err)
 		}
 		if gw, err := netns.GetFromName(m.gwName(id)); err == nil {

@@ -38,6 +38,18 @@ func TestStaleFilter(t *testing.T) {
 		{"10.200.0.21", "8.8.8.8", true},  // slot 5, free
 		{"127.0.0.1", "8.8.8.8", false},   // outside the space
 		{"10.0.0.1", "10.200.0.6", true},  // host to a free slot's sandbox
+		// IPv6: a slot's /64 in fd53:7071::/48.
+		{"fd53:7071:0:3::2", "2001:2::1", false}, // slot 3, live
+		{"fd53:7071:0:5::2", "2001:2::1", true},  // slot 5, free
+		{"2001:2::1", "fd53:7071:0:5::1", true},  // to a free slot's host end
+		{"fd53:7071:1:5::2", "2001:2::1", false}, // outside the space
+		{"fd00::2", "2001:2::1", false},          // outside the space
+	}
+	if a := slotAddr6(65, 2); a != netip.MustParseAddr("fd53:7071:0:41::2") {
+		t.Errorf("slotAddr6(65, 2) = %v", a)
+	}
+	if s, ok := m.slotOf(slotAddr6(maxSlots-1, 1)); !ok || s != maxSlots-1 {
+		t.Errorf("slotOf(last IPv6 slot) = %d %v", s, ok)
 	}
 	for _, c := range cases {
 		if got := f.MatchConntrackFlow(flow(c.src, c.dst)); got != c.want {

@@ -50,20 +50,25 @@ func CtNew() []expr.Any {
 	}
 }
 
-// InPrefix matches the IPv4 source (offset 12) or destination (16) against
-// a prefix.
+// InPrefix matches the address at offset of the network header against
+// a prefix: IPv4 source (offset 12) or destination (16), IPv6 source (8)
+// or destination (24); the prefix's family sets the length compared.
 func InPrefix(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	p = p.Masked()
-	mask := make([]byte, 4)
-	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-p.Bits()))
-	if p.Bits() == 0 {
-		mask = make([]byte, 4)
+	a := p.Addr().AsSlice()
+	mask := make([]byte, len(a))
+	for i := range mask {
+		switch bits := p.Bits() - 8*i; {
+		case bits >= 8:
+			mask[i] = 0xff
+		case bits > 0:
+			mask[i] = byte(0xff << (8 - bits))
+		}
 	}
-	a := p.Addr().As4()
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(a))},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(len(a)), Mask: mask, Xor: make([]byte, len(a))},
+		&expr.Cmp{Op: op, Register: 1, Data: a},
 	}
 }
 
@@ -92,6 +97,19 @@ func Rule(parts ...any) []expr.Any {
 		}
 	}
 	return out
+}
+
+// NDP matches IPv6 neighbour discovery (ICMPv6 types 133-137: router
+// and neighbour solicitations and advertisements, redirects), which
+// connection tracking does not follow.
+func NDP() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: []byte{133}},
+		&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: []byte{137}},
+	}
 }
 
 // IPv4 matches IPv4 packets (in an inet table).

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/spore-run/spore/internal/egress"
@@ -20,7 +21,8 @@ type auditor struct {
 
 // Start implements netns.Auditor.
 func (a *auditor) Start(instance string, gwFD int) (func(final bool), error) {
-	c, err := netaudit.Start(a.j, engine.SandboxOf(instance), gwFD, netns.SandboxIP, netns.GatewayIP, a.log)
+	c, err := netaudit.Start(a.j, engine.SandboxOf(instance), gwFD,
+		[]netip.Addr{netns.SandboxIP, netns.SandboxIP6}, []netip.Addr{netns.GatewayIP, netns.GatewayIP6}, a.log)
 	if err != nil {
 		return nil, err
 	}

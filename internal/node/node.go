@@ -63,6 +63,9 @@ type Config struct {
 	// EgressFloor is what no sandbox reaches whatever its policy (nil:
 	// netns.DefaultFloor; the host's addresses are always added).
 	EgressFloor []netip.Prefix
+	// NoIPv6 keeps sandboxes on IPv4 alone (netns.Config.NoIPv6); without
+	// it they get IPv6 when the host has it.
+	NoIPv6 bool
 	// DNSUpstreams are the resolvers the sandboxes' DNS forwarder asks
 	// (default: the nameservers of the host's /etc/resolv.conf).
 	DNSUpstreams []netip.AddrPort
@@ -186,7 +189,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	proxy := egress.New(egress.Config{Upstreams: upstreams, Logger: cfg.Logger, Audit: aud.proxied, RootCAs: roots})
 	nm, err := netns.New(ctx, netns.Config{Prefix: cfg.NetPrefix, StateDir: filepath.Join(dataDir, "net"), Logger: cfg.Logger,
-		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy, Audit: aud})
+		Floor: cfg.EgressFloor, DNSPort: sockets.port, Egress: proxy, Audit: aud, NoIPv6: cfg.NoIPv6})
 	if err != nil {
 		proxy.Close()
 		sockets.Close()

@@ -24,7 +24,9 @@ type TestHost struct {
 	NS      string     // namespace name
 	Addr    netip.Addr // the test host's address
 	Gateway netip.Addr // the root namespace's end of the link
-	ns      netns.NsHandle
+	// Addr6 and Gateway6 are their IPv6 twins, after AddIPv6.
+	Addr6, Gateway6 netip.Addr
+	ns              netns.NsHandle
 }
 
 // NewTestHost creates a test host named name (at most 13 characters) at
@@ -93,6 +95,23 @@ ip -n %[1]s route add default via %[4]s
 		t.Fatal(err)
 	}
 	return h
+}
+
+// AddIPv6 gives the test host the IPv6 address addr (a /64 shared with
+// gw, the root namespace's end) and a default route via gw; both go with
+// the host. Use the benchmarking range 2001:2::/48, outside the egress
+// floor.
+func (h *TestHost) AddIPv6(t testing.TB, addr, gw netip.Addr) {
+	t.Helper()
+	script := fmt.Sprintf(`set -e
+ip -6 addr add %[2]s/64 dev %[1]s0 nodad
+ip -n %[1]s -6 addr add %[3]s/64 dev %[1]s1 nodad
+ip -n %[1]s -6 route add default via %[2]s
+`, h.NS, gw, addr)
+	if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("test host %s IPv6: %v: %s", h.NS, err, out)
+	}
+	h.Addr6, h.Gateway6 = addr, gw
 }
 
 // in runs fn with the calling thread in the test host's namespace

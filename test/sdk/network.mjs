@@ -1,7 +1,9 @@
 // E2B's network settings through the stock SDK, unchanged: allow wins over
 // deny at create and after updateNetwork, updateNetwork replaces the
-// lists, and allowPublicTraffic false keeps the ports private. Needs E2B_* and PEER_A, PEER_B (http://host:port of two outside
-// test servers answering "outside").
+// lists, IPv6 entries work as IPv4 ones do, and allowPublicTraffic false
+// keeps the ports private. Needs E2B_* and PEER_A, PEER_B (http://host:port
+// of two outside test servers answering "outside"), PEER_A6, PEER_B6 (the
+// same servers' IPv6 addresses) and PEER_PORT.
 import assert from 'node:assert/strict'
 import http from 'node:http'
 import { Sandbox } from 'e2b'
@@ -30,6 +32,20 @@ try {
   await assert.rejects(sbx.updateNetwork({ allowOut: ['not-an-address'] }))
   assert.equal(await reach(sbx, a), 'outside', 'a refused update changes nothing')
   console.log('ok 4 - a bad entry is refused and changes nothing')
+
+  // IPv6: the sandbox reaches the servers' IPv6 addresses, and IPv6
+  // entries allow and deny them as IPv4 entries do.
+  const a6 = `http://[${process.env.PEER_A6}]:${process.env.PEER_PORT}`
+  const b6 = `http://[${process.env.PEER_B6}]:${process.env.PEER_PORT}`
+  assert.equal(await reach(sbx, a6), 'outside', 'IPv6, lists empty')
+  await sbx.updateNetwork({ denyOut: ['::/0'], allowOut: [process.env.PEER_A6] })
+  assert.equal(await reach(sbx, a6), 'outside', 'the allowed IPv6 address (allow wins over deny ::/0)')
+  assert.equal(await reach(sbx, b6), 'blocked', 'an IPv6 address only denyOut covers')
+  assert.equal(await reach(sbx, b), 'outside', 'IPv4 untouched by IPv6 entries')
+  await sbx.updateNetwork({ denyOut: [`${process.env.PEER_B6}/128`] })
+  assert.equal(await reach(sbx, a6), 'outside')
+  assert.equal(await reach(sbx, b6), 'blocked', 'denied by an IPv6 CIDR')
+  console.log('ok 5 - IPv6: reached, allowed and denied by IPv6 entries')
 } finally {
   await sbx.kill()
 }
@@ -68,7 +84,7 @@ try {
   assert.equal(byHost, '200 private-port', 'by the Host getHost names')
   assert.match(await port(''), /^403 /, 'without it')
   assert.match(await port('tt_not-the-token'), /^403 /, 'with a wrong one')
-  console.log('ok 5 - allowPublicTraffic false: ports need the traffic access token; getHost names the port by --domain')
+  console.log('ok 6 - allowPublicTraffic false: ports need the traffic access token; getHost names the port by --domain')
 } finally {
   await priv.kill()
 }
@@ -88,8 +104,8 @@ try {
   assert.equal((await Sandbox.getInfo(auto.sandboxId)).state, 'paused')
   assert.equal(await get(), '200 resumed-by-traffic', 'traffic to the paused sandbox')
   assert.equal((await Sandbox.getInfo(auto.sandboxId)).state, 'running')
-  console.log('ok 6 - autoResume: traffic resumes a paused sandbox, its server still up')
+  console.log('ok 7 - autoResume: traffic resumes a paused sandbox, its server still up')
 } finally {
   await auto.kill()
 }
-console.log('6 passed, 0 failed')
+console.log('7 passed, 0 failed')

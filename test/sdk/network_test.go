@@ -21,26 +21,37 @@ import (
 // .3: the test range, outside the operator floor).
 func TestNetworkThroughTheSDK(t *testing.T) {
 	s := newServer(t, "--domain", "spore.localhost")
-	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3"}, 18781)
-	out := s.node("network.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781")
+	peerHosts(t, "sporetest-egress-peer", "sptegp", []string{"198.18.0.2", "198.18.0.3", "2001:2:0:18::2", "2001:2:0:18::3"}, 18781)
+	out := s.node("network.mjs", "PEER_A=http://198.18.0.2:18781", "PEER_B=http://198.18.0.3:18781",
+		"PEER_A6=2001:2:0:18::2", "PEER_B6=2001:2:0:18::3", "PEER_PORT=18781")
 	t.Log(out)
-	if !strings.Contains(out, "6 passed, 0 failed") {
+	if !strings.Contains(out, "7 passed, 0 failed") {
 		t.Fatal("network flow did not pass")
 	}
 }
 
 // peerHosts makes a namespace ns linked to the host (veth <veth>0 on the
-// host, 198.18.0.1/29) holding addrs, each serving "outside" over HTTP on
-// port; removed when t ends.
+// host, 198.18.0.1/29 and 2001:2:0:18::1/64) holding addrs (IPv4 in the
+// first, IPv6 in the second), each serving "outside" over HTTP on port;
+// removed when t ends.
 func peerHosts(t *testing.T, ns, veth string, addrs []string, port int) {
 	t.Helper()
 	script := "ip netns add " + ns + " && ip link add " + veth + "0 type veth peer name " + veth + "1 netns " + ns +
-		" && ip addr add 198.18.0.1/29 dev " + veth + "0 && ip link set " + veth + "0 up" +
+		" && ip addr add 198.18.0.1/29 dev " + veth + "0 && ip -6 addr add 2001:2:0:18::1/64 dev " + veth + "0 nodad && ip link set " + veth + "0 up" +
 		" && ip -n " + ns + " link set " + veth + "1 up && ip -n " + ns + " link set lo up"
+	six := false
 	for _, a := range addrs {
-		script += " && ip -n " + ns + " addr add " + a + "/29 dev " + veth + "1"
+		if strings.Contains(a, ":") {
+			script += " && ip -n " + ns + " -6 addr add " + a + "/64 dev " + veth + "1 nodad"
+			six = true
+		} else {
+			script += " && ip -n " + ns + " addr add " + a + "/29 dev " + veth + "1"
+		}
 	}
 	script += " && ip -n " + ns + " route add default via 198.18.0.1"
+	if six {
+		script += " && ip -n " + ns + " -6 route add default via 2001:2:0:18::1"
+	}
 	t.Cleanup(func() {
 		exec.Command("ip", "link", "del", veth+"0").Run()
 		exec.Command("ip", "netns", "del", ns).Run()
@@ -49,8 +60,9 @@ func peerHosts(t *testing.T, ns, veth string, addrs []string, port int) {
 		t.Fatalf("peer namespace: %v %s", err, out)
 	}
 	srv := exec.Command("ip", "netns", "exec", ns, "/usr/bin/python3", "-c", `import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", int(sys.argv[1]))); s.listen(16)
 while True:
     c, _ = s.accept(); c.recv(1000); c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\noutside"); c.close()`, strconv.Itoa(port))
 	if err := srv.Start(); err != nil {

@@ -1,5 +1,5 @@
-// Package dnstest is a tiny authoritative DNS server for tests: A records
-// from a map, NXDOMAIN for other names, over UDP and TCP.
+// Package dnstest is a tiny authoritative DNS server for tests: A and
+// AAAA records from a map, NXDOMAIN for other names, over UDP and TCP.
 package dnstest
 
 import (
@@ -14,11 +14,15 @@ import (
 	"github.com/spore-run/spore/internal/dnsfwd"
 )
 
-const typeA = 1
+const (
+	typeA    = 1
+	typeAAAA = 28
+)
 
 // Server answers from Names.
 type Server struct {
-	names   map[string]netip.Addr
+	mu      sync.Mutex
+	names   map[string][]netip.Addr
 	queries atomic.Int64
 	udp     net.PacketConn
 	tcp     net.Listener
@@ -28,9 +32,9 @@ type Server struct {
 // Serve answers on udp and tcp (either may be nil) until Close. Names are
 // matched case-insensitively, without a trailing dot.
 func Serve(udp net.PacketConn, tcp net.Listener, names map[string]netip.Addr) *Server {
-	s := &Server{names: map[string]netip.Addr{}, udp: udp, tcp: tcp}
+	s := &Server{names: map[string][]netip.Addr{}, udp: udp, tcp: tcp}
 	for k, v := range names {
-		s.names[strings.ToLower(strings.TrimSuffix(k, "."))] = v
+		s.Add(k, v)
 	}
 	if udp != nil {
 		s.wg.Add(1)
@@ -79,6 +83,14 @@ func Serve(udp net.PacketConn, tcp net.Listener, names map[string]netip.Addr) *S
 	return s
 }
 
+// Add gives name one more address (an A or an AAAA record).
+func (s *Server) Add(name string, addr netip.Addr) {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	s.mu.Lock()
+	s.names[name] = append(s.names[name], addr)
+	s.mu.Unlock()
+}
+
 // Queries is how many queries the server has answered.
 func (s *Server) Queries() int64 { return s.queries.Load() }
 
@@ -100,19 +112,27 @@ func (s *Server) Answer(q []byte) []byte {
 	if !ok {
 		return dnsfwd.Reply(q, 1) // FORMERR
 	}
-	addr, known := s.names[name]
+	s.mu.Lock()
+	addrs, known := s.names[name]
+	s.mu.Unlock()
 	if !known {
 		return dnsfwd.Reply(q, dnsfwd.RcodeNXDomain)
 	}
 	out := dnsfwd.Reply(q, dnsfwd.RcodeSuccess)
 	out[2] |= 0x04 // AA
-	if qtype != typeA || !addr.Is4() {
-		return out // the name exists, without records of that type
+	n := uint16(0)
+	for _, addr := range addrs {
+		// Records of the type asked for; none when the name has none
+		// (it exists, without records of that type).
+		if (qtype == typeA && addr.Is4()) || (qtype == typeAAAA && addr.Is6()) {
+			a := addr.AsSlice()
+			out = append(out, 0xc0, 12, 0, byte(qtype), 0, 1, 0, 0, 0, 60, 0, byte(len(a)))
+			out = append(out, a...)
+			n++
+		}
 	}
-	binary.BigEndian.PutUint16(out[6:8], 1)
-	a := addr.As4()
-	out = append(out, 0xc0, 12, 0, typeA, 0, 1, 0, 0, 0, 60, 0, 4)
-	return append(out, a[:]...)
+	binary.BigEndian.PutUint16(out[6:8], n)
+	return out
 }
 
 // AnswerAddr returns the first A record of an answer.
