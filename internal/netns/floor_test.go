@@ -99,13 +99,19 @@ func TestFloorContents(t *testing.T) {
 		}
 		return false
 	}
-	for _, a := range []string{"10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.169.254", "127.0.0.1", "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255"} {
+	for _, a := range []string{"10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.169.254", "127.0.0.1", "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255",
+		// IPv6: cloud metadata (unique local), loopback, unspecified,
+		// link-local, multicast, site-local, IPv4-mapped and -translated
+		// (a way around the IPv4 floor), local-use NAT64, discard.
+		"fd00:ec2::254", "::1", "::", "fe80::1", "ff02::1", "fec0::1", "::ffff:10.0.0.1", "::ffff:0:a00:1", "64:ff9b:1::a00:1", "100::1"} {
 		if !covered(netip.MustParseAddr(a)) {
 			t.Errorf("default floor lets %s through: %v", a, floor)
 		}
 	}
-	if covered(netip.MustParseAddr("198.18.0.2")) || covered(netip.MustParseAddr("1.1.1.1")) {
-		t.Errorf("default floor blocks public or benchmarking space: %v", floor)
+	for _, a := range []string{"198.18.0.2", "1.1.1.1", "2001:2::1", "2606:4700:4700::1111", "64:ff9b::101:101"} {
+		if covered(netip.MustParseAddr(a)) {
+			t.Errorf("default floor blocks public or benchmarking space (%s): %v", a, floor)
+		}
 	}
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
@@ -113,7 +119,7 @@ func TestFloorContents(t *testing.T) {
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.(*net.IPNet).IP)
-		if ip = ip.Unmap(); ok && ip.Is4() && !covered(ip) {
+		if ip = ip.Unmap(); ok && !covered(ip) {
 			t.Errorf("host address %s not in the floor %v", ip, floor)
 		}
 	}

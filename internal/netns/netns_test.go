@@ -8,10 +8,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/nftables"
+	vnetns "github.com/vishvananda/netns"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
@@ -391,5 +395,46 @@ func BenchmarkSetup(b *testing.B) {
 			b.ReportMetric(float64(setup.Microseconds())/float64(b.N)/1000, "setup-ms/op")
 			b.ReportMetric(float64(teardown.Microseconds())/float64(b.N)/1000, "teardown-ms/op")
 		})
+	}
+}
+
+// NoIPv6 keeps sandboxes on IPv4: no IPv6 address or route in the
+// sandbox, no IPv6 table in the gateway.
+func TestNoIPv6(t *testing.T) {
+	m, err := netns.New(context.Background(), netns.Config{Prefix: "spn", StateDir: t.TempDir(), NoIPv6: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Sweep(context.Background(), nil); m.RemoveHostRules() })
+	n, err := m.Setup(context.Background(), "v4only", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Addr6.IsValid() || n.HostAddr6.IsValid() {
+		t.Fatalf("IPv6 addresses with NoIPv6: %v %v", n.Addr6, n.HostAddr6)
+	}
+	out, err := exec.Command("ip", "netns", "exec", "spn-sb-v4only", "ip", "-6", "addr", "show", "scope", "global").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Fatalf("sandbox's global IPv6 addresses: %q %v", out, err)
+	}
+	gw, err := vnetns.GetFromName("spn-gw-v4only")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(gw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fams []nftables.TableFamily
+	for _, tb := range tables {
+		fams = append(fams, tb.Family)
+	}
+	if !slices.Equal(fams, []nftables.TableFamily{nftables.TableFamilyIPv4}) {
+		t.Fatalf("gateway's table families: %v, want IPv4 alone", fams)
 	}
 }

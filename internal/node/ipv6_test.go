@@ -2,12 +2,15 @@ package node_test
 
 import (
 	"crypto/tls"
+	"encoding/pem"
 	"fmt"
 	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -33,7 +36,7 @@ var (
 	otherIP6 = netip.MustParseAddr("2001:2:0:46::3")
 )
 
-func ipv6Internet(t *testing.T) *testenv.TestHost {
+func ipv6Internet(t *testing.T) (*testenv.TestHost, tls.Certificate) {
 	h := testenv.NewTestHost(t, "spyt-six", sixIP4, netip.MustParseAddr("198.19.46.1"), false)
 	h.AddIPv6(t, sixIP6, netip.MustParseAddr("2001:2:0:46::1"))
 	if out, err := exec.Command("ip", "-n", h.NS, "-6", "addr", "add", otherIP6.String()+"/64", "dev", h.NS+"1", "nodad").CombinedOutput(); err != nil {
@@ -53,7 +56,11 @@ func ipv6Internet(t *testing.T) *testenv.TestHost {
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
 		}
-		fmt.Fprintf(w, "%s host=%s sni=%s via=%s from=%s", name, r.Host, sni, fam, r.RemoteAddr)
+		fmt.Fprintf(w, "%s host=%s sni=%s via=%s", name, r.Host, sni, fam)
+		if a := r.Header.Get("Authorization"); a != "" {
+			fmt.Fprintf(w, " auth=%s", a)
+		}
+		fmt.Fprintf(w, " from=%s", r.RemoteAddr)
 	})
 	for _, addr := range []string{sixIP4.String(), "::"} {
 		network := "tcp4"
@@ -72,7 +79,7 @@ func ipv6Internet(t *testing.T) *testenv.TestHost {
 		map[string]netip.Addr{"six.test": sixIP4, "six-only.test": sixIP6, "other.test": otherIP6})
 	dns.Add("six.test", sixIP6)
 	t.Cleanup(dns.Close)
-	return h
+	return h, cert
 }
 
 // Sandboxes have IPv6 beside IPv4 (gVisor takes both from the sandbox's
@@ -80,14 +87,20 @@ func ipv6Internet(t *testing.T) *testenv.TestHost {
 // AAAA record, masqueraded (the host sees the node's address); the
 // policy's IPv6 entries work as the IPv4 ones do (allow over deny, at run
 // time), domain rules are enforced on IPv6 connections too (the egress
-// proxy takes them on its IPv6 listener), both kinds of decision are in
+// proxy takes them on its IPv6 listener) and so are network rules (a
+// header injected into an HTTPS request over IPv6), both kinds of decision are in
 // the egress audit, and a fork (a restore into new namespaces) has IPv6
 // with the policy it inherited.
 func TestIPv6InTheSandbox(t *testing.T) {
-	ipv6Internet(t)
+	_, cert := ipv6Internet(t)
+	caFile := filepath.Join(t.TempDir(), "upstream.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	e := newEnvTuned(t, func(c *node.Config) {
 		c.NetPrefix = "sp6"
 		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(sixIP4, 53)}
+		c.EgressCAFiles = []string{caFile} // the proxy verifies it when it injects headers
 	})
 	ctx := ctxFor(t)
 	open := netns.Policy{Internet: true}
@@ -155,6 +168,25 @@ func TestIPv6InTheSandbox(t *testing.T) {
 		return r.Allowed && r.Domain == "six.test" && r.Dst.Addr() == otherIP6 && r.Upstream.Addr() == sixIP6
 	}) {
 		t.Errorf("the proxy's log lacks the redirected IPv6 connection: %+v", log)
+	}
+
+	// A network rule: the proxy terminates the sandbox's TLS (curl -k:
+	// the sandbox's trust store is envd's business, tested with it) and
+	// sets the header, over IPv6 both ways.
+	ca, err := egress.NewCA("six")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inject := names
+	inject.CA, inject.Inject = ca, []egress.Injection{{Pattern: "six.test", Headers: []egress.Header{{Name: "Authorization", Value: "Bearer sk-six"}}}}
+	if err := e.n.Engine.SetPolicy(ctx, sb.ID, inject); err != nil {
+		t.Fatal(err)
+	}
+	check(sb, "-6 https://six.test/", "six host=six.test sni=six.test via=6 auth=Bearer sk-six")
+	check(sb, "--resolve six.test:443:["+otherIP6.String()+"] https://six.test/", "six host=six.test sni=six.test via=6 auth=Bearer sk-six")
+	check(sb, "-6 http://six.test/", "six host=six.test sni= via=6")
+	if err := e.n.Engine.SetPolicy(ctx, sb.ID, names); err != nil {
+		t.Fatal(err)
 	}
 
 	// The audit journal has IPv6 decisions of both kinds.
