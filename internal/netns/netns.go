@@ -653,7 +653,9 @@ func hostHasIPv6() bool {
 // accept_ra is 1 (the default), which would cost it its own
 // autoconfigured addresses and default route: such interfaces get
 // accept_ra 2 (accept them while forwarding) first, as routers that
-// autoconfigure their uplink do.
+// autoconfigure their uplink do. "default" (what interfaces made later
+// get) is left alone: the sandboxes' host ends must not take
+// advertisements.
 func forward6(log *slog.Logger) error {
 	const all = "/proc/sys/net/ipv6/conf/all/forwarding"
 	if b, err := os.ReadFile(all); err == nil && strings.TrimSpace(string(b)) == "1" {
@@ -662,7 +664,7 @@ func forward6(log *slog.Logger) error {
 	confs, _ := filepath.Glob("/proc/sys/net/ipv6/conf/*/accept_ra")
 	for _, f := range confs {
 		ifname := filepath.Base(filepath.Dir(f))
-		if ifname == "all" || ifname == "lo" {
+		if ifname == "all" || ifname == "default" || ifname == "lo" {
 			continue
 		}
 		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == "1" {
