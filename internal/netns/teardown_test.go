@@ -3,13 +3,19 @@ package netns_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // TestTeardownUnmountedNamespaceFile: a kill between creating a
@@ -89,5 +95,83 @@ func TestTeardownLeavesTheLinksToTheKernel(t *testing.T) {
 	}
 	if _, err := netlink.LinkByName(stale + "p"); err == nil {
 		t.Fatal("the stale link's peer is still there")
+	}
+}
+
+// A sandbox's connections outlive its namespaces in the root namespace's
+// connection tracking (an established TCP entry lasts days); Teardown
+// flushes them, for IPv4 and IPv6, so a later holder of the slot starts
+// clean.
+func TestTeardownFlushesConnectionTracking(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	n, err := m.Setup(ctx, "ct-a", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := testenv.NewTestHost(t, "spt-ctpeer", netip.MustParseAddr("198.18.7.2"), netip.MustParseAddr("198.18.7.1"), false)
+	peer.AddIPv6(t, netip.MustParseAddr("2001:2:0:7::2"), netip.MustParseAddr("2001:2:0:7::1"))
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	for _, addr := range []string{"198.18.7.2:8008", "[2001:2:0:7::2]:8008"} {
+		l := peer.Listen(t, "tcp", addr)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				held = append(held, c) // kept open: the entry stays established
+				mu.Unlock()
+			}
+		}()
+		// A process in the sandbox's namespace connects and stays.
+		cmd := exec.Command("ip", "netns", "exec", "spt-sb-ct-a", "/usr/bin/python3", "-c",
+			"import socket,sys,time; h,p=sys.argv[1].rsplit(':',1); s=socket.create_connection((h.strip('[]'),int(p))); time.sleep(600)", addr)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	entries := func() (n4, n6 int) {
+		for fam, count := range map[netlink.InetFamily]*int{unix.AF_INET: &n4, unix.AF_INET6: &n6} {
+			flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, fam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range flows {
+				for _, ip := range []net.IP{f.Forward.SrcIP, f.Reverse.DstIP} {
+					if a, _ := netip.AddrFromSlice(ip); a.Unmap() == n.Addr || a.Unmap() == n.Addr6 {
+						*count++
+						break
+					}
+				}
+			}
+		}
+		return
+	}
+	eventually(t, func() error {
+		if n4, n6 := entries(); n4 == 0 || n6 == 0 {
+			return fmt.Errorf("connection tracking of the sandbox: %d IPv4, %d IPv6 entries", n4, n6)
+		}
+		return nil
+	})
+	// The sandbox's processes go, as its sandbox would, then its network.
+	if out, err := exec.Command("sh", "-c", "kill -9 $(ip netns pids spt-sb-ct-a)").CombinedOutput(); err != nil {
+		t.Fatalf("kill: %v %s", err, out)
+	}
+	if err := m.Teardown(ctx, "ct-a"); err != nil {
+		t.Fatal(err)
+	}
+	if n4, n6 := entries(); n4 != 0 || n6 != 0 {
+		t.Fatalf("after teardown: %d IPv4, %d IPv6 entries of the sandbox left", n4, n6)
 	}
 }
