@@ -27,11 +27,12 @@ type family struct {
 	src, dst     uint32 // offsets of the source and destination addresses
 	six          bool
 	gatewayRange netip.Prefix // the sandbox-gateway link
+	space        netip.Prefix // the host ends' and gateways' addresses
 }
 
 var (
-	fam4 = family{table: nftables.TableFamilyIPv4, src: 12, dst: 16, gatewayRange: netip.PrefixFrom(GatewayIP, 30).Masked()}
-	fam6 = family{table: nftables.TableFamilyIPv6, src: 8, dst: 24, six: true, gatewayRange: inside6}
+	fam4 = family{table: nftables.TableFamilyIPv4, src: 12, dst: 16, gatewayRange: netip.PrefixFrom(GatewayIP, 30).Masked(), space: sandboxSpace}
+	fam6 = family{table: nftables.TableFamilyIPv6, src: 8, dst: 24, six: true, gatewayRange: inside6, space: sandboxSpace6}
 )
 
 // of keeps the prefixes of this family.
@@ -82,46 +83,30 @@ func (m *Manager) hostRules() error {
 	if err != nil {
 		return err
 	}
-	if err := m.hostRules4(c); err != nil {
-		return err
-	}
+	m.hostTable(c, fam4)
 	if m.ipv6 {
-		m.hostRules6(c)
+		m.hostTable(c, fam6)
 	}
 	return c.Flush()
 }
 
-// hostRules6 queues the root namespace's IPv6 table: the IPv4 one's input
-// and forward rules (sandboxes get no IPv6 DNS service: their resolver
-// is the IPv4 one) and NAT66 of the sandboxes' egress.
-func (m *Manager) hostRules6(c *nftables.Conn) {
-	t := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: m.cfg.Prefix + "-host"}
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
-	sb := m.hostIfPrefix() + "*"
-	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
-	// Neighbour discovery on the host ends is not a connection: the host
-	// must answer its gateway's solicitations.
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.NDP(), nftexpr.Verdict(expr.VerdictAccept))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
-	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
-	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam6.src, sandboxSpace6, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
-}
-
-// hostRules4 queues the root namespace's IPv4 table.
-func (m *Manager) hostRules4(c *nftables.Conn) error {
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.cfg.Prefix + "-host"}
+// hostTable queues (replacing) the root namespace's table of a family.
+// IPv4's also guards the DNS forwarder (sandboxes get no IPv6 DNS
+// service: their resolver is the IPv4 one); IPv6's lets neighbour
+// discovery through.
+func (m *Manager) hostTable(c *nftables.Conn, fam family) {
+	t := &nftables.Table{Family: fam.table, Name: m.cfg.Prefix + "-host"}
 	c.AddTable(t)
 	c.DelTable(t) // replace whatever an earlier run left
 	c.AddTable(t)
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	sb := m.hostIfPrefix() + "*"
 	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
-	if port := m.cfg.DNSPort; port != 0 {
+	if fam.six {
+		// Neighbour discovery on the host ends is not a connection: the
+		// host must answer its gateways' solicitations.
+		c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.NDP(), nftexpr.Verdict(expr.VerdictAccept))})
+	} else if port := m.cfg.DNSPort; port != 0 {
 		// The DNS forwarder: sandboxes' queries (DNAT'd by their gateway)
 		// in, other hosts' out: it is no open resolver for the LAN. Only
 		// flows opened toward the port from outside are dropped: the same
@@ -139,8 +124,7 @@ func (m *Manager) hostRules4(c *nftables.Conn) error {
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, sb, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpEq), nftexpr.Verdict(expr.VerdictDrop))})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam4.src, sandboxSpace, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
-	return nil
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.InPrefix(fam.src, fam.space, expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, sb, expr.CmpOpNeq), &expr.Masq{})})
 }
 
 // RemoveHostRules deletes the root namespace's tables; one already gone
@@ -160,35 +144,53 @@ func (m *Manager) RemoveHostRules() error {
 	return errors.Join(errs...)
 }
 
-// gatewayRules installs the gateway namespace's table: DNAT of the host's
-// connections to the sandbox, SNAT both ways, a default-drop forward chain
-// and the egress policy.
+// gatewayRules installs the gateway namespace's tables (IPv4, and IPv6
+// when the sandbox has it) in one transaction.
 func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(gw)), bigBatch)
 	if err != nil {
 		return err
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "spore"})
+	m.gatewayTable(c, fam4, n)
+	if n.Addr6.IsValid() {
+		m.gatewayTable(c, fam6, n)
+	}
+	return c.Flush()
+}
+
+// gatewayTable queues a gateway's table of a family: the egress proxy's
+// redirect, masquerading out of up0, a default-drop forward chain with
+// the policy. IPv4's also carries the host's way in (DNAT of its
+// connections to the sandbox, masqueraded toward it) and the sandbox's
+// resolver; IPv6 has neither (the host reaches a sandbox's ports over
+// IPv4, and its resolver is the IPv4 one).
+func (m *Manager) gatewayTable(c *nftables.Conn, fam family, n Net) {
+	t := c.AddTable(fam.gatewayTable())
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	sbAddr := SandboxIP.As4()
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
-		nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq),
-		nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
-		&expr.Immediate{Register: 1, Data: sbAddr[:]},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
-	)})
+	dnsPort := m.cfg.DNSPort
+	if fam.six {
+		dnsPort = 0
+	} else {
+		sbAddr := SandboxIP.As4()
+		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
+			nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq),
+			nftexpr.InPrefix(fam.dst, netip.PrefixFrom(n.Addr, 32), expr.CmpOpEq),
+			&expr.Immediate{Register: 1, Data: sbAddr[:]},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
+		)})
+	}
 	// The sandbox's resolver (10.0.0.1:53 in its resolv.conf) is the
 	// node's DNS forwarder on the host end: identical inside every
 	// sandbox and clone, whatever its slot.
 	hostAddr := n.HostAddr.As4()
-	if port := m.cfg.DNSPort; port != 0 {
+	if dnsPort != 0 {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(
 				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq),
-				nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
+				nftexpr.InPrefix(fam.dst, netip.PrefixFrom(GatewayIP, 32), expr.CmpOpEq),
 				nftexpr.Dport(proto, 53),
 				&expr.Immediate{Register: 1, Data: hostAddr[:]},
-				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
+				&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(dnsPort)},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true},
 			)})
 		}
@@ -197,52 +199,32 @@ func (m *Manager) gatewayRules(gw netns.NsHandle, n Net) error {
 	// (a chain of its own, rewritten with the policy).
 	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egressnat"})})
-	redirectRules(c, t, enat, fam4, m.floor, n.Policy)
+	redirectRules(c, t, enat, fam, m.floor, n.Policy)
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	// Toward the sandbox everything comes from its gateway; outward
 	// everything leaves from up0's address.
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), &expr.Masq{})})
+	if !fam.six {
+		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), &expr.Masq{})})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Masq{})})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyDrop})
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
-	if port := m.cfg.DNSPort; port != 0 {
+	if !fam.six {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "up0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "gw0", expr.CmpOpEq), nftexpr.Verdict(expr.VerdictAccept))})
+	}
+	if dnsPort != 0 {
 		// Only the DNAT'd queries reach the forwarder: its address is in
 		// the floor for everything else.
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(
 				nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq),
-				nftexpr.InPrefix(fam4.dst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), nftexpr.Dport(proto, port), nftexpr.Verdict(expr.VerdictAccept))})
+				nftexpr.InPrefix(fam.dst, netip.PrefixFrom(n.HostAddr, 32), expr.CmpOpEq), nftexpr.Dport(proto, dnsPort), nftexpr.Verdict(expr.VerdictAccept))})
 		}
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
 	auditChains(c, t)
-	egressRules(c, t, egress, fam4, m.floor, n.Policy)
-	if n.Addr6.IsValid() {
-		gatewayRules6(c, m.floor, n.Policy)
-	}
-	return c.Flush()
-}
-
-// gatewayRules6 queues a gateway's IPv6 table: the IPv4 table's egress
-// path without its DNAT (the host reaches a sandbox's ports over IPv4,
-// and its resolver is the IPv4 one): the egress proxy's redirect, a
-// default-drop forward chain with the policy, and NAT66 out of up0.
-func gatewayRules6(c *nftables.Conn, floor []netip.Prefix, p Policy) {
-	t := c.AddTable(fam6.gatewayTable())
-	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	enat := c.AddChain(&nftables.Chain{Name: "egressnat", Table: t})
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egressnat"})})
-	redirectRules(c, t, enat, fam6, floor, p)
-	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Masq{})})
-	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyDrop})
-	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.CtEstablished(), nftexpr.Verdict(expr.VerdictAccept))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: nftexpr.Rule(nftexpr.IfName(expr.MetaKeyIIFNAME, "gw0", expr.CmpOpEq), nftexpr.IfName(expr.MetaKeyOIFNAME, "up0", expr.CmpOpEq), &expr.Verdict{Kind: expr.VerdictJump, Chain: "egress"})})
-	auditChains(c, t)
-	egressRules(c, t, egress, fam6, floor, p)
+	egressRules(c, t, egress, fam, m.floor, n.Policy)
 }
 
 // egressRules fills the egress chain: the operator floor first (the
