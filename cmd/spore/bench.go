@@ -24,13 +24,13 @@ import (
 
 func newBenchCmd(f *cliFlags) *cobra.Command {
 	var (
-		local, quick, noBare bool
-		count, densityMax    int
-		localPool            int
-		forkLevels           []int
-		sections             []string
-		out, cgroupParent    string
-		rootfsDir, runsc     string
+		local, quick, noBare    bool
+		count, densityMax       int
+		localPool, localTargets int
+		forkLevels              []int
+		sections                []string
+		out, cgroupParent       string
+		rootfsDir, runsc        string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -70,8 +70,11 @@ Writes report.json, report.md and PNG plots to --out.`,
 			if localPool < 0 {
 				return errors.New("--local-pool must not be negative")
 			}
+			if localTargets < 0 {
+				return errors.New("--local-restore-targets must not be negative")
+			}
 			if local {
-				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc, pool: localPool}, cfg, noBare, out, cmd)
+				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc, pool: localPool, targets: localTargets}, cfg, noBare, out, cmd)
 			}
 			c, err := f.client()
 			if err != nil {
@@ -92,6 +95,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.IntVar(&count, "count", 0, "repetitions of each latency operation (default 20; 2 with --quick)")
 	fl.IntVar(&densityMax, "density-max", 0, "stop the density fill at this many sandboxes (default: until a create is refused)")
 	fl.IntSliceVar(&forkLevels, "fork-levels", nil, "the fork section's n (default 1,10,50,100)")
+	fl.IntVar(&localTargets, "local-restore-targets", node.DefaultRestoreTargets, "restore targets per shape of the --local server (sandboxes booted ahead, waiting for an image; 0: none, every restore boots its sandbox)")
 	fl.IntVar(&localPool, "local-pool", 2, "warm pool of the --local server (0: every create restores, as a fleet replica's default)")
 	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))
 	fl.StringVar(&out, "out", "", "directory for report.json, report.md and the plots (default ./bench-<time>)")
@@ -150,6 +154,7 @@ func bareFor(dataDir, runsc string, cmd *cobra.Command) *bench.Bare {
 type localPaths struct {
 	rootfs, runsc string
 	pool          int
+	targets       int // restore targets per shape (0: none)
 }
 
 func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Config, noBare bool, out string, cmd *cobra.Command) error {
@@ -191,7 +196,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 	go func() {
 		done <- server.Run(sctx, server.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: nodeCfg.RootFSDir, Runsc: runsc,
-			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool,
+			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool, RestoreTargets: serverTargets(paths.targets),
 			// The host's admission check, not placement's overcommit
 			// policy, ends the density fill: it measures the host.
 			Overcommit: benchOvercommit,
@@ -210,6 +215,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 		return ctx.Err()
 	}
 	cfg.Local, cfg.PoolSize, cfg.CgroupParent = true, pool, "/spore-bench"
+	cfg.RestoreTargets = paths.targets
 	cfg.Notes = append(cfg.Notes, fmt.Sprintf("the --local server ran with --memory-overcommit %g --cpu-overcommit %g (placement never refuses before the host's admission check)", benchOvercommit.Memory, benchOvercommit.VCPUs))
 	if !noBare {
 		b := &bench.Bare{Runsc: runsc, DataDir: dir}
@@ -224,6 +230,15 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 		berr = fmt.Errorf("local server: %w", err)
 	}
 	return berr
+}
+
+// serverTargets maps a flag's restore-target count (0: none) to the
+// server's (0: its default, negative: none).
+func serverTargets(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // benchOvercommit is the --local server's: high enough that placement

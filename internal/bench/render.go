@@ -379,6 +379,9 @@ func settingsLine(s Settings) string {
 	if s.PoolSize > 0 {
 		parts = append(parts, fmt.Sprintf("pool size %d", s.PoolSize))
 	}
+	if s.Local {
+		parts = append(parts, fmt.Sprintf("restore targets per shape %d", s.RestoreTargets))
+	}
 	if s.Quick {
 		parts = append(parts, "quick")
 	}

@@ -46,7 +46,10 @@ type Settings struct {
 	Local    bool   `json:"local"`  // the bench started its own server
 	Count    int    `json:"count"`  // repetitions per latency op
 	PoolSize int    `json:"poolSize,omitempty"`
-	Quick    bool   `json:"quick"`
+	// RestoreTargets: sandboxes the server keeps booted per shape,
+	// waiting for an image (0: none, or not known).
+	RestoreTargets int  `json:"restoreTargets,omitempty"`
+	Quick          bool `json:"quick"`
 }
 
 // Stats summarises samples (milliseconds unless Op.Unit says otherwise).

@@ -360,6 +360,8 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
+	defer e.claimTarget(&spec)()
+	instance = spec.ID
 	rec.Pending = &pending{Op: opRollback, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err
@@ -371,7 +373,7 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 		}
 		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
 	}
-	addr, err := e.launch(ctx, spec, e.snaps.ImageDir(m.ID), rec.Policy)
+	addr, err := e.launch(ctx, id, spec, e.snaps.ImageDir(m.ID), rec.Policy)
 	if err != nil {
 		return fail(err)
 	}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -54,8 +55,8 @@ var stepScenarios = []stepScenario{
 
 // prepare makes the common starting point: a sandbox with x=2 and a
 // snapshot "one" taken when x was 1.
-func prepare(t *testing.T, s stepScenario) (*fenv, string) {
-	f := newFake(t)
+func prepare(t *testing.T, s stepScenario, targets int) (*fenv, string) {
+	f := newFakeTargets(t, targets)
 	sb := f.create()
 	f.set(sb.ID, "x", "1")
 	if _, err := f.eng.Snapshot(fctx(t), sb.ID, engine.SnapshotOptions{Names: []string{"one"}}); err != nil {
@@ -73,8 +74,11 @@ func prepare(t *testing.T, s stepScenario) (*fenv, string) {
 func atStep(t *testing.T, f *fenv, s stepScenario, id string, k int, fn func() error) bool {
 	var mu sync.Mutex
 	n, hit := 0, false
+	f.eng.Settle() // restore targets made before the operation
 	f.rt.Hook(func(op fake.Op, _ string) error {
-		if op == fake.OpExec {
+		// Restore targets are made in the background after an
+		// operation: their calls are not its steps.
+		if op == fake.OpExec || op == fake.OpPrecreate {
 			return nil
 		}
 		mu.Lock()
@@ -98,12 +102,20 @@ func atStep(t *testing.T, f *fenv, s stepScenario, id string, k int, fn func() e
 	return hit
 }
 
+// withTargets runs a scenario test without restore targets and with one
+// per shape (restores then load into pre-created instances).
+func withTargets(t *testing.T, name string, fn func(t *testing.T, targets int)) {
+	for _, n := range []int{0, 1} {
+		t.Run(fmt.Sprintf("%s/targets=%d", name, n), func(t *testing.T) { fn(t, n) })
+	}
+}
+
 func TestFakeCrashAtEachStep(t *testing.T) {
 	for _, s := range stepScenarios {
-		t.Run(s.name, func(t *testing.T) {
+		withTargets(t, s.name, func(t *testing.T, targets int) {
 			steps := 0
 			for k := 1; ; k++ {
-				f, id := prepare(t, s)
+				f, id := prepare(t, s, targets)
 				var crashDir string
 				var crashRT *fake.Runtime
 				hit := atStep(t, f, s, id, k, func() error {
@@ -117,7 +129,7 @@ func TestFakeCrashAtEachStep(t *testing.T) {
 				}
 				steps++
 				f.close()
-				g := &fenv{t: t, dir: crashDir, rt: crashRT, logs: f.logs, logMu: f.logMu, retry: f.retry}
+				g := &fenv{t: t, dir: crashDir, rt: crashRT, logs: f.logs, logMu: f.logMu, retry: f.retry, targets: targets}
 				g.open()
 				checkRecovered(t, g, id)
 				g.close()
@@ -132,10 +144,10 @@ func TestFakeCrashAtEachStep(t *testing.T) {
 
 func TestFakeFailAtEachStep(t *testing.T) {
 	for _, s := range stepScenarios {
-		t.Run(s.name, func(t *testing.T) {
+		withTargets(t, s.name, func(t *testing.T, targets int) {
 			steps := 0
 			for k := 1; ; k++ {
-				f, id := prepare(t, s)
+				f, id := prepare(t, s, targets)
 				hit := atStep(t, f, s, id, k, func() error { return errors.New("injected failure") })
 				if !hit {
 					break

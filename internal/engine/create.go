@@ -65,7 +65,7 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	}
 	spec.Run.AccessToken = "" // a template's daemon has no token until /init
 	start := time.Now()
-	addr, err := e.launch(ctx, rs, "", netns.Policy{Internet: true})
+	addr, err := e.launch(ctx, instance, rs, "", netns.Policy{Internet: true})
 	if err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("template %s: boot: %w", spec.Name, err)
 	}
@@ -261,11 +261,13 @@ func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifes
 		return err
 	}
 	spec.Limits = rec.Run.Limits
+	defer e.claimTarget(&spec)()
+	instance = spec.ID
 	rec.Pending = &pending{Op: opCreate, Instance: instance, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		return err
 	}
-	addr, err := e.launch(ctx, spec, image, rec.Policy)
+	addr, err := e.launch(ctx, rec.ID, spec, image, rec.Policy)
 	if err != nil {
 		_ = e.forget(rec.ID)
 		return fmt.Errorf("sandbox %s: restore from %s: %w", rec.ID, parent, err)

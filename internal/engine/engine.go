@@ -49,6 +49,10 @@ type Config struct {
 	// MemAvailable reads the host's available memory in bytes (default:
 	// /proc/meminfo); tests replace it.
 	MemAvailable func() (int64, error)
+	// RestoreTargets is how many restore targets (instances pre-created
+	// with their networks, see targets.go) are kept for each shape that
+	// restores ask for; 0: none. Needs a runtime.Precreator.
+	RestoreTargets int
 	// CleanupRetry is the first wait before a failed cleanup (freeing an
 	// instance or snapshot an operation replaced) is retried; it doubles
 	// up to a minute. Default 1s.
@@ -67,6 +71,7 @@ type Engine struct {
 	init      Initializer
 	reserve   int64
 	memAvail  func() (int64, error)
+	targets   *targetPool
 
 	bg sync.WaitGroup // background work of finished operations
 	// The cleanup retrier (cleanup.go): retrier counts it, cleaning says
@@ -119,6 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
 		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable, cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
+		targets: newTargetPool(cfg.RestoreTargets),
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())
 	if err := e.recover(ctx); err != nil {
@@ -138,6 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 // Close releases the engine's directory. Sandboxes keep running; the next
 // Open re-attaches to them.
 func (e *Engine) Close() error {
+	e.closeTargets()
 	e.endLife()
 	e.bg.Wait()
 	e.retrier.Wait() // stops at the end of life
@@ -155,8 +162,15 @@ func (e *Engine) background(fn func()) {
 }
 
 // Settle waits until the work operations left running in the background
-// (freeing the instance a rollback replaced) is done.
-func (e *Engine) Settle() { e.bg.Wait() }
+// (freeing the instance a rollback replaced, making restore targets) is
+// done.
+func (e *Engine) Settle() {
+	e.bg.Wait()
+	if e.targets != nil {
+		e.targets.fills.Wait()
+	}
+	e.bg.Wait() // what a failed fill dropped
+}
 
 // Runtime returns the runtime the engine drives.
 func (e *Engine) Runtime() runtime.Runtime { return e.rt }

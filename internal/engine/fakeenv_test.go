@@ -30,13 +30,18 @@ type fenv struct {
 	logMu  chan struct{}
 	retry  time.Duration
 	closed bool
+	// targets is the engine's RestoreTargets (0: none).
+	targets int
 }
 
 // newFake opens an engine on a fresh directory over a fresh fake runtime
 // and builds the template "tpl" (whose memory holds boot=<token>).
-func newFake(t testing.TB) *fenv {
+func newFake(t testing.TB) *fenv { return newFakeTargets(t, 0) }
+
+// newFakeTargets is newFake with the engine keeping restore targets.
+func newFakeTargets(t testing.TB, targets int) *fenv {
 	t.Helper()
-	f := &fenv{t: t, dir: t.TempDir(), rt: fake.New(), logs: &bytes.Buffer{}, logMu: make(chan struct{}, 1), retry: 5 * time.Millisecond}
+	f := &fenv{t: t, dir: t.TempDir(), rt: fake.New(), logs: &bytes.Buffer{}, logMu: make(chan struct{}, 1), retry: 5 * time.Millisecond, targets: targets}
 	rootfs := filepath.Join(f.dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "base"), 0o755); err != nil {
 		t.Fatal(err)
@@ -81,7 +86,7 @@ func (f *fenv) open() {
 	w := lockedWriter{mu: f.logMu, w: f.logs}
 	eng, err := engine.Open(fctx(f.t), engine.Config{
 		Dir: filepath.Join(f.dir, "engine"), RootFSDir: filepath.Join(f.dir, "rootfs"),
-		Runtime: f.rt, Snapshots: repo, MemoryReserve: -1, CleanupRetry: f.retry,
+		Runtime: f.rt, Snapshots: repo, MemoryReserve: -1, CleanupRetry: f.retry, RestoreTargets: f.targets,
 		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	if err != nil {

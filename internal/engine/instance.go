@@ -23,6 +23,11 @@ type Network interface {
 	Setup(ctx context.Context, instance string, p netns.Policy) (netns.Net, error)
 	Teardown(ctx context.Context, instance string) error
 	SetPolicy(ctx context.Context, instance string, p netns.Policy) error
+	// Reserve sets up a network ahead of time, for a restore target: it
+	// lets nothing out until Claim gives it a sandbox's policy, and
+	// journals its egress audit under that sandbox.
+	Reserve(ctx context.Context, instance string) (netns.Net, error)
+	Claim(ctx context.Context, instance, sandbox string, p netns.Policy) error
 	Sweep(ctx context.Context, keep map[string]bool) error
 }
 
@@ -35,10 +40,29 @@ type Initializer interface {
 
 // launch sets up the instance's network, then boots it (image == "") or
 // restores it from image. On failure nothing is left.
-func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
+func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
 	var addr netip.Addr
 	if err := e.admit(); err != nil {
+		if t := e.takeTarget(spec.ID); t != nil {
+			e.dropTarget(t)
+		}
 		return addr, err
+	}
+	if t := e.takeTarget(spec.ID); t != nil {
+		done := timing.Track(ctx, "target")
+		select {
+		case <-t.ready:
+		case <-ctx.Done():
+			done()
+			e.dropTarget(t)
+			return addr, ctx.Err()
+		}
+		done()
+		if t.err == nil && image != "" {
+			return e.launchInto(ctx, sandbox, t, spec, image, policy)
+		}
+		// Its fill failed (and left nothing): launch under its ID as
+		// if it had never been made.
 	}
 	if e.net != nil {
 		done := timing.Track(ctx, "net")
@@ -69,7 +93,7 @@ func (e *Engine) launch(ctx context.Context, spec runtime.Spec, image string, po
 		}
 		return netip.Addr{}, launchErr(err)
 	}
-	e.watch(sandboxOf(spec.ID), spec.ID)
+	e.watch(sandbox, spec.ID)
 	return addr, nil
 }
 

@@ -77,11 +77,13 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 		return err
 	}
 	spec.Limits = rec.Run.Limits
+	defer e.claimTarget(&spec)()
+	instance = spec.ID
 	rec.Pending = &pending{Op: opResume, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		return err
 	}
-	addr, err := e.launch(ctx, spec, e.snaps.ImageDir(m.ID), rec.Policy)
+	addr, err := e.launch(ctx, rec.ID, spec, e.snaps.ImageDir(m.ID), rec.Policy)
 	if err == nil {
 		if err = e.initDaemon(ctx, rec, addr, m.Run.AccessToken); err != nil {
 			e.discard(rec.ID, instance, "")

@@ -362,9 +362,19 @@ func checkAgree(t *testing.T, f *fenv) {
 			hib[m.ID] = true
 		}
 	}
+	targets := f.eng.RestoreTargets()
+	if len(targets) > 4*f.targets { // at most 4 shapes keep targets
+		t.Fatalf("%d restore targets kept, want at most %d per shape: %v", len(targets), f.targets, targets)
+	}
+	for _, id := range targets {
+		if claimed[id] {
+			t.Fatalf("restore target %s is also a sandbox's instance", id)
+		}
+		claimed[id] = true
+	}
 	for _, id := range f.rt.Instances() {
 		if !claimed[id] {
-			t.Fatalf("instance %s is claimed by no sandbox", id)
+			t.Fatalf("instance %s is claimed by no sandbox and is no restore target", id)
 		}
 	}
 	n := 0

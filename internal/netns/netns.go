@@ -103,6 +103,13 @@ type Net struct {
 	Addr6     netip.Addr `json:"addr6,omitzero"`
 	HostAddr6 netip.Addr `json:"host6,omitzero"`
 	Policy    Policy     `json:"policy"`
+	// Owner is what the egress audit journals the instance's traffic
+	// under when Claim named it (a network set up ahead of time for a
+	// pre-created instance, claimed by a sandbox); "" means the instance.
+	Owner string `json:"owner,omitempty"`
+	// Reserved: set up ahead of time by Reserve, not yet claimed; its
+	// egress audit starts with the claim.
+	Reserved bool `json:"reserved,omitempty"`
 }
 
 // Config configures the manager.
@@ -138,9 +145,11 @@ type Config struct {
 
 // Auditor collects a gateway's connection attempts (see Config.Audit).
 type Auditor interface {
-	// Start begins collecting; stop(final) ends it, final when the
-	// gateway is about to go (false: the manager closes, the sandbox runs on).
-	Start(instance string, gwFD int) (stop func(final bool), err error)
+	// Start begins collecting for instance, journaling under owner (""
+	// for the instance itself: see Net.Owner); stop(final) ends it, final
+	// when the gateway is about to go (false: the manager closes, the
+	// sandbox runs on).
+	Start(instance, owner string, gwFD int) (stop func(final bool), err error)
 }
 
 // Manager creates and removes instance networks.
@@ -280,7 +289,7 @@ func (m *Manager) List() ([]string, error) {
 }
 
 // allocate picks the lowest free slot and records it (under m.mu).
-func (m *Manager) allocate(instance string, p Policy) (Net, error) {
+func (m *Manager) allocate(instance string, p Policy, reserved bool) (Net, error) {
 	used := map[int]bool{}
 	ids, err := m.List()
 	if err != nil {
@@ -315,7 +324,7 @@ func (m *Manager) allocate(instance string, p Policy) (Net, error) {
 		os.WriteFile(filepath.Join(m.cfg.StateDir, "cursor"), []byte(strconv.Itoa(s+1)), 0o600)
 		n := Net{
 			Instance: instance, Slot: s, NetNS: "/var/run/netns/" + m.sbName(instance),
-			Addr: m.slotAddr(s, 2), HostAddr: m.slotAddr(s, 1), Policy: p,
+			Addr: m.slotAddr(s, 2), HostAddr: m.slotAddr(s, 1), Policy: p, Reserved: reserved,
 		}
 		if m.ipv6 {
 			n.Addr6, n.HostAddr6 = slotAddr6(s, 2), slotAddr6(s, 1)
@@ -348,6 +357,17 @@ func hostLock() (func(), error) {
 // Setup creates the instance's namespaces, links, addresses and rules.
 // On failure nothing is left.
 func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, error) {
+	return m.setup(ctx, instance, p, false)
+}
+
+// Reserve sets up a network ahead of time, for an instance no sandbox
+// holds yet (a restore target): nothing leaves it, and it has no egress
+// audit until Claim hands it to a sandbox.
+func (m *Manager) Reserve(ctx context.Context, instance string) (Net, error) {
+	return m.setup(ctx, instance, Policy{}, true)
+}
+
+func (m *Manager) setup(ctx context.Context, instance string, p Policy, reserved bool) (Net, error) {
 	if err := m.validate(p); err != nil {
 		return Net{}, fmt.Errorf("network of %s: %w", instance, err)
 	}
@@ -357,7 +377,7 @@ func (m *Manager) Setup(ctx context.Context, instance string, p Policy) (Net, er
 	}
 	defer unlock()
 	m.mu.Lock()
-	n, err := m.allocate(instance, p)
+	n, err := m.allocate(instance, p, reserved)
 	m.mu.Unlock()
 	if err != nil {
 		return Net{}, err
@@ -452,17 +472,19 @@ func (m *Manager) build(n Net) error {
 			return fmt.Errorf("gateway up0: %w", err)
 		}
 	}
-	if err := inNS(gw, func() error {
-		if n.Addr6.IsValid() {
-			if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
-				return err
-			}
+	if n.Reserved {
+		// No rules and no forwarding until Claim writes the sandbox's
+		// (rules written into a fresh table cost no kernel grace period,
+		// unlike rewriting a gateway's chains).
+		if err := forwarding(gw, n, false); err != nil {
+			return err
 		}
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
-	}); err != nil {
-		return fmt.Errorf("gateway forwarding: %w", err)
+		return m.serveEgress(gw, n)
 	}
-	if err := m.startAudit(gw, n.Instance); err != nil {
+	if err := forwarding(gw, n, true); err != nil {
+		return err
+	}
+	if err := m.startAudit(gw, n); err != nil {
 		// The sandbox runs without its audit rather than not at all;
 		// the node says so loudly.
 		m.cfg.Logger.Error("egress audit: not collecting for this sandbox", "instance", n.Instance, "err", err)
@@ -471,6 +493,26 @@ func (m *Manager) build(n Net) error {
 		return fmt.Errorf("gateway rules: %w", err)
 	}
 	return m.serveEgress(gw, n)
+}
+
+// forwarding turns a gateway's forwarding on or off (both families).
+// Off matters: a new namespace takes IPv4's from the host's, where it is on.
+func forwarding(gw netns.NsHandle, n Net, on bool) error {
+	v := []byte("0")
+	if on {
+		v = []byte("1")
+	}
+	if err := inNS(gw, func() error {
+		if n.Addr6.IsValid() {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", v, 0o644); err != nil {
+				return err
+			}
+		}
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", v, 0o644)
+	}); err != nil {
+		return fmt.Errorf("gateway forwarding: %w", err)
+	}
+	return nil
 }
 
 // awaitHostEnd makes sure the host end's name is free before a slot's
@@ -497,23 +539,23 @@ func (m *Manager) awaitHostEnd(root *netlink.Handle, slot int) error {
 
 // startAudit switches on connection accounting in a gateway and starts
 // its collector (once per instance).
-func (m *Manager) startAudit(gw netns.NsHandle, instance string) error {
-	if m.cfg.Audit == nil {
+func (m *Manager) startAudit(gw netns.NsHandle, n Net) error {
+	if m.cfg.Audit == nil || n.Reserved {
 		return nil
 	}
 	m.auditMu.Lock()
 	defer m.auditMu.Unlock()
-	if _, ok := m.audits[instance]; ok {
+	if _, ok := m.audits[n.Instance]; ok {
 		return nil
 	}
 	if err := inNS(gw, netaudit.PrepareNamespace); err != nil {
 		return fmt.Errorf("connection tracking: %w", err)
 	}
-	stop, err := m.cfg.Audit.Start(instance, int(gw))
+	stop, err := m.cfg.Audit.Start(n.Instance, n.Owner, int(gw))
 	if err != nil {
 		return err
 	}
-	m.audits[instance] = stop
+	m.audits[n.Instance] = stop
 	return nil
 }
 

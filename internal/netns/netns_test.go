@@ -25,12 +25,16 @@ import (
 // These tests check the topology with ordinary Linux processes placed in
 // the namespaces (the engine tests run gVisor sandboxes on it).
 
-func newManager(t *testing.T) *netns.Manager {
+func newManager(t *testing.T) *netns.Manager { return newManagerWith(t, netns.Config{}) }
+
+// newManagerWith is newManager with more of the manager's configuration.
+func newManagerWith(t *testing.T, cfg netns.Config) *netns.Manager {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("network tests need root")
 	}
-	m, err := netns.New(context.Background(), netns.Config{Prefix: "spt", StateDir: t.TempDir()})
+	cfg.Prefix, cfg.StateDir = "spt", t.TempDir()
+	m, err := netns.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/spore-run/spore/internal/egress"
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/nftexpr"
 	"net/netip"
@@ -341,6 +342,49 @@ func (m *Manager) SetPolicy(ctx context.Context, instance string, p Policy) erro
 	return os.WriteFile(m.statePath(instance), b, 0o600)
 }
 
+// Claim hands a network Reserve set up to the sandbox that now holds its
+// instance: the gateway's rules with the sandbox's policy, forwarding, and
+// the egress audit, journaled under owner. A network that is not reserved
+// is refused (ErrConflict) and left as it was.
+func (m *Manager) Claim(ctx context.Context, instance, owner string, p Policy) error {
+	if err := m.validate(p); err != nil {
+		return fmt.Errorf("network of %s: %w", instance, err)
+	}
+	n, err := m.Get(instance)
+	if err != nil {
+		return err
+	}
+	if !n.Reserved {
+		return errdefs.Conflictf("network of %s: not reserved, or claimed already", instance)
+	}
+	gw, err := netns.GetFromName(m.gwName(instance))
+	if err != nil {
+		return fmt.Errorf("network of %s: %w", instance, err)
+	}
+	defer gw.Close()
+	n.Policy, n.Owner, n.Reserved = p, owner, false
+	if m.cfg.Egress != nil {
+		m.cfg.Egress.Update(instance, m.egressRules(p))
+	}
+	if err := m.gatewayRules(gw, n); err != nil {
+		return fmt.Errorf("network of %s: gateway rules: %w", instance, err)
+	}
+	if err := forwarding(gw, n, true); err != nil {
+		return fmt.Errorf("network of %s: %w", instance, err)
+	}
+	b, _ := json.Marshal(n)
+	if err := os.WriteFile(m.statePath(instance), b, 0o600); err != nil {
+		return fmt.Errorf("network of %s: %w", instance, err)
+	}
+	m.index(n)
+	if err := m.startAudit(gw, n); err != nil {
+		// As in Setup: the sandbox runs without its audit rather than
+		// not at all; the node says so loudly.
+		m.cfg.Logger.Error("egress audit: not collecting for this sandbox", "instance", instance, "err", err)
+	}
+	return nil
+}
+
 // writeEgress replaces a gateway's egress chains (each family's) in one
 // transaction.
 func (m *Manager) writeEgress(n Net, p Policy) error {
@@ -387,7 +431,7 @@ func (m *Manager) refreshEgress() {
 	ids, _ := m.List()
 	for _, id := range ids {
 		n, err := m.Get(id)
-		if err != nil {
+		if err != nil || n.Reserved { // a reserved one has no rules yet, and no sandbox
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(runDir, m.gwName(id))); err != nil {
@@ -397,7 +441,7 @@ func (m *Manager) refreshEgress() {
 			m.cfg.Logger.Warn("egress floor not applied to a running sandbox", "instance", id, "err", err)
 		}
 		if gw, err := netns.GetFromName(m.gwName(id)); err == nil {
-			if err := m.startAudit(gw, id); err != nil {
+			if err := m.startAudit(gw, n); err != nil {
 				m.cfg.Logger.Warn("egress audit not collecting for a running sandbox", "instance", id, "err", err)
 			}
 			if err := m.serveEgress(gw, n); err != nil {

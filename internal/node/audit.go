@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/spore-run/spore/internal/egress"
@@ -17,16 +18,47 @@ import (
 type auditor struct {
 	j   *netaudit.Journal
 	log *slog.Logger
+
+	mu     sync.Mutex
+	owners map[string]string // instance -> sandbox, while its collector runs
+}
+
+// sandboxOf is the sandbox whose journal an instance's traffic goes to:
+// the owner its network was claimed for (a pre-created instance), else
+// the one its name says.
+func (a *auditor) sandboxOf(instance string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if o, ok := a.owners[instance]; ok {
+		return o
+	}
+	return engine.SandboxOf(instance)
 }
 
 // Start implements netns.Auditor.
-func (a *auditor) Start(instance string, gwFD int) (func(final bool), error) {
-	c, err := netaudit.Start(a.j, engine.SandboxOf(instance), gwFD,
+func (a *auditor) Start(instance, owner string, gwFD int) (func(final bool), error) {
+	if owner == "" {
+		owner = engine.SandboxOf(instance)
+	}
+	c, err := netaudit.Start(a.j, owner, gwFD,
 		[]netip.Addr{netns.SandboxIP, netns.SandboxIP6}, []netip.Addr{netns.GatewayIP, netns.GatewayIP6}, a.log)
 	if err != nil {
 		return nil, err
 	}
-	return c.Stop, nil
+	a.mu.Lock()
+	if a.owners == nil {
+		a.owners = map[string]string{}
+	}
+	a.owners[instance] = owner
+	a.mu.Unlock()
+	return func(final bool) {
+		c.Stop(final)
+		a.mu.Lock()
+		if a.owners[instance] == owner {
+			delete(a.owners, instance)
+		}
+		a.mu.Unlock()
+	}, nil
 }
 
 // proxied records a connection the egress proxy judged.
@@ -37,7 +69,7 @@ func (a *auditor) proxied(instance string, r egress.Record) {
 		end := time.Now().UTC()
 		e.End = &end
 	}
-	if err := a.j.Append(engine.SandboxOf(instance), e); err != nil {
+	if err := a.j.Append(a.sandboxOf(instance), e); err != nil {
 		a.log.Warn("egress audit: journal", "instance", instance, "err", err)
 	}
 }

@@ -66,6 +66,10 @@ type Config struct {
 	// NoIPv6 keeps sandboxes on IPv4 alone (netns.Config.NoIPv6); without
 	// it they get IPv6 when the host has it.
 	NoIPv6 bool
+	// RestoreTargets is how many restore targets the engine keeps per
+	// shape restores ask for (engine.Config.RestoreTargets): 0 means
+	// DefaultRestoreTargets, negative none.
+	RestoreTargets int
 	// DNSUpstreams are the resolvers the sandboxes' DNS forwarder asks
 	// (default: the nameservers of the host's /etc/resolv.conf).
 	DNSUpstreams []netip.AddrPort
@@ -211,7 +215,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	eng, err := engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
 		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
-		MemoryReserve: cfg.MemoryReserve,
+		MemoryReserve: cfg.MemoryReserve, RestoreTargets: restoreTargets(cfg.RestoreTargets),
 	})
 	if err != nil {
 		fwd.Close()
@@ -438,4 +442,20 @@ func upstreamRoots(files []string) (*x509.CertPool, error) {
 		}
 	}
 	return pool, nil
+}
+
+// DefaultRestoreTargets is how many restore targets a node keeps per
+// shape: one serves a user's restores spaced by more than a sandbox's boot
+// (~60 ms), which is the common case; a burst pays the boot from its
+// second restore on.
+const DefaultRestoreTargets = 1
+
+func restoreTargets(n int) int {
+	switch {
+	case n == 0:
+		return DefaultRestoreTargets
+	case n < 0:
+		return 0
+	}
+	return n
 }

@@ -119,7 +119,8 @@ type Runtime interface {
 	// Start boots a new instance from spec.RootFS with spec.Args as init.
 	Start(ctx context.Context, spec Spec) error
 	// Restore starts a new instance from a checkpoint image. spec.ID must be
-	// new; spec.RootFS must be the root filesystem the image was taken from.
+	// new, or an instance pre-created with the same spec (see Precreator);
+	// spec.RootFS must be the root filesystem the image was taken from.
 	Restore(ctx context.Context, spec Spec, imageDir string) error
 	// Checkpoint writes the instance's whole state (processes, memory, root
 	// overlay) into imageDir, which must exist and be empty.
@@ -140,6 +141,29 @@ type Runtime interface {
 	// calling process, returning its state. An instance whose init has
 	// exited is freed and reported as not found.
 	Recover(ctx context.Context, id string) (Info, error)
+}
+
+// Precreator is an optional capability: booting an instance ahead of
+// time, up to where it only waits for an image, so that a Restore into it
+// later pays only the image's load.
+type Precreator interface {
+	// Precreate boots instance spec.ID with nothing running in it. A
+	// Restore with the same spec (ID included) loads an image into it,
+	// once; Env and Hostname may differ, since a restore does not use
+	// them (the image's processes keep theirs; see RestoreShape). A
+	// Restore with another spec for that ID is an errdefs.ErrConflict
+	// error and leaves it as it was; Kill frees it.
+	// Until restored, State reports it running and List includes it.
+	Precreate(ctx context.Context, spec Spec) error
+}
+
+// RestoreShape is what of a spec a restore into a pre-created instance
+// must match: all of it but the instance's ID and network namespace (which
+// are the instance's own), and its Env and Hostname, which only a boot
+// uses (runsc's restore does not check them either).
+func RestoreShape(spec Spec) Spec {
+	spec.ID, spec.NetNS, spec.Env, spec.Hostname = "", "", nil, ""
+	return spec
 }
 
 // ExitReason says why an instance ended without being asked to.

@@ -65,10 +65,12 @@ type Config struct {
 	// Domain is the sandboxes' domain announced to SDKs (see api.Config).
 	Domain string
 	// EgressFloor, DNSUpstreams and DNSPort: see node.Config.
-	EgressFloor  []netip.Prefix
-	NoIPv6       bool // see node.Config
-	DNSUpstreams []netip.AddrPort
-	DNSPort      uint16
+	EgressFloor []netip.Prefix
+	NoIPv6      bool // see node.Config
+	// RestoreTargets: see node.Config (0: the default, negative: none).
+	RestoreTargets int
+	DNSUpstreams   []netip.AddrPort
+	DNSPort        uint16
 	// InsecureRegistries: see node.Config.
 	InsecureRegistries []string
 	// EgressRetention: see node.Config.
@@ -186,7 +188,7 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerToken: cfg.peerToken,
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
-		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
+		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
 		InsecureRegistries: cfg.InsecureRegistries, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
 	})
 	if err != nil {

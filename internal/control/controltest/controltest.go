@@ -114,6 +114,19 @@ func (n *Network) Setup(ctx context.Context, instance string, p netns.Policy) (n
 	return nt, nil
 }
 
+// Reserve sets up a network for an instance no sandbox holds yet.
+func (n *Network) Reserve(ctx context.Context, instance string) (netns.Net, error) {
+	nt, err := n.Setup(ctx, instance, netns.Policy{})
+	if err != nil {
+		return nt, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	nt.Reserved = true
+	n.nets[instance] = nt
+	return nt, nil
+}
+
 // Teardown forgets the instance's network.
 func (n *Network) Teardown(ctx context.Context, instance string) error {
 	n.mu.Lock()
@@ -131,6 +144,19 @@ func (n *Network) SetPolicy(ctx context.Context, instance string, p netns.Policy
 		return fmt.Errorf("fake network: no network for %s", instance)
 	}
 	nt.Policy = p
+	n.nets[instance] = nt
+	return nil
+}
+
+// Claim sets a network's policy and the sandbox it belongs to.
+func (n *Network) Claim(ctx context.Context, instance, sandbox string, p netns.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	nt, ok := n.nets[instance]
+	if !ok || !nt.Reserved {
+		return fmt.Errorf("fake network: no reserved network for %s", instance)
+	}
+	nt.Policy, nt.Owner, nt.Reserved = p, sandbox, false
 	n.nets[instance] = nt
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -54,6 +55,7 @@ const (
 	OpState      Op = "state"
 	OpList       Op = "list"
 	OpRecover    Op = "recover"
+	OpPrecreate  Op = "precreate"
 )
 
 // Name is what Runtime.Name reports: snapshots written by the fake are
@@ -85,6 +87,7 @@ type instance struct {
 	mem     map[string]string
 	exit    *runtime.Exit // set once its init has exited
 	done    chan struct{} // closed when its processes are gone (exit or kill)
+	pre     bool          // pre-created, waiting for a restore
 }
 
 type faultKey struct {
@@ -105,6 +108,7 @@ var (
 	_ runtime.Runtime     = (*Runtime)(nil)
 	_ runtime.Waiter      = (*Runtime)(nil)
 	_ runtime.StatsReader = (*Runtime)(nil)
+	_ runtime.Precreator  = (*Runtime)(nil)
 )
 
 // New returns an empty runtime.
@@ -317,7 +321,35 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	if img.Memory == nil {
 		img.Memory = map[string]string{}
 	}
+	r.mu.Lock()
+	if in, ok := r.instances[spec.ID]; ok && in.pre {
+		defer r.mu.Unlock()
+		if in.spec.ID != spec.ID || in.spec.NetNS != spec.NetNS || !reflect.DeepEqual(runtime.RestoreShape(in.spec), runtime.RestoreShape(spec)) {
+			return errdefs.Conflictf("instance %s was pre-created for another spec", spec.ID)
+		}
+		in.pre, in.mem, in.created = false, img.Memory, time.Now().UTC()
+		return nil
+	}
+	r.mu.Unlock()
 	return r.add(spec, img.Memory)
+}
+
+// Precreate implements runtime.Precreator: an instance with nothing in
+// it, which only a Restore with the same spec fills.
+func (r *Runtime) Precreate(ctx context.Context, spec runtime.Spec) error {
+	if err := checkSpec(spec); err != nil {
+		return err
+	}
+	if err := r.enter(OpPrecreate, spec.ID); err != nil {
+		return err
+	}
+	if err := r.add(spec, map[string]string{}); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.instances[spec.ID].pre = true
+	r.mu.Unlock()
+	return nil
 }
 
 // get returns a live instance (locked by the caller).

@@ -207,16 +207,25 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 	if _, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil {
 		return fmt.Errorf("restore instance %s: image %s: %w", spec.ID, imageDir, errdefs.ErrNotFound)
 	}
-	done := timing.Track(ctx, "prepare")
-	err := d.prepare(spec)
-	done()
+	pre, err := d.precreated(spec)
 	if err != nil {
 		return err
+	}
+	if !pre {
+		done := timing.Track(ctx, "prepare")
+		err := d.prepare(spec)
+		done()
+		if err != nil {
+			return err
+		}
 	}
 	_, err = d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
 	if err != nil {
 		d.abandon(spec.ID)
 		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
+	}
+	if pre {
+		os.Remove(d.precreatedFile(spec.ID)) // used: a second restore into it is refused (it exists)
 	}
 	defer timing.Track(ctx, "after-launch")()
 	d.afterLaunch(spec.ID)
@@ -665,7 +674,7 @@ func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Dur
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
 	var logf *os.File
-	if v := verbOf(args); v == "run" || v == "restore" {
+	if v := verbOf(args); v == "run" || v == "restore" || v == "create" {
 		// The sandbox process runsc leaves behind inherits stdout and
 		// stderr: pipes would never close. Give it an unlinked file.
 		f, err := os.CreateTemp(d.cfg.StateDir, "runsc-"+v+"-*.log")

@@ -22,6 +22,75 @@ func RunContract(t *testing.T, rt runtime.Runtime, rootfs string) {
 	t.Run("CheckpointRestoreIDs", s.testCheckpointRestoreIDs)
 	t.Run("ListAndRecoverIDs", s.testListRecoverIDs)
 	t.Run("BadInput", s.testBadInput)
+	t.Run("PrecreateIDs", s.testPrecreateIDs)
+}
+
+// testPrecreateIDs: a pre-created instance (runtime.Precreator) exists
+// and is listed; a restore with another spec is refused and leaves it as
+// it was; the right spec fills it once; an unused one is freed by Kill; a
+// restore from an empty directory leaves it usable. (Every runtime Spore
+// ships has the capability; one without it has nothing to check here.)
+func (s *suite) testPrecreateIDs(t *testing.T) {
+	pc, ok := s.rt.(runtime.Precreator)
+	if !ok {
+		return
+	}
+	ctx := ctxFor(t)
+	src := s.start(t, ctx, runtime.Limits{MemoryMB: 256})
+	img := t.TempDir()
+	if err := s.rt.Checkpoint(ctx, src, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	var pre []runtime.Spec
+	for range 3 {
+		spec := s.spec(ids.New('t'), runtime.Limits{MemoryMB: 256})
+		if err := pc.Precreate(ctx, spec); err != nil {
+			t.Fatalf("Precreate: %v", err)
+		}
+		s.cleanup(t, spec.ID)
+		s.wantState(t, ctx, spec.ID, runtime.StateRunning)
+		pre = append(pre, spec)
+	}
+	list, err := s.rt.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, spec := range pre {
+		if !slices.ContainsFunc(list, func(i runtime.Info) bool { return i.ID == spec.ID }) {
+			t.Fatalf("List does not include pre-created %s: %+v", spec.ID, list)
+		}
+	}
+	if err := pc.Precreate(ctx, pre[0]); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("Precreate of a taken ID = %v, want already exists", err)
+	}
+	a, b, c := pre[0], pre[1], pre[2]
+	other := s.spec(a.ID, runtime.Limits{MemoryMB: 512})
+	if err := s.rt.Restore(ctx, other, img); !errdefs.IsConflict(err) {
+		t.Fatalf("Restore with another spec = %v, want conflict", err)
+	}
+	s.wantState(t, ctx, a.ID, runtime.StateRunning)
+	// Env and Hostname are a boot's: a restore may bring others.
+	withEnv := a
+	withEnv.Env, withEnv.Hostname = []string{"OTHER=1"}, "other"
+	if err := s.rt.Restore(ctx, withEnv, img); err != nil {
+		t.Fatalf("Restore into the pre-created instance: %v", err)
+	}
+	s.wantState(t, ctx, a.ID, runtime.StateRunning)
+	if err := s.rt.Restore(ctx, a, img); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a second Restore into it = %v, want already exists", err)
+	}
+	if err := s.rt.Kill(ctx, b.ID); err != nil {
+		t.Fatalf("Kill of an unused pre-created instance: %v", err)
+	}
+	if _, err := s.rt.State(ctx, b.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("State after Kill = %v, want not found", err)
+	}
+	if err := s.rt.Restore(ctx, c, t.TempDir()); !errdefs.IsNotFound(err) {
+		t.Fatalf("Restore from an empty dir = %v, want not found", err)
+	}
+	if err := s.rt.Restore(ctx, c, img); err != nil {
+		t.Fatalf("Restore after a refused one: %v", err)
+	}
 }
 
 func (s *suite) testLifecycle(t *testing.T) {

@@ -34,6 +34,7 @@ func Run(t *testing.T, rt runtime.Runtime, rootfs string) {
 	t.Run("ExecUserEnvCwdStdin", s.testExecOptions)
 	t.Run("PauseResume", s.testPauseResume)
 	t.Run("CheckpointRestore", s.testCheckpointRestore)
+	t.Run("RestoreIntoPrecreated", s.testRestoreIntoPrecreated)
 	t.Run("CheckpointStop", s.testCheckpointStop)
 	t.Run("ListAndRecover", s.testListRecover)
 	t.Run("Limits", s.testLimits)
@@ -227,6 +228,51 @@ func (s *suite) testCheckpointRestore(t *testing.T) {
 	}
 	if err := s.rt.Restore(ctx, s.spec(ids.New('t'), runtime.Limits{}), t.TempDir()); !errdefs.IsNotFound(err) {
 		t.Fatalf("Restore from an empty dir = %v, want not found", err)
+	}
+}
+
+// testRestoreIntoPrecreated: an image loaded into a pre-created instance
+// (runtime.Precreator) continues the source's memory and files, with the
+// limits the instance was created with, like a plain restore.
+func (s *suite) testRestoreIntoPrecreated(t *testing.T) {
+	pc, ok := s.rt.(runtime.Precreator)
+	if !ok {
+		return // see testPrecreateIDs
+	}
+	ctx := ctxFor(t)
+	lim := runtime.Limits{MemoryMB: 384, DiskMB: 256}
+	src := s.start(t, ctx, lim)
+	if out, code := s.sh(t, ctx, src, "echo before > /root/f"); code != 0 {
+		t.Fatalf("write: %s", out)
+	}
+	c0, err := Bump(ctx, s.execer(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := t.TempDir()
+	if err := s.rt.Checkpoint(ctx, src, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	spec := s.spec(ids.New('t'), lim)
+	if err := pc.Precreate(ctx, spec); err != nil {
+		t.Fatalf("Precreate: %v", err)
+	}
+	s.cleanup(t, spec.ID)
+	if err := s.rt.Restore(ctx, spec, img); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	c, err := Bump(ctx, s.execer(spec.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Token != c0.Token || c.N != c0.N+1 {
+		t.Fatalf("counter %+v after the restore, want %s %d", c, c0.Token, c0.N+1)
+	}
+	if out, _ := s.sh(t, ctx, spec.ID, "cat /root/f; echo mine > /root/f"); out != "before\n" {
+		t.Fatalf("/root/f = %q", out)
+	}
+	if out, _ := s.sh(t, ctx, src, "cat /root/f"); out != "before\n" {
+		t.Fatalf("the source sees the restored instance's write: %q", out)
 	}
 }
 

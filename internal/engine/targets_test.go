@@ -1,0 +1,156 @@
+package engine_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/runtime/fake"
+)
+
+// Restore targets (fast tier): a restore loads its image into a target of
+// its shape, made in the background after the previous restore of that
+// shape; memory is the image's; a failed fill leaves nothing and restores
+// go on without one; shapes do not mix; Close frees the targets.
+func TestRestoreTargets(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	ctx := fctx(t)
+	a := f.create() // the shape's first restore: no target yet
+	f.eng.Settle()
+	targets := f.eng.RestoreTargets()
+	if len(targets) != 1 {
+		t.Fatalf("after a restore of a shape, restore targets %v, want 1", targets)
+	}
+	if slices.Contains(targets, a.Instance) {
+		t.Fatalf("the first sandbox's instance %s is listed as a target", a.Instance)
+	}
+	b := f.create()
+	if b.Instance != targets[0] {
+		t.Fatalf("a create of the same shape ran in %s, not in the target %s", b.Instance, targets[0])
+	}
+	if got, want := f.get(b.ID, "boot"), f.get(a.ID, "boot"); got != want || got == "" {
+		t.Fatalf("a sandbox restored into a target has boot=%q, want the template's %q", got, want)
+	}
+	f.eng.Settle()
+	next := f.eng.RestoreTargets()
+	if len(next) != 1 || next[0] == targets[0] {
+		t.Fatalf("targets after the claim %v, want one new one", next)
+	}
+
+	// A rollback restores into a target too, with the snapshot's memory.
+	f.set(b.ID, "x", "1")
+	if _, err := f.eng.Snapshot(ctx, b.ID, engine.SnapshotOptions{Names: []string{"b1"}}); err != nil {
+		t.Fatal(err)
+	}
+	f.set(b.ID, "x", "2")
+	f.eng.Settle()
+	tg := f.eng.RestoreTargets()[0]
+	sb, err := f.eng.Rollback(ctx, b.ID, "b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Instance != tg || f.get(b.ID, "x") != "1" {
+		t.Fatalf("rollback: instance %s (target %s), x=%s", sb.Instance, tg, f.get(b.ID, "x"))
+	}
+
+	// Another shape does not take this shape's target.
+	f.eng.Settle()
+	tg = f.eng.RestoreTargets()[0]
+	c, err := f.eng.Create(ctx, engine.CreateOptions{Template: "tpl", MemoryMB: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Instance == tg {
+		t.Fatal("a create with other limits took another shape's target")
+	}
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 2 || !slices.Contains(got, tg) {
+		t.Fatalf("targets of two shapes %v, want 2 including %s", got, tg)
+	}
+
+	// A fill that fails leaves nothing, and the next restore of the shape
+	// boots as without targets.
+	f.rt.Fail(fake.OpPrecreate, "", 1, errors.New("no room"))
+	d := f.create() // takes the ready target; the fill after it fails
+	if d.Instance != tg {
+		t.Fatalf("create ran in %s, not in the target %s", d.Instance, tg)
+	}
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 1 {
+		t.Fatalf("after a failed fill, targets %v, want the other shape's alone", got)
+	}
+	e := f.create()
+	if slices.Contains(f.eng.RestoreTargets(), e.Instance) {
+		t.Fatalf("instance %s is both a sandbox's and a target", e.Instance)
+	}
+	if f.get(e.ID, "boot") == "" {
+		t.Fatal("a create after a failed fill has no template memory")
+	}
+	checkAgree(t, f)
+
+	// Close frees the targets: the runtime keeps only sandboxes' instances.
+	f.eng.Settle()
+	if len(f.eng.RestoreTargets()) == 0 {
+		t.Fatal("no targets before Close")
+	}
+	held := map[string]bool{}
+	for _, sb := range f.eng.List(ctx) {
+		held[sb.Instance] = true
+	}
+	f.close()
+	for _, id := range f.rt.Instances() {
+		if !held[id] {
+			t.Fatalf("instance %s left after Close (not a sandbox's)", id)
+		}
+	}
+}
+
+// A fill failing leaves no instance behind, and a restore whose target's
+// fill failed runs under the target's ID as a plain restore.
+func TestRestoreTargetFillFails(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	f.rt.Fail(fake.OpPrecreate, "", 1, errors.New("no room"))
+	a := f.create() // registers the shape; the fill after it fails
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 0 {
+		t.Fatalf("a failed fill is listed: %v", got)
+	}
+	if n := f.rt.Calls(fake.OpPrecreate); n != 1 {
+		t.Fatalf("precreate called %d times, want 1", n)
+	}
+	b := f.create() // no target: plain restore; the fill after it works
+	if f.get(b.ID, "boot") != f.get(a.ID, "boot") {
+		t.Fatal("plain restore lost the template's memory")
+	}
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 1 {
+		t.Fatalf("targets %v after a good fill, want 1", got)
+	}
+	checkAgree(t, f)
+}
+
+// Targets are kept for the four shapes asked for last: a fifth shape's
+// restore frees the targets of the one asked for least recently.
+func TestRestoreTargetShapesEvicted(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	ctx := fctx(t)
+	var first []string
+	for i, mb := range []int64{256, 384, 512, 640, 768} {
+		if _, err := f.eng.Create(ctx, engine.CreateOptions{Template: "tpl", MemoryMB: mb}); err != nil {
+			t.Fatal(err)
+		}
+		f.eng.Settle()
+		if i == 0 {
+			first = f.eng.RestoreTargets()
+		}
+	}
+	got := f.eng.RestoreTargets()
+	if len(got) != 4 || len(first) != 1 || slices.Contains(got, first[0]) {
+		t.Fatalf("targets %v after five shapes (the first's was %v), want four, without the first's", got, first)
+	}
+	if slices.Contains(f.rt.Instances(), first[0]) {
+		t.Fatalf("the evicted target %s still exists", first[0])
+	}
+	checkAgree(t, f)
+}
