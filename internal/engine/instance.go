@@ -59,10 +59,17 @@ func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, 
 		}
 		done()
 		if t.err == nil && image != "" {
-			return e.launchInto(ctx, sandbox, t, spec, image, policy)
+			addr, err := e.launchInto(ctx, sandbox, t, spec, image, policy)
+			if err == nil || ctx.Err() != nil {
+				return addr, err
+			}
+			// Nothing of the target is left: a plain restore under its
+			// ID. (A target should never fail where a plain restore
+			// works: say so.)
+			e.log.Warn("restore into a restore target failed: restoring without one", "sandbox_id", sandbox, "instance", spec.ID, "err", err)
 		}
-		// Its fill failed (and left nothing): launch under its ID as
-		// if it had never been made.
+		// Else its fill failed (and left nothing): launch under its ID
+		// as if it had never been made.
 	}
 	if e.net != nil {
 		done := timing.Track(ctx, "net")

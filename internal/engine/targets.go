@@ -3,9 +3,13 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
@@ -52,9 +56,31 @@ type targetShape struct {
 
 type target struct {
 	id    string
+	trees string        // treeIdent of its spec when it was made
 	ready chan struct{} // closed once the fill ended; err says how
 	err   error
 	net   netns.Net // its network (when the engine has one)
+}
+
+// treeIdent identifies the directories a target's sandbox holds open from
+// its creation: its root filesystem and mount sources. One made again at
+// the same path (a template's root filesystem unpacked anew) is another
+// tree, which a target made over the old one would not see.
+func treeIdent(spec runtime.Spec) string {
+	var b strings.Builder
+	paths := []string{spec.RootFS}
+	for _, m := range spec.Mounts {
+		paths = append(paths, m.Source)
+	}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			b.WriteString("?;")
+			continue
+		}
+		fmt.Fprintf(&b, "%d:%d;", st.Dev, st.Ino)
+	}
+	return b.String()
 }
 
 func newTargetPool(per int) *targetPool {
@@ -83,7 +109,7 @@ func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
 	if _, ok := e.rt.(runtime.Precreator); !ok {
 		return func() {}
 	}
-	key := shapeKey(*spec)
+	key, trees := shapeKey(*spec), treeIdent(*spec)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -97,10 +123,17 @@ func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
 	sh.used = time.Now()
 	e.evictShapesLocked()
 	var claimed *target
-	if len(sh.queue) > 0 {
-		claimed, sh.queue = sh.queue[0], sh.queue[1:]
-		p.claimed[claimed.id] = claimed
-		spec.ID = claimed.id
+	for claimed == nil && len(sh.queue) > 0 {
+		t := sh.queue[0]
+		sh.queue = sh.queue[1:]
+		if t.trees != trees {
+			e.log.Info("restore target dropped: its root filesystem or a mount was made again since", "instance", t.id)
+			e.dropTarget(t)
+			continue
+		}
+		claimed = t
+		p.claimed[t.id] = t
+		spec.ID = t.id
 	}
 	p.mu.Unlock()
 	return func() {
@@ -174,7 +207,7 @@ func (e *Engine) evictShapesLocked() {
 func (e *Engine) topUpLocked(sh *targetShape) {
 	p := e.targets
 	for len(sh.queue) < p.per {
-		t := &target{id: ids.New('p'), ready: make(chan struct{})}
+		t := &target{id: ids.New('p'), trees: treeIdent(sh.spec), ready: make(chan struct{})}
 		sh.queue = append(sh.queue, t)
 		spec := sh.spec
 		p.fills.Add(1)

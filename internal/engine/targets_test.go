@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -151,6 +153,38 @@ func TestRestoreTargetShapesEvicted(t *testing.T) {
 	}
 	if slices.Contains(f.rt.Instances(), first[0]) {
 		t.Fatalf("the evicted target %s still exists", first[0])
+	}
+	checkAgree(t, f)
+}
+
+// A target holds the root filesystem it was made over: when that tree is
+// made again at the same path (a fresh unpack, new inodes, same identity),
+// the target is dropped and the restore boots over the new tree.
+func TestRestoreTargetOverAReplacedTree(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	f.create()
+	f.eng.Settle()
+	old := f.eng.RestoreTargets()
+	if len(old) != 1 {
+		t.Fatalf("targets %v, want 1", old)
+	}
+	base := filepath.Join(f.dir, "rootfs", "base")
+	if err := os.Rename(base, base+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := f.create()
+	if sb.Instance == old[0] {
+		t.Fatalf("a restore over the re-made tree took the target %s made over the old one", old[0])
+	}
+	f.eng.Settle()
+	if slices.Contains(f.rt.Instances(), old[0]) {
+		t.Fatalf("the stale target %s was not freed", old[0])
+	}
+	if got := f.eng.RestoreTargets(); len(got) != 1 || got[0] == old[0] {
+		t.Fatalf("targets %v after the restore, want one new one", got)
 	}
 	checkAgree(t, f)
 }

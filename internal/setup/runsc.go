@@ -1,8 +1,9 @@
 package setup
 
 import (
+	"bytes"
 	"context"
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,10 +21,52 @@ import (
 // precompiled-seccomp-1: runsc's sandbox seccomp programs are precompiled
 // into the binary (see seccompgen), as gVisor's release builds do; a plain
 // `go install` leaves every start and restore to compile them (~16-25 ms).
-const RunscBuild = "precompiled-seccomp-1"
+// pages-parallel-1: Patches applied (see there).
+const RunscBuild = "precompiled-seccomp-1-pages-parallel-1"
 
 //go:embed seccompgen/main.go
 var seccompGen []byte
+
+// Patches are Spore's changes to the pinned gVisor source, each a small
+// unified diff (patch -p1 from the module's root) that could go upstream
+// as it is. TestGVisorPatchesApply fails when one stops applying to the
+// pinned version.
+//
+//   - gvisor-pagesfile-parallel.patch: a checkpoint's pages file is read
+//     and written by 128 workers, each raising GOMAXPROCS for the
+//     duration; on a 2-CPU host that costs ~7 ms per restore and
+//     checkpoint and starves the restored application of CPU while its
+//     pages load (../shared/notes/restore-internals.md). Twice the CPUs,
+//     at least 4 and at most 128, instead. Measured in docs/benchmarks.md.
+var Patches = []string{"gvisor-pagesfile-parallel.patch"}
+
+//go:embed patches
+var patches embed.FS
+
+// PatchText returns one of Patches.
+func PatchText(name string) ([]byte, error) { return patches.ReadFile("patches/" + name) }
+
+// applyPatches applies Patches to the gVisor source tree at dir.
+func applyPatches(ctx context.Context, dir string, log io.Writer, dryRun bool) error {
+	for _, name := range Patches {
+		b, err := PatchText(name)
+		if err != nil {
+			return err
+		}
+		args := []string{"-p1", "--forward", "--batch", "-d", dir}
+		if dryRun {
+			args = append(args, "--dry-run")
+		}
+		cmd := exec.CommandContext(ctx, "patch", args...)
+		cmd.Stdin = bytes.NewReader(b)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("gVisor patch %s does not apply: %w: %s", name, err, bytes.TrimSpace(out))
+		}
+		fmt.Fprintf(log, "applied %s\n", name)
+	}
+	return nil
+}
 
 // ensureRunsc builds the pinned runsc once into the cache and installs it
 // with a version file the gVisor driver reads (go-built binaries report no
@@ -76,19 +119,31 @@ func readTrim(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// buildRunsc builds runsc static from a writable copy of the pinned gVisor
-// module (the module cache is read-only and `go build -overlay` may not
-// replace files in it) with its seccomp programs precompiled.
-func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error {
+// GVisorSource downloads the pinned gVisor module (if the module cache
+// lacks it) and returns its directory, read-only.
+func GVisorSource(ctx context.Context) (string, error) {
 	mod := RunscModule[:strings.Index(RunscModule, "/runsc@")] + RunscModule[strings.Index(RunscModule, "@"):]
 	dl, err := exec.CommandContext(ctx, "go", "mod", "download", "-json", mod).Output()
 	if err != nil {
-		return fmt.Errorf("go mod download %s: %w", mod, err)
+		return "", fmt.Errorf("go mod download %s: %w", mod, err)
 	}
 	var info struct{ Dir, Error string }
 	if err := json.Unmarshal(dl, &info); err != nil || info.Dir == "" {
-		return fmt.Errorf("go mod download %s: %v %s", mod, err, info.Error)
+		return "", fmt.Errorf("go mod download %s: %v %s", mod, err, info.Error)
 	}
+	return info.Dir, nil
+}
+
+// buildRunsc builds runsc static from a writable copy of the pinned gVisor
+// module (the module cache is read-only and `go build -overlay` may not
+// replace files in it) with Patches applied and its seccomp programs
+// precompiled.
+func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error {
+	dir, err := GVisorSource(ctx)
+	if err != nil {
+		return err
+	}
+	info := struct{ Dir string }{dir}
 	src := filepath.Join(cacheDir, "runsc-src")
 	if err := os.RemoveAll(src); err != nil {
 		return err
@@ -96,6 +151,9 @@ func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error 
 	defer os.RemoveAll(src)
 	if err := copyTree(info.Dir, src); err != nil {
 		return fmt.Errorf("copy the gVisor module: %w", err)
+	}
+	if err := applyPatches(ctx, src, log, false); err != nil {
+		return err
 	}
 	genDir := filepath.Join(src, "runsc", "sporeseccompgen")
 	if err := os.MkdirAll(genDir, 0o755); err != nil {

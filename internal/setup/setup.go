@@ -40,8 +40,10 @@ const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 //     throwaway cluster from its binaries (testenv.Postgres).
 //   - busybox-static: the node tests build OCI images from its static
 //     binary (no registry on the internet here).
+//   - patch: applies Spore's gVisor patches (patches/) to the source runsc
+//     is built from.
 var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl",
-	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql", "busybox-static"}
+	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql", "busybox-static", "patch"}
 
 // Tools are the pinned code generators, built into <cache>/tools.
 var Tools = []string{

@@ -239,14 +239,15 @@ func (h *harness) sandboxRecords() map[string][]int {
 	return out
 }
 
-// networks lists the node-side network records (one per instance being
-// made or running: <sandbox>-<generation>.json) of node n.
-func networks(n fleet.Node) map[string]bool {
+// records lists the sandbox records in node n's data directory (one per
+// sandbox, written when its create is journaled, before its instance is
+// made): <sandbox ID>.json.
+func records(n fleet.Node) map[string]bool {
 	out := map[string]bool{}
-	ents, _ := os.ReadDir(filepath.Join(n.DataDir, "net"))
+	ents, _ := os.ReadDir(filepath.Join(n.DataDir, "engine", "sandboxes"))
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".json") {
-			out[e.Name()] = true
+		if id, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			out[id] = true
 		}
 	}
 	return out
@@ -465,7 +466,7 @@ func TestFleet(t *testing.T) {
 	rng := testenv.Rand(t)
 	before := map[int]map[string]bool{}
 	for _, n := range h.st.Nodes {
-		before[n.Index] = networks(n)
+		before[n.Index] = records(n)
 	}
 	type result struct {
 		code int
@@ -479,9 +480,9 @@ func TestFleet(t *testing.T) {
 	victim, inflight := 0, ""
 	waitFor(2*time.Minute, func() bool {
 		for _, n := range h.st.Nodes {
-			for name := range networks(n) {
-				if !before[n.Index][name] {
-					victim, inflight = n.Index, name[:strings.LastIndex(name, "-")]
+			for id := range records(n) {
+				if !before[n.Index][id] {
+					victim, inflight = n.Index, id
 					return true
 				}
 			}

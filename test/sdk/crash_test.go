@@ -174,11 +174,28 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 			resp.Body.Close()
 		}
 	}
-	// Nothing orphaned: runsc knows only instances of recorded sandboxes
-	// (or of the warm pool), each with its directory and network.
+	// Nothing orphaned once the background work is done (the warm pool's
+	// refills, restore targets being made): checked until it holds, for
+	// at most 10 s.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		err := s.checkNoOrphans(t, all)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	return ids
+}
+
+// checkNoOrphans: runsc knows only instances of recorded sandboxes (or of
+// the warm pool, or restore targets), each with its directory, network,
+// cgroups and namespace mounts, and nothing else of them is left.
+func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 	out, err := exec.Command(testenvRunsc(t), "--root="+filepath.Join(s.data, "runtime", "root"), "list", "--format=json").Output()
 	if err != nil {
-		t.Fatalf("runsc list: %v", err)
+		return fmt.Errorf("runsc list: %v", err)
 	}
 	var insts []struct {
 		ID string `json:"id"`
@@ -188,29 +205,46 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 	for _, sb := range all {
 		known[sb.SandboxID] = true
 	}
-	pooled := 0
+	// Which sandbox each instance is (the engine's records say; an
+	// instance restored into a restore target is named by the target).
+	owner := map[string]string{}
+	recs, _ := filepath.Glob(filepath.Join(s.data, "engine", "sandboxes", "*.json"))
+	for _, f := range recs {
+		var rec struct{ ID, Instance string }
+		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &rec) == nil && rec.Instance != "" {
+			owner[rec.Instance] = rec.ID
+		}
+	}
+	pooled, targets := 0, 0
 	for _, in := range insts {
-		sbID := in.ID[:strings.LastIndexByte(in.ID, '-')]
-		if !known[sbID] {
+		switch sbID, ok := owner[in.ID]; {
+		case !ok:
+			targets++ // a restore target: booted ahead, no sandbox yet
+		case !known[sbID]:
 			pooled++ // the warm pool's sandboxes have no store record
 		}
 		if _, err := os.Stat(filepath.Join(s.data, "runtime", "inst", in.ID)); err != nil {
-			t.Fatalf("round %d: instance %s has no directory", round, in.ID)
+			return fmt.Errorf("instance %s has no directory", in.ID)
 		}
 		if _, err := os.Stat("/var/run/netns/spa-sb-" + in.ID); err != nil {
-			t.Fatalf("round %d: instance %s has no network", round, in.ID)
+			return fmt.Errorf("instance %s has no network", in.ID)
 		}
 	}
 	if pooled > 4 {
-		t.Fatalf("round %d: %d unrecorded instances (pool is 2 per template)", round, pooled)
+		return fmt.Errorf("%d unrecorded instances (pool is 2 per template)", pooled)
+	}
+	// One target per shape restores asked for: the two templates' and the
+	// snapshots' (the same as their template's), at most 4 shapes kept.
+	if targets > 4 {
+		return fmt.Errorf("%d instances no sandbox record names (restore targets: one per shape, at most 4 shapes)", targets)
 	}
 	dirs, _ := os.ReadDir(filepath.Join(s.data, "runtime", "inst"))
 	if len(dirs) != len(insts) {
-		t.Fatalf("round %d: %d instance directories for %d instances", round, len(dirs), len(insts))
+		return fmt.Errorf("%d instance directories for %d instances", len(dirs), len(insts))
 	}
 	nets, _ := filepath.Glob("/var/run/netns/spa-sb-*")
 	if len(nets) != len(insts) {
-		t.Fatalf("round %d: %d sandbox namespaces for %d instances", round, len(nets), len(insts))
+		return fmt.Errorf("%d sandbox namespaces for %d instances", len(nets), len(insts))
 	}
 	// Cgroups: one per instance under the server's parent, in every
 	// hierarchy that has it.
@@ -223,7 +257,7 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 			}
 		}
 		if n != len(insts) {
-			t.Fatalf("round %d: %d %s cgroups for %d instances", round, n, hier, len(insts))
+			return fmt.Errorf("%d %s cgroups for %d instances", n, hier, len(insts))
 		}
 	}
 	// Mounts: two namespace mounts per instance (sandbox and gateway), and
@@ -243,9 +277,9 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 		}
 	}
 	if nsMounts != 2*len(insts) || dataMounts > 1 {
-		t.Fatalf("round %d: %d namespace mounts for %d instances, %d mounts under the data dir", round, nsMounts, len(insts), dataMounts)
+		return fmt.Errorf("%d namespace mounts for %d instances, %d mounts under the data dir", nsMounts, len(insts), dataMounts)
 	}
-	return ids
+	return nil
 }
 
 var httpClient = &http.Client{Timeout: 2 * time.Minute}

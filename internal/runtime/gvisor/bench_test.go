@@ -63,3 +63,29 @@ func BenchmarkRestore(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckpoint times a live checkpoint (--leave-running) of a small
+// instance (the counter guest), the call a snapshot's pause sits in:
+//
+//	go test -run '^$' -bench Checkpoint -benchtime 20x ./internal/runtime/gvisor
+func BenchmarkCheckpoint(b *testing.B) {
+	testenv.RequireRoot(b)
+	ctx := context.Background()
+	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(b), StateDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Purge(context.Background()) })
+	src := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(b), Args: runtimetest.CounterArgs, Limits: runtime.Limits{MemoryMB: 512, DiskMB: 256}}
+	if err := d.Start(ctx, src); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		img := b.TempDir()
+		b.StartTimer()
+		if err := d.Checkpoint(ctx, src.ID, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
