@@ -52,6 +52,9 @@ type targetShape struct {
 	spec  runtime.Spec // runtime.RestoreShape's
 	queue []*target    // ready or filling, oldest first
 	used  time.Time
+	// busy counts the restores of this shape in flight (claimTarget to
+	// release), with or without a target.
+	busy int
 }
 
 type target struct {
@@ -125,31 +128,53 @@ func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
 	var claimed *target
 	for claimed == nil && len(sh.queue) > 0 {
 		t := sh.queue[0]
-		sh.queue = sh.queue[1:]
 		if t.trees != trees {
+			sh.queue = sh.queue[1:]
 			e.log.Info("restore target dropped: its root filesystem or a mount was made again since", "instance", t.id)
 			e.dropTarget(t)
 			continue
 		}
+		// A target still being made is worth waiting for when this
+		// restore is its shape's only one: the boot is further along than
+		// a new one would be. In a burst (a fork, concurrent creates) the
+		// fills, one at a time, would serialize the restores that wait
+		// for them: those boot their own, side by side.
+		if !isReady(t) && sh.busy > 0 {
+			break
+		}
+		sh.queue = sh.queue[1:]
 		claimed = t
 		p.claimed[t.id] = t
 		spec.ID = t.id
 	}
+	sh.busy++
 	p.mu.Unlock()
 	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		sh.busy--
 		if claimed != nil {
 			if t, ok := p.claimed[claimed.id]; ok {
 				delete(p.claimed, claimed.id)
 				e.dropTarget(t)
 			}
 		}
-		// Top up once the operation is over: a fill is a sandbox's boot,
-		// which would take CPU from the restore it is meant to spare.
-		if !p.closed && p.shapes[key] == sh {
+		// Top up once the shape's restores are over: a fill is a
+		// sandbox's boot, which would take CPU from the restores it is
+		// meant to spare.
+		if !p.closed && p.shapes[key] == sh && sh.busy == 0 {
 			e.topUpLocked(sh)
 		}
+	}
+}
+
+// isReady reports whether a target's fill has ended.
+func isReady(t *target) bool {
+	select {
+	case <-t.ready:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/runtime/fake"
@@ -185,6 +187,120 @@ func TestRestoreTargetOverAReplacedTree(t *testing.T) {
 	}
 	if got := f.eng.RestoreTargets(); len(got) != 1 || got[0] == old[0] {
 		t.Fatalf("targets %v after the restore, want one new one", got)
+	}
+	checkAgree(t, f)
+}
+
+// In a burst (a fork's children restored side by side) one child takes the
+// ready target and the others boot their own: none waits for a target
+// still being made, and the shape is topped up once, after the burst.
+func TestRestoreTargetsInABurst(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	sb := f.create()
+	f.eng.Settle()
+	ready := f.eng.RestoreTargets()
+	fills := f.rt.Calls(fake.OpPrecreate)
+	// Hold each child's restore until all four are in flight.
+	var mu sync.Mutex
+	arrived, all := 0, make(chan struct{})
+	f.rt.Hook(func(op fake.Op, _ string) error {
+		if op != fake.OpRestore {
+			return nil
+		}
+		mu.Lock()
+		if arrived++; arrived == 4 {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	})
+	fr, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 4, Concurrency: 4})
+	f.rt.Hook(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := 0
+	for _, c := range fr.Children {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		if slices.Contains(ready, c.Sandbox.Instance) {
+			used++
+		}
+	}
+	if used != 1 {
+		t.Fatalf("%d children ran in the ready target %v, want 1", used, ready)
+	}
+	f.eng.Settle()
+	if n := f.rt.Calls(fake.OpPrecreate) - fills; n != 1 {
+		t.Fatalf("%d targets made for a burst of 4 restores, want 1 (after it)", n)
+	}
+	checkAgree(t, f)
+}
+
+// While restores of a shape are in flight, none waits for a target still
+// being made and none is made: a restore that starts while another runs
+// boots its own at once, and the shape is topped up when the last ends.
+func TestRestoreTargetsNotAwaitedWhileBusy(t *testing.T) {
+	f := newFakeTargets(t, 1)
+	f.create()
+	f.eng.Settle()
+	fills := f.rt.Calls(fake.OpPrecreate)
+	var mu sync.Mutex
+	var gates []chan struct{}
+	arrived := make(chan int, 8)
+	f.rt.Hook(func(op fake.Op, _ string) error {
+		if op != fake.OpRestore {
+			return nil
+		}
+		mu.Lock()
+		g := make(chan struct{})
+		gates = append(gates, g)
+		arrived <- len(gates) - 1
+		mu.Unlock()
+		<-g
+		return nil
+	})
+	open := func(i int) {
+		mu.Lock()
+		close(gates[i])
+		mu.Unlock()
+	}
+	done := make(chan engine.Sandbox, 3)
+	create := func() {
+		sb, err := f.eng.Create(fctx(t), engine.CreateOptions{Template: "tpl"})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- sb
+	}
+	go create() // takes the ready target
+	<-arrived
+	go create() // boots its own
+	<-arrived
+	open(0) // the first ends while the second still runs: no target is made now
+	<-done
+	go create() // starts while the second runs: boots at once
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a restore started while another ran waited (for a target being made?)")
+	}
+	if n := f.rt.Calls(fake.OpPrecreate) - fills; n != 0 {
+		t.Fatalf("%d targets made while restores of the shape ran", n)
+	}
+	open(1)
+	open(2)
+	<-done
+	<-done
+	f.rt.Hook(nil)
+	f.eng.Settle()
+	if n := f.rt.Calls(fake.OpPrecreate) - fills; n != 1 {
+		t.Fatalf("%d targets made after the restores, want 1", n)
 	}
 	checkAgree(t, f)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // recAuditor records which collectors were started, under which owner.
@@ -55,19 +56,9 @@ func TestReserveAndClaim(t *testing.T) {
 	if _, ok := aud.owner("inst-r"); ok {
 		t.Fatal("a reserved network's audit started before its claim")
 	}
-	peer := exec.Command("sh", "-c", `ip netns add spt-rpeer && ip link add sptrpeer0 type veth peer name sptrpeer1 netns spt-rpeer &&
-		ip addr add 198.18.4.1/30 dev sptrpeer0 && ip link set sptrpeer0 up &&
-		ip -n spt-rpeer addr add 198.18.4.2/30 dev sptrpeer1 && ip -n spt-rpeer link set sptrpeer1 up && ip -n spt-rpeer link set lo up &&
-		ip -n spt-rpeer route add default via 198.18.4.1`)
-	if out, err := peer.CombinedOutput(); err != nil {
-		t.Fatalf("peer: %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		exec.Command("ip", "link", "del", "sptrpeer0").Run()
-		exec.Command("ip", "netns", "del", "spt-rpeer").Run()
-	})
-	serve(t, "spt-rpeer", "198.18.4.2:8002", "outside")
-	out := "198.18.4.2:8002"
+	// An outside host on the benchmarking range, answering "outside".
+	h := testenv.NewTestHost(t, "spt-rpeer", netip.MustParseAddr("198.18.4.2"), netip.MustParseAddr("198.18.4.1"), false)
+	out := h.ServeText(t, 8002, "outside")
 	eventually(t, func() error { _, err := get("spt-sb-inst-p", out); return err })
 	if got, err := get("spt-sb-inst-r", out); err == nil {
 		t.Fatalf("a reserved network let a connection out: %q", got)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -94,18 +95,42 @@ func TestLoad(t *testing.T) {
 	if code, body = s.rest("GET", "/v2/sandboxes", ""); code != 200 || string(body) != "[]\n" {
 		t.Fatalf("sandboxes left: %s", body)
 	}
-	if dirs, _ := os.ReadDir(filepath.Join(s.data, "runtime", "inst")); len(dirs) != 0 {
-		t.Fatalf("%d instance directories left", len(dirs))
+	// Nothing of the sandboxes is left: no record, and the runtime holds
+	// only restore targets (sandboxes booted ahead, one per shape, that no
+	// record names), each whole: directory, network, cgroups, mounts.
+	if recs, _ := filepath.Glob(filepath.Join(s.data, "engine", "sandboxes", "*.json")); len(recs) != 0 {
+		t.Fatalf("sandbox records left: %v", recs)
 	}
-	if nets, _ := filepath.Glob("/var/run/netns/spa-*"); len(nets) != 0 {
-		t.Fatalf("namespaces left: %v", nets)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		err := s.checkNoOrphans(t, nil)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
-	// No sandbox process of this server's runtime is left.
+	// No sandbox process of this server's runtime is left but the
+	// targets' (their command lines name their instance directories).
+	out, err := exec.Command(testenvRunsc(t), "--root="+filepath.Join(s.data, "runtime", "root"), "list", "--format=json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var targets []struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(out, &targets)
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		cmd, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmd), "--root="+filepath.Join(s.data, "runtime", "root")) &&
-			strings.HasPrefix(string(cmd), "runsc-") {
+		if err != nil || !strings.Contains(string(cmd), "--root="+filepath.Join(s.data, "runtime", "root")) || !strings.HasPrefix(string(cmd), "runsc-") {
+			continue
+		}
+		target := false
+		for _, in := range targets {
+			target = target || strings.Contains(string(cmd), filepath.Join(s.data, "runtime", "inst", in.ID)+"/")
+		}
+		if !target {
 			t.Fatalf("sandbox process left: %d %q", len(cmd), strings.ReplaceAll(string(cmd), "\x00", " ")[:80])
 		}
 	}

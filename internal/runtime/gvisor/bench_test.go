@@ -18,20 +18,8 @@ import (
 //
 //	go test -run '^$' -bench Restore -benchtime 20x ./internal/runtime/gvisor
 func BenchmarkRestore(b *testing.B) {
-	testenv.RequireRoot(b)
 	ctx := context.Background()
-	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(b), StateDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Purge(context.Background()) })
-	spec := func(id string) runtime.Spec {
-		return runtime.Spec{ID: id, RootFS: testenv.BaseRootFS(b), Args: runtimetest.CounterArgs, Limits: runtime.Limits{MemoryMB: 512, DiskMB: 256}}
-	}
-	src := spec(ids.New('t'))
-	if err := d.Start(ctx, src); err != nil {
-		b.Fatal(err)
-	}
+	d, src, spec := benchSource(b)
 	img := b.TempDir()
 	if err := d.Checkpoint(ctx, src.ID, img, runtime.CheckpointOptions{}); err != nil {
 		b.Fatal(err)
@@ -69,17 +57,8 @@ func BenchmarkRestore(b *testing.B) {
 //
 //	go test -run '^$' -bench Checkpoint -benchtime 20x ./internal/runtime/gvisor
 func BenchmarkCheckpoint(b *testing.B) {
-	testenv.RequireRoot(b)
 	ctx := context.Background()
-	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(b), StateDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Purge(context.Background()) })
-	src := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(b), Args: runtimetest.CounterArgs, Limits: runtime.Limits{MemoryMB: 512, DiskMB: 256}}
-	if err := d.Start(ctx, src); err != nil {
-		b.Fatal(err)
-	}
+	d, src, _ := benchSource(b)
 	for b.Loop() {
 		b.StopTimer()
 		img := b.TempDir()
@@ -88,4 +67,24 @@ func BenchmarkCheckpoint(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchSource starts a counter instance in a driver of its own; spec
+// makes more specs of its shape.
+func benchSource(b *testing.B) (d *gvisor.Driver, src runtime.Spec, spec func(id string) runtime.Spec) {
+	testenv.RequireRoot(b)
+	ctx := context.Background()
+	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(b), StateDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Purge(context.Background()) })
+	spec = func(id string) runtime.Spec {
+		return runtime.Spec{ID: id, RootFS: testenv.BaseRootFS(b), Args: runtimetest.CounterArgs, Limits: runtime.Limits{MemoryMB: 512, DiskMB: 256}}
+	}
+	src = spec(ids.New('t'))
+	if err := d.Start(ctx, src); err != nil {
+		b.Fatal(err)
+	}
+	return d, src, spec
 }

@@ -178,9 +178,11 @@ func (s *suite) testPauseResume(t *testing.T) {
 	}
 }
 
-func (s *suite) testCheckpointRestore(t *testing.T) {
-	ctx := ctxFor(t)
-	src := s.start(t, ctx, runtime.Limits{DiskMB: 256})
+// checkpointed starts a counter instance with lim, writes "before" to
+// /root/f, bumps the counter and checkpoints it (left running) into img.
+func (s *suite) checkpointed(t *testing.T, ctx context.Context, lim runtime.Limits) (src string, c0 Counter, img string) {
+	t.Helper()
+	src = s.start(t, ctx, lim)
 	if out, code := s.sh(t, ctx, src, "echo before > /root/f"); code != 0 {
 		t.Fatalf("write: %s", out)
 	}
@@ -188,11 +190,17 @@ func (s *suite) testCheckpointRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := t.TempDir()
+	img = t.TempDir()
 	if err := s.rt.Checkpoint(ctx, src, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
 	s.wantState(t, ctx, src, runtime.StateRunning)
+	return src, c0, img
+}
+
+func (s *suite) testCheckpointRestore(t *testing.T) {
+	ctx := ctxFor(t)
+	src, c0, img := s.checkpointed(t, ctx, runtime.Limits{DiskMB: 256})
 
 	// Two restores of one image: each continues the source's memory and
 	// files, and neither sees the other's (or the source's) later writes.
@@ -241,18 +249,7 @@ func (s *suite) testRestoreIntoPrecreated(t *testing.T) {
 	}
 	ctx := ctxFor(t)
 	lim := runtime.Limits{MemoryMB: 384, DiskMB: 256}
-	src := s.start(t, ctx, lim)
-	if out, code := s.sh(t, ctx, src, "echo before > /root/f"); code != 0 {
-		t.Fatalf("write: %s", out)
-	}
-	c0, err := Bump(ctx, s.execer(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := t.TempDir()
-	if err := s.rt.Checkpoint(ctx, src, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
-		t.Fatalf("Checkpoint: %v", err)
-	}
+	src, c0, img := s.checkpointed(t, ctx, lim)
 	spec := s.spec(ids.New('t'), lim)
 	if err := pc.Precreate(ctx, spec); err != nil {
 		t.Fatalf("Precreate: %v", err)
