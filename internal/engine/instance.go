@@ -42,13 +42,14 @@ type Initializer interface {
 // restores it from image. On failure nothing is left.
 func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
 	var addr netip.Addr
+	t := e.takeTarget(spec.ID)
 	if err := e.admit(); err != nil {
-		if t := e.takeTarget(spec.ID); t != nil {
+		if t != nil {
 			e.dropTarget(t)
 		}
 		return addr, err
 	}
-	if t := e.takeTarget(spec.ID); t != nil {
+	if t != nil {
 		done := timing.Track(ctx, "target")
 		select {
 		case <-t.ready:

@@ -143,13 +143,12 @@ func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error 
 	if err != nil {
 		return err
 	}
-	info := struct{ Dir string }{dir}
 	src := filepath.Join(cacheDir, "runsc-src")
 	if err := os.RemoveAll(src); err != nil {
 		return err
 	}
 	defer os.RemoveAll(src)
-	if err := copyTree(info.Dir, src); err != nil {
+	if err := copyTree(dir, src); err != nil {
 		return fmt.Errorf("copy the gVisor module: %w", err)
 	}
 	if err := applyPatches(ctx, src, log, false); err != nil {
