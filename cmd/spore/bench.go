@@ -31,6 +31,7 @@ func newBenchCmd(f *cliFlags) *cobra.Command {
 		sections                []string
 		out, cgroupParent       string
 		rootfsDir, runsc        string
+		forkGap                 time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -57,7 +58,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 				out = "bench-" + time.Now().UTC().Format("20060102-150405")
 			}
 			cfg := bench.Config{
-				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent, ForkLevels: forkLevels,
+				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent, ForkLevels: forkLevels, ForkGap: forkGap,
 				Progress: cmd.ErrOrStderr(), Command: "spore " + strings.Join(os.Args[1:], " "), Git: gitRevision(),
 				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 			}
@@ -69,6 +70,9 @@ Writes report.json, report.md and PNG plots to --out.`,
 			}
 			if localPool < 0 {
 				return errors.New("--local-pool must not be negative")
+			}
+			if forkGap < 0 {
+				return errors.New("--fork-gap must not be negative")
 			}
 			if localTargets < 0 {
 				return errors.New("--local-restore-targets must not be negative")
@@ -95,6 +99,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.IntVar(&count, "count", 0, "repetitions of each latency operation (default 20; 2 with --quick)")
 	fl.IntVar(&densityMax, "density-max", 0, "stop the density fill at this many sandboxes (default: until a create is refused)")
 	fl.IntSliceVar(&forkLevels, "fork-levels", nil, "the fork section's n (default 1,10,50,100)")
+	fl.DurationVar(&forkGap, "fork-gap", 0, "pause before each fork, so the server makes its restore targets again between forks (0: forks back to back)")
 	fl.IntVar(&localTargets, "local-restore-targets", node.DefaultRestoreTargets, "restore targets per shape of the --local server (sandboxes booted ahead, waiting for an image; 0: none, every restore boots its sandbox)")
 	fl.IntVar(&localPool, "local-pool", 2, "warm pool of the --local server (0: every create restores, as a fleet replica's default)")
 	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))

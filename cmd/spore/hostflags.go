@@ -12,6 +12,7 @@ import (
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi/local"
+	"github.com/spore-run/spore/internal/runtime/gvisor"
 	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/server"
 )
@@ -40,6 +41,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringSliceVar(&egressDeny, "egress-deny", nil, "more destinations (CIDRs) added to the egress floor")
 	f.BoolVar(&cfg.NoIPv6, "no-ipv6", false, "give sandboxes IPv4 alone (by default they also get IPv6, NAT66'd through the host, when the host has IPv6)")
 	f.IntVar(&cfg.RestoreTargets, "restore-targets", node.DefaultRestoreTargets, "sandboxes booted ahead of time, per shape that restores ask for, waiting for an image: a create from a snapshot, rollback or resume then pays only the image's load (0: none)")
+	f.Int64Var(&cfg.BackgroundLoadMB, "background-load", gvisor.DefaultBackgroundLoadBytes>>20, "MiB of memory from which a restore (create from a snapshot, rollback, resume, fork) returns before the memory is all loaded: the sandbox runs while the rest loads in the background (0: never)")
 	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
 	var cacheMiB int64
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")
@@ -57,6 +59,12 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 			return fmt.Errorf("--restore-targets must be 0 (none) or more, got %d", cfg.RestoreTargets)
 		}
 		cfg.RestoreTargets = serverTargets(cfg.RestoreTargets)
+		switch {
+		case cfg.BackgroundLoadMB < 0:
+			return fmt.Errorf("--background-load must be 0 (never) or a size in MiB, got %d", cfg.BackgroundLoadMB)
+		case cfg.BackgroundLoadMB == 0:
+			cfg.BackgroundLoadMB = -1
+		}
 		for _, oc := range []struct {
 			name string
 			v    float64

@@ -47,6 +47,7 @@ var Goals = map[string]float64{
 	"pause":                                     30,
 	"resume":                                    30,
 	`commands.run("true")`:                      10,
+	`commands.run("true"), 100ms apart`:         10,
 	"fork n=10":                                 600,
 	"fork n=100":                                6000,
 }
@@ -70,6 +71,9 @@ type Config struct {
 	DensityMax int
 	// ForkLevels are the fork section's n (default 1, 10, 50, 100).
 	ForkLevels []int
+	// ForkGap is the pause before each fork, so that the server's restore
+	// targets are made again between forks (0: none, forks back to back).
+	ForkGap time.Duration
 	// CgroupParent of the server's sandboxes, for per-sandbox memory.
 	CgroupParent string
 	PoolSize     int
@@ -110,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{
 		Schema: SchemaVersion, StartedAt: time.Now().UTC(), Command: cfg.Command, Git: cfg.Git,
 		Machine:  machineInfo(cfg.Bare),
-		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, Quick: cfg.Quick},
+		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ForkGapMs: cfg.ForkGap.Milliseconds(), Quick: cfg.Quick},
 	}
 	r.rep.Notes = append(r.rep.Notes, cfg.Notes...)
 	if cfg.Bare == nil {
@@ -146,6 +150,9 @@ type runner struct {
 	ops   map[string]*Op // by name, in rep.Ops order
 	order []string
 	parts map[string]partSamples // server-side phases per op
+	// counts are how many times each phase happened per op, over all its
+	// samples (a fork's restores, say).
+	counts map[string]map[string]int
 	// live sandboxes and snapshots this run made, freed at the end even
 	// when the run fails (mu guards sandboxes: clients create concurrently).
 	mu        sync.Mutex
@@ -184,6 +191,16 @@ func (r *runner) addParts(name string, parts map[string]float64) {
 	}
 	for k, v := range parts {
 		if k == "total" {
+			continue
+		}
+		if c, ok := strings.CutSuffix(k, countSuffix); ok {
+			if r.counts == nil {
+				r.counts = map[string]map[string]int{}
+			}
+			if r.counts[name] == nil {
+				r.counts[name] = map[string]int{}
+			}
+			r.counts[name][c] += int(v)
 			continue
 		}
 		ps[k] = append(ps[k], v)
@@ -229,8 +246,8 @@ func (r *runner) finish() {
 		if o.Bare != nil && o.Bare.P50 > 0 {
 			o.Ratio = round(o.Stats.P50/o.Bare.P50, 3)
 		}
-		if n := len(r.parts[name]["target"]); n > 0 {
-			o.Note = strings.TrimPrefix(o.Note+fmt.Sprintf("; %d of %d restored into a restore target (a sandbox the server booted ahead for the shape: Server-Timing target)", n, o.Stats.N), "; ")
+		if n := r.counts[name]["target"]; n > 0 {
+			o.Note = strings.TrimPrefix(o.Note+fmt.Sprintf("; %d of %d restores loaded into a restore target (a sandbox the server booted ahead for the shape: Server-Timing target)", n, max(n, r.counts[name]["restore"])), "; ")
 		}
 		if g, ok := Goals[name]; ok && o.Stats.N > 0 {
 			o.Goal = g
@@ -248,6 +265,10 @@ func round(v float64, digits int) float64 {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// countSuffix marks, in the phases timed returns, how many times a phase
+// happened (its name plus the suffix; addParts keeps them apart).
+const countSuffix = "#n"
+
 // timed runs fn with a context that captures the API's Server-Timing
 // phases and returns fn's wall time in ms and the phases.
 func timed(ctx context.Context, fn func(ctx context.Context) error) (float64, map[string]float64, error) {
@@ -255,6 +276,9 @@ func timed(ctx context.Context, fn func(ctx context.Context) error) (float64, ma
 	ctx = client.WithResponseHeaders(ctx, func(h http.Header) {
 		if v := h.Get("Server-Timing"); v != "" {
 			parts = timing.Parse(v)
+			for k, n := range timing.ParseCounts(v) {
+				parts[k+countSuffix] = float64(n)
+			}
 		}
 	})
 	t0 := time.Now()

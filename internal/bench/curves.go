@@ -45,6 +45,9 @@ func (r *runner) runFork(ctx context.Context) error {
 	for _, l := range levels {
 		o := r.op(fmt.Sprintf("fork n=%d", l.n), "fork", "ms")
 		for range l.reps {
+			if r.cfg.ForkGap > 0 {
+				time.Sleep(r.cfg.ForkGap)
+			}
 			var children []api.ForkChild
 			v, err := r.sample(ctx, o, func(ctx context.Context) error {
 				var err error

@@ -353,20 +353,41 @@ func (r *runner) stopStart(ctx context.Context, n int, id string, stopOp, startO
 }
 
 // commandOps: commands.run("true") through the API server's proxy and
-// the daemon, beside the same request sent to the daemon directly.
-// `runsc exec` is no baseline: Spore never uses it for a command (envd,
-// already running inside the sandbox, spawns it), and it pays a runsc
-// process and a new exec session that commands.run does not.
+// the daemon, beside the same request sent to the daemon directly; back to
+// back, and spaced as an agent's commands are (the daemon then has a login
+// shell started ahead for the next command: see docs/envd.md, "Warm
+// shells"). `runsc exec` is no baseline: Spore never uses it for a command
+// (envd, already running inside the sandbox, spawns it), and it pays a
+// runsc process and a new exec session that commands.run does not.
 func (r *runner) commandOps(ctx context.Context, n int, src string) error {
+	for _, gap := range []time.Duration{0, CommandGap} {
+		if err := r.commandOp(ctx, n, src, gap); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CommandGap is the pause before each command of the spaced commands.run
+// figure.
+const CommandGap = 100 * time.Millisecond
+
+func (r *runner) commandOp(ctx context.Context, n int, src string, gap time.Duration) error {
 	sb, err := r.c.Open(ctx, src)
 	if err != nil {
 		return err
 	}
-	o := r.op(`commands.run("true")`, "data", "ms")
+	name, spacing := `commands.run("true")`, "back to back"
+	if gap > 0 {
+		name += fmt.Sprintf(", %s apart", gap)
+		spacing = fmt.Sprintf("each after a %s pause, as an agent's commands come", gap)
+	}
+	o := r.op(name, "data", "ms")
 	if _, err := run(ctx, sb, "true"); err != nil { // warm the connection
 		return err
 	}
 	for range 2 * n {
+		time.Sleep(gap)
 		if _, err := r.sample(ctx, o, func(ctx context.Context) error {
 			_, err := run(ctx, sb, "true")
 			return err
@@ -384,6 +405,7 @@ func (r *runner) commandOps(ctx context.Context, n int, src string) error {
 			return fmt.Errorf("envd direct: %w", err)
 		}
 		if err := r.bare(o, bareEnvdDirect, 2*n, func() (float64, error) {
+			time.Sleep(gap)
 			t0 := time.Now()
 			if _, err := runProc(ctx, proc, "true"); err != nil {
 				return 0, fmt.Errorf("envd direct: %w", err)
@@ -392,7 +414,7 @@ func (r *runner) commandOps(ctx context.Context, n int, src string) error {
 		}); err != nil {
 			return err
 		}
-		o.Note = "the SDK's request (Process.Start of /bin/bash -l -c true, as the E2B SDK sends it) through the API server's proxy, beside the same request sent straight to the sandbox's envd (no API server, no proxy): the ratio is what Spore's routing adds. `runsc exec` is not compared: Spore never runs a command through it"
+		o.Note = "the SDK's request (Process.Start of /bin/bash -l -c true, as the E2B SDK sends it), " + spacing + ", through the API server's proxy, beside the same request sent straight to the sandbox's envd (no API server, no proxy): the ratio is what Spore's routing adds. `runsc exec` is not compared: Spore never runs a command through it"
 	}
 	return nil
 }

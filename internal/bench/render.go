@@ -382,6 +382,9 @@ func settingsLine(s Settings) string {
 	if s.Local {
 		parts = append(parts, fmt.Sprintf("restore targets per shape %d", s.RestoreTargets))
 	}
+	if s.ForkGapMs > 0 {
+		parts = append(parts, fmt.Sprintf("%s before each fork", time.Duration(s.ForkGapMs)*time.Millisecond))
+	}
 	if s.Quick {
 		parts = append(parts, "quick")
 	}

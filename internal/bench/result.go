@@ -48,8 +48,10 @@ type Settings struct {
 	PoolSize int    `json:"poolSize,omitempty"`
 	// RestoreTargets: sandboxes the server keeps booted per shape,
 	// waiting for an image (0: none, or not known).
-	RestoreTargets int  `json:"restoreTargets,omitempty"`
-	Quick          bool `json:"quick"`
+	RestoreTargets int `json:"restoreTargets,omitempty"`
+	// ForkGapMs is the pause before each fork (Config.ForkGap).
+	ForkGapMs int64 `json:"forkGapMs,omitempty"`
+	Quick     bool  `json:"quick"`
 }
 
 // Stats summarises samples (milliseconds unless Op.Unit says otherwise).

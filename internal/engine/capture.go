@@ -75,7 +75,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	if snapID == "" {
 		snapID = ids.New('s')
 	}
-	st, err := e.snaps.Stage(snapID)
+	st, err := e.snaps.StageUnsynced(snapID)
 	if err != nil {
 		return SnapshotResult{}, err
 	}
@@ -99,11 +99,14 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 		manifest.Template = opts.Names[0]
 	}
 	doneCommit := timing.Track(ctx, "commit")
+	// The image reaches the disk after the answer (e.syncSnapshot): a power
+	// loss before then loses the snapshot whole (snapshot.CommitOptions).
 	m, err := st.Commit(manifest, snapshot.CommitOptions{MoveNames: opts.Template})
 	doneCommit()
 	if err != nil {
 		return SnapshotResult{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	e.syncSnapshot(m.ID)
 	for _, old := range replaced {
 		if err := e.DeleteSnapshot(ctx, old.ID); err != nil {
 			e.log.Warn("old template kept", "snapshot_id", old.ID, "err", err)
@@ -111,6 +114,20 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	}
 	e.log.Info("snapshot taken", "sandbox_id", id, "snapshot_id", m.ID, "paused", paused, "size", m.SizeBytes)
 	return SnapshotResult{Manifest: m, Paused: paused, Took: time.Since(start)}, nil
+}
+
+// syncSnapshot makes a snapshot committed unsynced durable, in the
+// background (Close and Settle wait for it).
+func (e *Engine) syncSnapshot(id string) {
+	e.background(func() {
+		t0 := time.Now()
+		if err := e.snaps.Sync(id); err != nil && !errdefs.IsNotFound(err) {
+			// Kept: the next start syncs it (same boot) or drops it.
+			e.log.Warn("snapshot not synced", "snapshot_id", id, "err", err)
+			return
+		}
+		e.log.Debug("snapshot synced", "snapshot_id", id, "took", time.Since(t0))
+	})
 }
 
 // replaySnapshot answers a snapshot whose caller-given ID exists
@@ -147,7 +164,9 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (ti
 		cancel()
 	}
 	rec.Pending = nil
-	if serr := e.save(rec); serr != nil && err == nil {
+	// Without fsync (see saveState): an fsync right after a large image
+	// is written waits behind the kernel's writeback of it.
+	if serr := e.saveState(rec); serr != nil && err == nil {
 		err = serr
 	}
 	if err != nil {

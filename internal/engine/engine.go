@@ -127,6 +127,9 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		targets: newTargetPool(cfg.RestoreTargets),
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())
+	for _, id := range cfg.Snapshots.Lost() {
+		e.log.Warn("snapshot lost: the host restarted before its image reached the disk", "snapshot_id", id)
+	}
 	if err := e.recover(ctx); err != nil {
 		e.endLife()
 		e.retrier.Wait()

@@ -32,6 +32,7 @@ import (
 // it, with clients in one codec.
 type daemon struct {
 	t    *testing.T
+	envd *envd.Server
 	srv  *httptest.Server
 	proc processpbconnect.ProcessClient
 	fs   filesystempbconnect.FilesystemClient
@@ -50,9 +51,10 @@ func newDaemonConfig(t *testing.T, cfg envd.Config, opts ...connect.ClientOption
 		t.Fatal("envd tests run as root (envd switches users)")
 	}
 	s := envd.New(cfg)
+	t.Cleanup(s.Processes().Close) // its warm shell
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	d := &daemon{t: t, srv: srv, header: http.Header{}}
+	d := &daemon{t: t, envd: s, srv: srv, header: http.Header{}}
 	opts = append(opts, connect.WithInterceptors(headerInterceptor{d}))
 	d.proc = processpbconnect.NewProcessClient(srv.Client(), srv.URL, opts...)
 	d.fs = filesystempbconnect.NewFilesystemClient(srv.Client(), srv.URL, opts...)

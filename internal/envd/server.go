@@ -37,8 +37,11 @@ type Config struct {
 	// that does not keep up before that stream is ended with an error
 	// (default 10s; see process.Config).
 	SlowSubscriber time.Duration
-	Reaper         *reaper.Reaper
-	Logger         *slog.Logger
+	// NoWarmShell starts every command as a new process (see
+	// process.Config).
+	NoWarmShell bool
+	Reaper      *reaper.Reaper
+	Logger      *slog.Logger
 }
 
 // Server is the daemon's HTTP handler.
@@ -69,7 +72,7 @@ func New(cfg Config) *Server {
 		log:      cfg.Logger,
 		mux:      http.NewServeMux(),
 	}
-	s.procs = process.New(cfg.Reaper, s.defaults, process.Config{Keepalive: cfg.Keepalive, SlowSubscriber: cfg.SlowSubscriber, Logger: cfg.Logger})
+	s.procs = process.New(cfg.Reaper, s.defaults, process.Config{Keepalive: cfg.Keepalive, SlowSubscriber: cfg.SlowSubscriber, NoWarmShell: cfg.NoWarmShell, Logger: cfg.Logger})
 	s.files = filesystem.New(cfg.Keepalive, cfg.Logger)
 	opts := []connect.HandlerOption{connect.WithInterceptors(s.userInterceptor())}
 	path, h := processpbconnect.NewProcessHandler(s.procs, opts...)

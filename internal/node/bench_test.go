@@ -47,6 +47,9 @@ func benchEnv(b *testing.B, template string) (*env, engine.Sandbox, *client, con
 
 // commands.run("true"): the SDK starts `/bin/bash -l -c true` over a
 // Connect server stream (JSON codec) and reads until the end event.
+// SPORE_BENCH_CMD replaces the command (to see where the time goes);
+// SPORE_BENCH_GAP pauses before each one, untimed (an agent's think time:
+// the daemon's warm shell is then ready, see docs/envd.md).
 func BenchmarkCommandRunTrue(b *testing.B) {
 	_, _, c, ctx := benchEnv(b, node.TemplateBase)
 	req := &processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}}}
@@ -68,7 +71,13 @@ func BenchmarkCommandRunTrue(b *testing.B) {
 	run() // warm the connection and the page cache
 	ds := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
+	gap, _ := time.ParseDuration(os.Getenv("SPORE_BENCH_GAP"))
 	for i := 0; i < b.N; i++ {
+		if gap > 0 {
+			b.StopTimer()
+			time.Sleep(gap)
+			b.StartTimer()
+		}
 		t0 := time.Now()
 		run()
 		ds = append(ds, time.Since(t0))

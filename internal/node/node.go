@@ -70,6 +70,10 @@ type Config struct {
 	// shape restores ask for (engine.Config.RestoreTargets): 0 means
 	// DefaultRestoreTargets, negative none.
 	RestoreTargets int
+	// BackgroundLoadMB: restores of images with at least this many MiB of
+	// memory return before it is all loaded (gvisor.Config
+	// .BackgroundLoadBytes): 0 means the driver's default, negative never.
+	BackgroundLoadMB int64
 	// DNSUpstreams are the resolvers the sandboxes' DNS forwarder asks
 	// (default: the nameservers of the host's /etc/resolv.conf).
 	DNSUpstreams []netip.AddrPort
@@ -161,7 +165,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	drv, err := gvisor.New(ctx, gvisor.Config{
 		Runsc: cfg.Runsc, StateDir: filepath.Join(dataDir, "runtime"), CgroupParent: cfg.CgroupParent, Logger: cfg.Logger,
-		ExtraFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups,
+		ExtraFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, BackgroundLoadBytes: cfg.BackgroundLoadMB << 20,
 	})
 	if err != nil {
 		return nil, err

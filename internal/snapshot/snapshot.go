@@ -12,6 +12,8 @@
 //	<dir>/<id>/image/          the checkpoint image
 //	<dir>/.staging/<id>/       snapshots being written
 //	<dir>/.trash/              snapshots being deleted
+//	<dir>/.unsynced/<id>       snapshots staged or committed before their
+//	                           image was synced (see StageUnsynced)
 package snapshot
 
 import (
@@ -86,9 +88,14 @@ type Manifest struct {
 type Repo struct {
 	dir string
 
+	boot []byte // this boot's ID (see StageUnsynced)
+
 	mu    sync.Mutex
 	byID  map[string]Manifest
 	names map[string]string // name -> ID
+	// lost are the snapshots Open discarded: committed unsynced before the
+	// host rebooted (see StageUnsynced).
+	lost []string
 }
 
 const (
@@ -104,7 +111,7 @@ func Open(dir string) (*Repo, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, errdefs.Invalidf("snapshot repository %q must be an absolute path", dir)
 	}
-	for _, d := range []string{dir, filepath.Join(dir, stagingDir), filepath.Join(dir, trashDir)} {
+	for _, d := range []string{dir, filepath.Join(dir, stagingDir), filepath.Join(dir, trashDir), filepath.Join(dir, unsyncedDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("snapshot repository: %w", err)
 		}
@@ -114,7 +121,7 @@ func Open(dir string) (*Repo, error) {
 			return nil, fmt.Errorf("snapshot repository: clear %s: %w", d, err)
 		}
 	}
-	r := &Repo{dir: dir, byID: map[string]Manifest{}, names: map[string]string{}}
+	r := &Repo{dir: dir, boot: readBootID(), byID: map[string]Manifest{}, names: map[string]string{}}
 	if err := r.load(); err != nil {
 		return nil, err
 	}
@@ -154,6 +161,15 @@ func (r *Repo) load() error {
 			}
 			continue
 		}
+		keep, err := r.recoverUnsynced(m.ID)
+		if err != nil {
+			return fmt.Errorf("snapshot repository: snapshot %s: sync: %w", m.ID, err)
+		}
+		if !keep {
+			_ = os.Rename(filepath.Join(r.dir, e.Name()), filepath.Join(r.dir, trashDir, e.Name()))
+			r.lost = append(r.lost, m.ID)
+			continue
+		}
 		all = append(all, m)
 	}
 	// A name belongs to its newest holder (a crash while moving a name can
@@ -165,8 +181,17 @@ func (r *Repo) load() error {
 			r.names[n] = m.ID
 		}
 	}
+	r.dropStaleMarkers()
 	_ = emptyDir(filepath.Join(r.dir, trashDir))
 	return nil
+}
+
+// Lost lists the snapshots Open discarded because the host lost power
+// before they were synced (see StageUnsynced).
+func (r *Repo) Lost() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.lost)
 }
 
 // Dir returns the repository's directory.
@@ -174,9 +199,10 @@ func (r *Repo) Dir() string { return r.dir }
 
 // Staging is a snapshot being written.
 type Staging struct {
-	repo *Repo
-	id   string
-	done bool
+	repo     *Repo
+	id       string
+	done     bool
+	unsynced bool // see StageUnsynced
 }
 
 // Stage starts a new snapshot with the given ID; the caller writes the
@@ -230,8 +256,9 @@ type CommitOptions struct {
 	MoveNames bool
 }
 
-// Commit makes the staged snapshot durable and visible. m.ID, the size and
-// (when zero) the creation time are filled in.
+// Commit makes the staged snapshot durable (unless staged with
+// StageUnsynced) and visible. m.ID, the size and (when zero) the creation
+// time are filled in.
 func (s *Staging) Commit(m Manifest, opts CommitOptions) (Manifest, error) {
 	r := s.repo
 	if s.done {
@@ -247,7 +274,15 @@ func (s *Staging) Commit(m Manifest, opts CommitOptions) (Manifest, error) {
 		m.CreatedAt = time.Now().UTC()
 	}
 	staged := filepath.Join(r.dir, stagingDir, s.id)
-	size, err := atomicfs.SyncTree(staged)
+	var size int64
+	var err error
+	writeManifest := atomicfs.WriteJSON
+	if s.unsynced {
+		size, err = treeSize(filepath.Join(staged, imageDir))
+		writeManifest = atomicfs.WriteJSONNoSync
+	} else {
+		size, err = atomicfs.SyncTree(staged)
+	}
 	if err != nil {
 		return Manifest{}, fmt.Errorf("commit snapshot %s: sync image: %w", s.id, err)
 	}
@@ -264,7 +299,7 @@ func (s *Staging) Commit(m Manifest, opts CommitOptions) (Manifest, error) {
 			losers = append(losers, holder)
 		}
 	}
-	if err := atomicfs.WriteJSON(filepath.Join(staged, manifestFile), m); err != nil {
+	if err := writeManifest(filepath.Join(staged, manifestFile), m); err != nil {
 		return Manifest{}, fmt.Errorf("commit snapshot %s: %w", s.id, err)
 	}
 	// The commit point.
@@ -272,8 +307,12 @@ func (s *Staging) Commit(m Manifest, opts CommitOptions) (Manifest, error) {
 		return Manifest{}, fmt.Errorf("commit snapshot %s: %w", s.id, err)
 	}
 	s.done = true
-	if err := atomicfs.SyncDir(r.dir); err != nil {
-		return Manifest{}, fmt.Errorf("commit snapshot %s: %w", s.id, err)
+	// Unsynced, not a single fsync: after a large image is written one
+	// waits behind the kernel's writeback of it (tens of ms). Sync does it.
+	if !s.unsynced {
+		if err := atomicfs.SyncDir(r.dir); err != nil {
+			return Manifest{}, fmt.Errorf("commit snapshot %s: %w", s.id, err)
+		}
 	}
 	r.byID[m.ID] = m
 	for _, n := range m.Names {
@@ -347,6 +386,7 @@ func (r *Repo) Delete(id string) error {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	_ = atomicfs.SyncDir(r.dir)
+	os.Remove(r.marker(id))
 	delete(r.byID, id)
 	for _, n := range m.Names {
 		if r.names[n] == id {

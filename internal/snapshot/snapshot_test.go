@@ -178,3 +178,95 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("List = %+v", l)
 	}
 }
+
+// TestUnsyncedCommit: a snapshot committed before its image is synced is
+// visible at once; Sync makes it durable; reopening the repository in the
+// same boot (a process crash) syncs it, and in another boot (a power loss)
+// discards it whole.
+func TestUnsyncedCommit(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := func(name string) Manifest {
+		t.Helper()
+		st, err := r.StageUnsynced(ids.New('s'))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(st.ImageDir(), "checkpoint.img"), []byte("image-of-"+name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.Commit(Manifest{Names: []string{name}, Kind: KindSnapshot}, CommitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := r.Get(name); err != nil || got.ID != m.ID || m.SizeBytes != int64(len("image-of-"+name)) {
+			t.Fatalf("Get(%q) = %+v, %v (committed %+v)", name, got, err, m)
+		}
+		if r.Synced(m.ID) {
+			t.Fatalf("%s: synced before Sync", name)
+		}
+		return m
+	}
+	a, b, c := commit("a"), commit("b"), commit("c")
+	if err := r.Sync(a.ID); err != nil || !r.Synced(a.ID) {
+		t.Fatalf("Sync: %v (synced %v)", err, r.Synced(a.ID))
+	}
+	if err := r.Sync(a.ID); err != nil {
+		t.Fatalf("second Sync: %v", err)
+	}
+	// c was committed in another boot: its image may be partial.
+	if err := os.WriteFile(filepath.Join(dir, unsyncedDir, c.ID), []byte("another-boot\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r2, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []Manifest{a, b} {
+		got, err := r2.Get(m.ID)
+		if err != nil || !r2.Synced(m.ID) {
+			t.Fatalf("%s after reopening: %+v, %v (synced %v)", m.Names[0], got, err, r2.Synced(m.ID))
+		}
+		if bs, err := os.ReadFile(filepath.Join(r2.ImageDir(m.ID), "checkpoint.img")); err != nil || string(bs) != "image-of-"+m.Names[0] {
+			t.Fatalf("image of %s = %q, %v", m.Names[0], bs, err)
+		}
+	}
+	if _, err := r2.Get(c.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("snapshot of another boot kept: %v", err)
+	}
+	if _, err := r2.Get("c"); !errdefs.IsNotFound(err) {
+		t.Fatalf("its name kept: %v", err)
+	}
+	if lost := r2.Lost(); len(lost) != 1 || lost[0] != c.ID {
+		t.Fatalf("Lost = %v, want [%s]", lost, c.ID)
+	}
+	if _, err := os.Stat(filepath.Join(dir, c.ID)); !os.IsNotExist(err) {
+		t.Fatalf("its files: %v", err)
+	}
+	// The name is free again.
+	d := stage(t, r2, "x")
+	if _, err := d.Commit(Manifest{Names: []string{"c"}, Kind: KindSnapshot}, CommitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Delete(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Sync(b.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("Sync of a deleted snapshot = %v, want not found", err)
+	}
+	// A staged snapshot never committed (a crash mid-write) leaves no
+	// marker behind at the next Open.
+	if _, err := r2.StageUnsynced(ids.New('s')); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, unsyncedDir)); len(ents) != 0 {
+		t.Fatalf("markers left: %v", ents)
+	}
+}

@@ -119,3 +119,26 @@ func Parse(v string) map[string]float64 {
 	}
 	return out
 }
+
+// ParseCounts reads how many times each phase of a Server-Timing header
+// value happened (the `desc="xN"` Header writes; 1 without one).
+func ParseCounts(v string) map[string]int {
+	out := map[string]int{}
+	for _, entry := range strings.Split(v, ",") {
+		fields := strings.Split(strings.TrimSpace(entry), ";")
+		name := strings.TrimSpace(fields[0])
+		if name == "" {
+			continue
+		}
+		n := 1
+		for _, f := range fields[1:] {
+			if d, ok := strings.CutPrefix(strings.TrimSpace(f), "desc="); ok {
+				if c, err := strconv.Atoi(strings.TrimPrefix(strings.Trim(d, `"`), "x")); err == nil && c > 0 {
+					n = c
+				}
+			}
+		}
+		out[name] += n
+	}
+	return out
+}

@@ -25,6 +25,9 @@ func TestRecorderHeaderRoundTrip(t *testing.T) {
 	if _, ok := got["commit"]; !ok {
 		t.Fatalf("commit missing from %v", got)
 	}
+	if n := ParseCounts(h); n["restore"] != 2 || n["envd"] != 1 || n["commit"] != 1 {
+		t.Fatalf("counts %v from %q", n, h)
+	}
 }
 
 func TestTrackWithoutRecorder(t *testing.T) {
@@ -34,6 +37,13 @@ func TestTrackWithoutRecorder(t *testing.T) {
 func TestParseIgnoresJunk(t *testing.T) {
 	got := Parse(`, a;desc="no dur", b;dur=x, c;dur=1.5`)
 	if len(got) != 1 || got["c"] != 1.5 {
+		t.Fatalf("parsed %v", got)
+	}
+}
+
+func TestParseCountsIgnoresJunk(t *testing.T) {
+	got := ParseCounts(`, a;desc="no count", b;dur=1;desc="x0", c;dur=2;desc="x12"`)
+	if len(got) != 3 || got["a"] != 1 || got["b"] != 1 || got["c"] != 12 {
 		t.Fatalf("parsed %v", got)
 	}
 }

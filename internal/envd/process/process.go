@@ -34,6 +34,9 @@ type proc struct {
 	// slow is how long the output pump waits for a subscriber whose buffer
 	// is full before cutting that subscriber off with an error.
 	slow time.Duration
+	// refill starts the next warm shell once the process has exited (nil
+	// for a process no warm shell could have run).
+	refill func()
 
 	mu      sync.Mutex
 	stdin   *os.File // nil when stdin was not kept open (or was closed)

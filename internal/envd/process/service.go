@@ -36,6 +36,9 @@ type Service struct {
 
 	mu    sync.Mutex
 	procs map[int]*proc
+
+	warm   warmPool // see warm.go
+	noWarm bool
 }
 
 var _ processpbconnect.ProcessHandler = (*Service)(nil)
@@ -48,7 +51,9 @@ type Config struct {
 	// resource_exhausted (default 10s). Meanwhile the process is slowed
 	// down, not its output dropped.
 	SlowSubscriber time.Duration
-	Logger         *slog.Logger
+	// NoWarmShell starts every command as a new process (see warm.go).
+	NoWarmShell bool
+	Logger      *slog.Logger
 }
 
 // New returns the service.
@@ -59,8 +64,12 @@ func New(r *reaper.Reaper, d *identity.Defaults, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{reaper: r, defaults: d, keepalive: cfg.Keepalive, slow: cfg.SlowSubscriber, drain: 200 * time.Millisecond, log: cfg.Logger, procs: map[int]*proc{}}
+	return &Service{reaper: r, defaults: d, keepalive: cfg.Keepalive, slow: cfg.SlowSubscriber, drain: 200 * time.Millisecond, log: cfg.Logger, procs: map[int]*proc{}, noWarm: cfg.NoWarmShell}
 }
+
+// Close stops the warm shell (processes started for requests keep
+// running).
+func (s *Service) Close() { s.warm.close(5 * time.Second) }
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -181,6 +190,30 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, *s
 	}
 	p := &proc{tag: req.GetTag(), config: cfg, slow: s.slow, subs: map[*subscriber]struct{}{}, done: make(chan struct{})}
 	sub, unsub := p.subscribe()
+	if command, ok := warmCommand(req, path); ok && !s.noWarm {
+		key := keyOf(path, cwd, env, attr.Sys.Credential)
+		sh := s.warm.take(key)
+		wa, sys := *attr, *attr.Sys // the warm shell's own copy
+		wa.Sys = &sys
+		// The next one is started once this command has ended: started
+		// now it would take CPU from this command and the next request.
+		p.refill = func() { s.warm.refill(s.reaper, key, wa) }
+		if sh != nil {
+			if err := sh.run(command); err == nil {
+				p.pid = sh.pid
+				s.mu.Lock()
+				s.procs[p.pid] = p
+				s.mu.Unlock()
+				p.outputs.Add(2)
+				go p.pump(sh.stdout, 1)
+				go p.pump(sh.stderr, 2)
+				go s.await(p, sh.exited)
+				s.log.Debug("process started in a warm shell", "pid", p.pid, "user", u.Name, "tag", p.tag)
+				return p, sub, unsub, nil
+			}
+			sh.stop() // it died: start the command as usual
+		}
+	}
 	var parentEnds []*os.File // our ends, read by pumps
 	var childEnds []*os.File  // closed once the child has them
 	closeAll := func() {
@@ -313,6 +346,9 @@ func dup(f *os.File) (*os.File, error) {
 
 func (s *Service) await(p *proc, exited <-chan reaper.Exit) {
 	e := <-exited
+	if p.refill != nil {
+		p.refill()
+	}
 	drained := make(chan struct{})
 	go func() { p.outputs.Wait(); close(drained) }()
 	select {

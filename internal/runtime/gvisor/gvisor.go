@@ -54,8 +54,19 @@ type Config struct {
 	// ExtraFlags are passed to runsc before the verb (for example
 	// "--debug", "--debug-log=/tmp/runsc/").
 	ExtraFlags []string
-	Logger     *slog.Logger
+	// BackgroundLoadBytes: a restore whose image holds at least this many
+	// bytes of memory pages returns before they are all loaded (`runsc
+	// restore --background`): the sandbox runs while the rest loads, and a
+	// guest touching memory not loaded yet waits for that range. 0 means
+	// DefaultBackgroundLoadBytes; negative, never.
+	BackgroundLoadBytes int64
+	Logger              *slog.Logger
 }
+
+// DefaultBackgroundLoadBytes is Config.BackgroundLoadBytes' default (see
+// docs/runtime.md, "Loading memory in the background", for the numbers it
+// rests on).
+const DefaultBackgroundLoadBytes = 128 << 20
 
 // Driver implements runtime.Runtime with runsc.
 type Driver struct {
@@ -91,6 +102,9 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BackgroundLoadBytes == 0 {
+		cfg.BackgroundLoadBytes = DefaultBackgroundLoadBytes
 	}
 	if _, err := os.Stat(cfg.Runsc); err != nil {
 		return nil, fmt.Errorf("gvisor: runsc binary (run `make setup`): %w: %v", errdefs.ErrUnavailable, err)
@@ -219,7 +233,14 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 			return err
 		}
 	}
-	_, err = d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, "restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID), spec.ID)...)
+	verb := []string{"restore", "-detach", "--image-path", imageDir, "--bundle", d.bundleDir(spec.ID)}
+	if d.loadInBackground(imageDir) {
+		// The sandbox holds the image's files open until the pages are in:
+		// the image may be deleted (unlinked) meanwhile, never rewritten.
+		verb = append(verb, "--background")
+		timing.FromContext(ctx).Add("background-load", 0)
+	}
+	_, err = d.runscIn(ctx, spec.ID, d.cfg.SlowTimeout, d.startFlags(spec, append(verb, spec.ID)...)...)
 	if err != nil {
 		d.abandon(spec.ID)
 		return fmt.Errorf("restore instance %s: %w", spec.ID, err)
@@ -230,6 +251,16 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 	defer timing.Track(ctx, "after-launch")()
 	d.afterLaunch(spec.ID)
 	return nil
+}
+
+// loadInBackground says whether the restore of imageDir loads its memory
+// in the background (Config.BackgroundLoadBytes).
+func (d *Driver) loadInBackground(imageDir string) bool {
+	if d.cfg.BackgroundLoadBytes < 0 {
+		return false
+	}
+	fi, err := os.Stat(filepath.Join(imageDir, "pages.img"))
+	return err == nil && fi.Size() >= d.cfg.BackgroundLoadBytes
 }
 
 // afterLaunch prepares a just started or restored instance for its memory
