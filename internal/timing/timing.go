@@ -103,20 +103,11 @@ func (r *Recorder) Header() string {
 // milliseconds (entries without a dur are skipped).
 func Parse(v string) map[string]float64 {
 	out := map[string]float64{}
-	for _, entry := range strings.Split(v, ",") {
-		fields := strings.Split(strings.TrimSpace(entry), ";")
-		name := strings.TrimSpace(fields[0])
-		if name == "" {
-			continue
+	entries(v, func(name string, params map[string]string) {
+		if ms, err := strconv.ParseFloat(params["dur"], 64); err == nil {
+			out[name] += ms
 		}
-		for _, f := range fields[1:] {
-			if d, ok := strings.CutPrefix(strings.TrimSpace(f), "dur="); ok {
-				if ms, err := strconv.ParseFloat(d, 64); err == nil {
-					out[name] += ms
-				}
-			}
-		}
-	}
+	})
 	return out
 }
 
@@ -124,21 +115,31 @@ func Parse(v string) map[string]float64 {
 // value happened (the `desc="xN"` Header writes; 1 without one).
 func ParseCounts(v string) map[string]int {
 	out := map[string]int{}
+	entries(v, func(name string, params map[string]string) {
+		n, err := strconv.Atoi(strings.TrimPrefix(strings.Trim(params["desc"], `"`), "x"))
+		if err != nil || n < 1 {
+			n = 1
+		}
+		out[name] += n
+	})
+	return out
+}
+
+// entries calls fn with each named entry of a Server-Timing value and its
+// parameters (the last of a repeated one).
+func entries(v string, fn func(name string, params map[string]string)) {
 	for _, entry := range strings.Split(v, ",") {
 		fields := strings.Split(strings.TrimSpace(entry), ";")
 		name := strings.TrimSpace(fields[0])
 		if name == "" {
 			continue
 		}
-		n := 1
+		params := map[string]string{}
 		for _, f := range fields[1:] {
-			if d, ok := strings.CutPrefix(strings.TrimSpace(f), "desc="); ok {
-				if c, err := strconv.Atoi(strings.TrimPrefix(strings.Trim(d, `"`), "x")); err == nil && c > 0 {
-					n = c
-				}
+			if k, val, ok := strings.Cut(strings.TrimSpace(f), "="); ok {
+				params[k] = val
 			}
 		}
-		out[name] += n
+		fn(name, params)
 	}
-	return out
 }
