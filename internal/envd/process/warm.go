@@ -58,6 +58,7 @@ type warmPool struct {
 	mu       sync.Mutex
 	shell    *warmShell
 	starting *warmStart // the shell being started, if one is
+	closed   bool
 	wg       sync.WaitGroup
 }
 
@@ -130,7 +131,7 @@ func (w *warmPool) take(key warmKey) *warmShell {
 // there or being started.
 func (w *warmPool) refill(r *reaper.Reaper, key warmKey, attr os.ProcAttr) {
 	w.mu.Lock()
-	if w.starting != nil || (w.shell != nil && w.shell.key == key) {
+	if w.closed || w.starting != nil || (w.shell != nil && w.shell.key == key) {
 		w.mu.Unlock()
 		return
 	}
@@ -158,6 +159,9 @@ func (w *warmPool) refill(r *reaper.Reaper, key warmKey, attr os.ProcAttr) {
 // close stops the warm shell, waiting for one being started and, up to
 // wait, for its exit; then it is killed.
 func (w *warmPool) close(wait time.Duration) {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
 	w.wg.Wait()
 	w.mu.Lock()
 	sh := w.shell
