@@ -49,6 +49,9 @@ func TestWarmShellSameAsAFreshShell(t *testing.T) {
 		`kill -TERM $$`,
 		`printf 'a\0b' | od -c | head -1`,
 		"echo 'two\nlines'",
+		`echo "héllo wörld ✓ $((6*7))"`,
+		"x='" + strings.Repeat("a", 100000) + "'; echo ${#x}", // read in chunks, not per byte
+		"",
 	}
 	for _, script := range scripts {
 		pid := warm.warmPID()
