@@ -33,9 +33,9 @@ import (
 
 // warmScript is the warm shell's -c script: read the command's length in
 // bytes, then the command, from descriptor 3, close it, run the command in
-// this shell. `read -N` reads a pipe in chunks, where `read -d` with an empty delimiter would
-// make a read call per byte (a 100 KB command: 100,000 calls, each a trip
-// through the sandbox's kernel). It stops at N characters or at the end of
+// this shell. `read -N` reads a pipe in chunks, where `read -d` with an
+// empty delimiter would make a read call per byte (a 100 KB command:
+// 100,000 calls, each a trip through the sandbox's kernel). It stops at N characters or at the end of
 // the pipe, which comes right after the command: a multi-byte character
 // counts once, and the whole command is read either way.
 const warmScript = `read -r <&3; read -r -N "$REPLY" <&3; exec 3<&-; eval "$REPLY"`
