@@ -100,7 +100,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	}
 	doneCommit := timing.Track(ctx, "commit")
 	// The image reaches the disk after the answer (e.syncSnapshot): a power
-	// loss before then loses the snapshot whole (snapshot.CommitOptions).
+	// loss before then loses the snapshot whole (snapshot.Repo.StageUnsynced).
 	m, err := st.Commit(manifest, snapshot.CommitOptions{MoveNames: opts.Template})
 	doneCommit()
 	if err != nil {

@@ -246,6 +246,9 @@ func (s *Staging) Abort() {
 	}
 	s.done = true
 	os.RemoveAll(filepath.Join(s.repo.dir, stagingDir, s.id))
+	if s.unsynced {
+		os.Remove(s.repo.marker(s.id))
+	}
 }
 
 // CommitOptions tune Commit.

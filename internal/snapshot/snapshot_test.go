@@ -258,8 +258,16 @@ func TestUnsyncedCommit(t *testing.T) {
 	if err := r2.Sync(b.ID); !errdefs.IsNotFound(err) {
 		t.Fatalf("Sync of a deleted snapshot = %v, want not found", err)
 	}
-	// A staged snapshot never committed (a crash mid-write) leaves no
-	// marker behind at the next Open.
+	// An aborted one leaves no marker; one never committed (a crash
+	// mid-write) leaves none behind at the next Open.
+	ab, err := r2.StageUnsynced(ids.New('s'))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ab.Abort()
+	if _, err := os.Stat(filepath.Join(dir, unsyncedDir, ab.ID())); !os.IsNotExist(err) {
+		t.Fatalf("marker of an aborted snapshot: %v", err)
+	}
 	if _, err := r2.StageUnsynced(ids.New('s')); err != nil {
 		t.Fatal(err)
 	}

@@ -39,19 +39,20 @@ func (r *Repo) marker(id string) string { return filepath.Join(r.dir, unsyncedDi
 // behind the kernel's writeback of the image). Commit then syncs nothing;
 // the snapshot is visible and restorable at once, and Sync makes it
 // durable. Should the host lose power before, the next Open discards it:
-// a snapshot is whole or lost, never half.
+// a snapshot is whole or lost, never half. Where the boot is unknown (no
+// boot ID), it is Stage: a marker could not tell a crash from a reboot.
 func (r *Repo) StageUnsynced(id string) (*Staging, error) {
 	st, err := r.Stage(id)
-	if err != nil {
-		return nil, err
+	if err != nil || len(r.boot) == 0 {
+		return st, err
 	}
 	// Durable before anything of the image is written, hence before the
 	// commit's rename can be.
+	st.unsynced = true
 	if err := r.markUnsynced(id); err != nil {
 		st.Abort()
 		return nil, fmt.Errorf("stage snapshot %s: %w", id, err)
 	}
-	st.unsynced = true
 	return st, nil
 }
 

@@ -131,6 +131,10 @@ func TestRestoreInTheBackground(t *testing.T) {
 	if err := d.Checkpoint(ctx, b.ID, img3, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
 		t.Fatal(err)
 	}
+	// ... also into a pre-created instance (a restore target).
+	if err := d.Precreate(ctx, c); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.Restore(ctx, c, img3); err != nil {
 		t.Fatal(err)
 	}

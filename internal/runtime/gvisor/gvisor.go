@@ -64,7 +64,7 @@ type Config struct {
 }
 
 // DefaultBackgroundLoadBytes is Config.BackgroundLoadBytes' default (see
-// docs/runtime.md, "Loading memory in the background", for the numbers it
+// docs/engine.md, "Loading memory in the background", for the numbers it
 // rests on).
 const DefaultBackgroundLoadBytes = 128 << 20
 
