@@ -1,8 +1,10 @@
 package process
 
 import (
+	"bytes"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,7 +83,7 @@ func warmCommand(req *processpb.StartRequest, path string) (string, bool) {
 	if req.Pty != nil || req.GetStdin() || len(args) != 3 || args[0] != "-l" || args[1] != "-c" {
 		return "", false
 	}
-	if path != "/bin/bash" && path != "/usr/bin/bash" {
+	if !isBash(path) {
 		return "", false
 	}
 	if strings.ContainsRune(args[2], 0) {
@@ -89,6 +91,49 @@ func warmCommand(req *processpb.StartRequest, path string) (string, bool) {
 	}
 	return args[2], true
 }
+
+// isBash says whether path is GNU bash itself. In an image where bash is
+// busybox's, a wrapper script (`exec /bin/sh "$@"`, a common shim in
+// minimal images) or another shell under that name, the warm script's
+// `read -N` may not exist, so commands start as usual there. The answer is
+// kept per file (device, inode, size, mtime): a request costs one stat.
+func isBash(path string) bool {
+	if filepath.Base(path) != "bash" {
+		return false
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	sys, _ := st.Sys().(*syscall.Stat_t)
+	if sys == nil {
+		return false
+	}
+	id := bashFile{path: path, dev: sys.Dev, ino: sys.Ino, size: st.Size(), mtime: st.ModTime().UnixNano()}
+	bashMu.Lock()
+	ok, known := bashSeen[id]
+	bashMu.Unlock()
+	if known {
+		return ok
+	}
+	b, err := os.ReadFile(path)
+	ok = err == nil && bytes.HasPrefix(b, []byte("\x7fELF")) && bytes.Contains(b, []byte("GNU bash"))
+	bashMu.Lock()
+	bashSeen[id] = ok
+	bashMu.Unlock()
+	return ok
+}
+
+type bashFile struct {
+	path        string
+	dev, ino    uint64
+	size, mtime int64
+}
+
+var (
+	bashMu   sync.Mutex
+	bashSeen = map[bashFile]bool{}
+)
 
 func keyOf(path, cwd string, env []string, cred *syscall.Credential) warmKey {
 	k := warmKey{path: path, cwd: cwd, env: strings.Join(env, "\x00")}
