@@ -1,7 +1,6 @@
 package process
 
 import (
-	"bytes"
 	"io"
 	"os"
 	"path/filepath"
@@ -92,48 +91,30 @@ func warmCommand(req *processpb.StartRequest, path string) (string, bool) {
 	return args[2], true
 }
 
-// isBash says whether path is GNU bash itself. In an image where bash is
-// busybox's, a wrapper script (`exec /bin/sh "$@"`, a common shim in
-// minimal images) or another shell under that name, the warm script's
-// `read -N` may not exist, so commands start as usual there. The answer is
-// kept per file (device, inode, size, mtime): a request costs one stat.
+// isBash says whether path is bash itself: an executable (ELF) file named
+// bash, also once symbolic links are followed. In an image where bash is
+// busybox's (a link to busybox) or a wrapper script (`exec /bin/sh "$@"`,
+// a common shim in minimal images), the warm script's `read -N` may not
+// exist, so commands start as usual there. Only the file's first four
+// bytes are read: a whole copy of bash in the daemon's memory would land
+// in every snapshot.
 func isBash(path string) bool {
 	if filepath.Base(path) != "bash" {
 		return false
 	}
-	st, err := os.Stat(path)
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil || filepath.Base(real) != "bash" {
+		return false
+	}
+	f, err := os.Open(real)
 	if err != nil {
 		return false
 	}
-	sys, _ := st.Sys().(*syscall.Stat_t)
-	if sys == nil {
-		return false
-	}
-	id := bashFile{path: path, dev: sys.Dev, ino: sys.Ino, size: st.Size(), mtime: st.ModTime().UnixNano()}
-	bashMu.Lock()
-	ok, known := bashSeen[id]
-	bashMu.Unlock()
-	if known {
-		return ok
-	}
-	b, err := os.ReadFile(path)
-	ok = err == nil && bytes.HasPrefix(b, []byte("\x7fELF")) && bytes.Contains(b, []byte("GNU bash"))
-	bashMu.Lock()
-	bashSeen[id] = ok
-	bashMu.Unlock()
-	return ok
+	defer f.Close()
+	var magic [4]byte
+	_, err = io.ReadFull(f, magic[:])
+	return err == nil && string(magic[:]) == "\x7fELF"
 }
-
-type bashFile struct {
-	path        string
-	dev, ino    uint64
-	size, mtime int64
-}
-
-var (
-	bashMu   sync.Mutex
-	bashSeen = map[bashFile]bool{}
-)
 
 func keyOf(path, cwd string, env []string, cred *syscall.Credential) warmKey {
 	k := warmKey{path: path, cwd: cwd, env: strings.Join(env, "\x00")}

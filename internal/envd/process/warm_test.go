@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestIsBash: a warm shell is only GNU bash itself, never another binary
+// TestIsBash: a warm shell is only bash itself, never another binary
 // linked under bash's name (busybox images link it to busybox) nor a
 // wrapper script named bash.
 func TestIsBash(t *testing.T) {
@@ -32,7 +32,7 @@ func TestIsBash(t *testing.T) {
 			t.Errorf("%s taken for bash", p)
 		}
 	}
-	// The answer follows the file: the script replaced by bash is bash.
+	// A copy of bash under bash's name is bash.
 	b, err := os.ReadFile("/bin/bash")
 	if err != nil {
 		t.Fatal(err)
