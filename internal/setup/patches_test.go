@@ -13,8 +13,8 @@ import (
 )
 
 // Every gVisor patch applies to the pinned module's source (this fails
-// when the pin moves and a patch no longer applies), and the page-reader
-// patch does what it says.
+// when the pin moves and a patch no longer applies), and the patched files
+// say what the patches mean them to.
 func TestGVisorPatchesApply(t *testing.T) {
 	testenv.RealTier(t) // downloads the gVisor module when the cache lacks it
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -26,25 +26,42 @@ func TestGVisorPatchesApply(t *testing.T) {
 	if err := applyPatches(ctx, dir, io.Discard, true); err != nil {
 		t.Fatal(err)
 	}
-	// Applied for real to a copy of the file it changes.
-	rel := filepath.Join("pkg", "sentry", "state", "stateio", "pagesfile.go")
+	// Applied for real to a copy of the files they change.
 	tmp := t.TempDir()
-	b, err := os.ReadFile(filepath.Join(dir, rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(filepath.Join(tmp, rel)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, rel), b, 0o644); err != nil {
-		t.Fatal(err)
+	for _, name := range Patches {
+		text, err := PatchText(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(text), "\n") {
+			rel, ok := strings.CutPrefix(line, "+++ b/")
+			if !ok {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(tmp, rel)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(tmp, rel), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if err := applyPatches(ctx, tmp, io.Discard, false); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := os.ReadFile(filepath.Join(tmp, rel))
+	got, _ := os.ReadFile(filepath.Join(tmp, "pkg", "sentry", "state", "stateio", "pagesfile.go"))
 	if !strings.Contains(string(got), "max(4, 2*runtime.NumCPU())") || strings.Contains(string(got), "pagesFileFDDefaultMaxParallel = 128") {
 		t.Fatalf("the patched pagesfile.go does not bound the page workers by the CPUs:\n%s", got)
+	}
+	// What the pgalloc patch does is proven by the runtime's
+	// TestCheckpointSkipsHoles, which reads runsc's log of it.
+	got, _ = os.ReadFile(filepath.Join(tmp, "pkg", "sentry", "pgalloc", "save_restore.go"))
+	if !strings.Contains(string(got), "holes.isHole(off)") {
+		t.Fatal("the patched save_restore.go does not skip holes")
 	}
 	// A second application is refused (--forward): the build never
 	// patches twice silently.

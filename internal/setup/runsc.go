@@ -21,8 +21,10 @@ import (
 // precompiled-seccomp-1: runsc's sandbox seccomp programs are precompiled
 // into the binary (see seccompgen), as gVisor's release builds do; a plain
 // `go install` leaves every start and restore to compile them (~16-25 ms).
-// pages-parallel-1: Patches applied (see there).
-const RunscBuild = "precompiled-seccomp-1-pages-parallel-1"
+// precompiled-seccomp-2: the gofer's too.
+// pages-parallel-1: the page-file patch applied; save-holes-1: the pgalloc
+// patch too (see Patches).
+const RunscBuild = "precompiled-seccomp-2-pages-parallel-1-save-holes-1"
 
 //go:embed seccompgen/main.go
 var seccompGen []byte
@@ -38,7 +40,16 @@ var seccompGen []byte
 //     checkpoint and starves the restored application of CPU while its
 //     pages load (../shared/notes/restore-internals.md). Twice the CPUs,
 //     at least 4 and at most 128, instead. Measured in docs/benchmarks.md.
-var Patches = []string{"gvisor-pagesfile-parallel.patch"}
+//   - gvisor-pgalloc-save-skip-holes.patch: a checkpoint reads every
+//     allocated page not known to be committed to find the zero ones, and
+//     reading a page of the memory file that is a hole commits it, only
+//     for the save to decommit it again. Most such pages are holes (every
+//     save decommits the zero pages it finds, and a restore never loads
+//     them), so a small sandbox's checkpoint spent ~25 ms faulting in and
+//     punching out ~22 MB of them with the sandbox stopped. The patch asks
+//     the host where the holes are (lseek SEEK_DATA/SEEK_HOLE) and reads
+//     only data. Measured in docs/benchmarks.md.
+var Patches = []string{"gvisor-pagesfile-parallel.patch", "gvisor-pgalloc-save-skip-holes.patch"}
 
 //go:embed patches
 var patches embed.FS
@@ -166,7 +177,8 @@ func buildRunsc(ctx context.Context, cacheDir, out string, log io.Writer) error 
 	}
 	env := []string{"CGO_ENABLED=0", "GOFLAGS=-buildvcs=false"}
 	target := filepath.Join(src, "runsc", "boot", "filter", "filter_precompiled.go")
-	if err := runIn(ctx, src, log, env, "go", "run", "./runsc/sporeseccompgen", "-o", target); err != nil {
+	goferTarget := filepath.Join(src, "runsc", "fsgofer", "filter", "filter_precompiled.go")
+	if err := runIn(ctx, src, log, env, "go", "run", "./runsc/sporeseccompgen", "-o", target, "-gofer-o", goferTarget); err != nil {
 		return fmt.Errorf("precompile seccomp programs: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
