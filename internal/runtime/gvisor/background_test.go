@@ -1,11 +1,9 @@
 package gvisor_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,29 +34,15 @@ while True:
 // restore returns, and a checkpoint taken while pages still load captures
 // all of them.
 func TestRestoreInTheBackground(t *testing.T) {
-	testenv.RequireRoot(t)
 	ctx := context.Background()
-	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: t.TempDir(), BackgroundLoadBytes: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Purge(context.Background()); err != nil {
-			t.Errorf("purge: %v", err)
-		}
-	})
+	d := newDriverWith(t, gvisor.Config{BackgroundLoadBytes: 1})
 	spec := func() runtime.Spec {
 		return runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/usr/bin/python3", "-c", hashGuest},
 			Limits: runtime.Limits{MemoryMB: 1024, DiskMB: 256}}
 	}
 	out := func(id string, args ...string) (string, int) {
 		t.Helper()
-		var b bytes.Buffer
-		code, err := d.Exec(ctx, id, runtime.ExecSpec{Args: args, Stdout: &b})
-		if err != nil {
-			t.Fatalf("exec %v in %s: %v", args, id, err)
-		}
-		return strings.TrimSpace(b.String()), code
+		return execOut(t, d, id, args...)
 	}
 	// ask has the guest hash its memory again and returns the hash.
 	ask := func(id string) string {

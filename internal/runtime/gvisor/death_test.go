@@ -1,6 +1,7 @@
 package gvisor_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -18,9 +19,16 @@ import (
 
 func newDriver(t *testing.T) *gvisor.Driver {
 	t.Helper()
+	return newDriverWith(t, gvisor.Config{CgroupParent: "/spore-deathtest-" + ids.New('g')})
+}
+
+// newDriverWith returns a driver of the installed runsc with cfg (its
+// Runsc and StateDir filled in), purged when t ends.
+func newDriverWith(t *testing.T, cfg gvisor.Config) *gvisor.Driver {
+	t.Helper()
 	testenv.RequireRoot(t)
-	d, err := gvisor.New(context.Background(), gvisor.Config{Runsc: testenv.Runsc(t), StateDir: t.TempDir(),
-		CgroupParent: "/spore-deathtest-" + ids.New('g')})
+	cfg.Runsc, cfg.StateDir = testenv.Runsc(t), t.TempDir()
+	d, err := gvisor.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,6 +38,18 @@ func newDriver(t *testing.T) *gvisor.Driver {
 		}
 	})
 	return d
+}
+
+// execOut runs args in instance id and returns its trimmed output and
+// exit code.
+func execOut(t *testing.T, d *gvisor.Driver, id string, args ...string) (string, int) {
+	t.Helper()
+	var b bytes.Buffer
+	code, err := d.Exec(context.Background(), id, runtime.ExecSpec{Args: args, Stdout: &b})
+	if err != nil {
+		t.Fatalf("exec %v in %s: %v", args, id, err)
+	}
+	return strings.TrimSpace(b.String()), code
 }
 
 func start(t *testing.T, d *gvisor.Driver, memMB int64, script string) (string, runtime.Info) {

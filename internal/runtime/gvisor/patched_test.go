@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,31 +90,16 @@ var holesNotRead = regexp.MustCompile(`save scanning took .* (\d+) bytes in hole
 // restored sandbox. runsc's own log shows the holes were skipped, so a
 // runsc built without the patch fails here too.
 func TestCheckpointSkipsHoles(t *testing.T) {
-	testenv.RequireRoot(t)
 	ctx := context.Background()
 	logs := t.TempDir()
-	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: t.TempDir(),
-		ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Purge(context.Background()); err != nil {
-			t.Errorf("purge: %v", err)
-		}
-	})
+	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
 	spec := func() runtime.Spec {
 		return runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/usr/bin/python3", "-c", sparseGuest},
 			Limits: runtime.Limits{MemoryMB: 512, DiskMB: 256}}
 	}
 	out := func(id string, args ...string) (string, int) {
 		t.Helper()
-		var b bytes.Buffer
-		code, err := d.Exec(ctx, id, runtime.ExecSpec{Args: args, Stdout: &b})
-		if err != nil {
-			t.Fatalf("exec %v in %s: %v", args, id, err)
-		}
-		return strings.TrimSpace(b.String()), code
+		return execOut(t, d, id, args...)
 	}
 	// ask sends the guest a command and returns its answer.
 	ask := func(id, cmd string) string {
@@ -183,19 +167,9 @@ func TestCheckpointSkipsHoles(t *testing.T) {
 // setup builds it install precompiled seccomp programs (seccompgen) rather
 // than compiling them on every start, restore and fork child.
 func TestSeccompPrecompiled(t *testing.T) {
-	testenv.RequireRoot(t)
 	ctx := context.Background()
 	logs := t.TempDir()
-	d, err := gvisor.New(ctx, gvisor.Config{Runsc: testenv.Runsc(t), StateDir: t.TempDir(),
-		ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Purge(context.Background()); err != nil {
-			t.Errorf("purge: %v", err)
-		}
-	})
+	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
 	spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000"},
 		Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
 	if err := d.Start(ctx, spec); err != nil {

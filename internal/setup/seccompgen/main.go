@@ -37,57 +37,40 @@ func main() {
 	if *out == "" || *goferOut == "" {
 		fail(fmt.Errorf("-o and -gofer-o are required"))
 	}
-	if err := sandboxPrograms(*out); err != nil {
+	// The sandbox's: the platforms Spore runs, without device proxies.
+	if err := precompile(*out, config.PrecompiledPrograms, wanted); err != nil {
 		fail(err)
 	}
-	if err := goferPrograms(*goferOut); err != nil {
+	// The gofer's, for a gofer without cgo (runsc is built with
+	// CGO_ENABLED=0): its other options vary with the sandbox's mounts and
+	// flags.
+	if err := precompile(*goferOut, gofer.PrecompiledPrograms, func(name string) bool {
+		return strings.Contains(name, "CgoEnabled=false")
+	}); err != nil {
 		fail(err)
 	}
 }
 
-func sandboxPrograms(out string) error {
-	all, err := config.PrecompiledPrograms()
+// precompile writes the programs of programs() that keep selects to out.
+func precompile(out string, programs func() ([]precompiledseccomp.Program, error), keep func(name string) bool) error {
+	all, err := programs()
 	if err != nil {
 		return err
 	}
-	var keep []precompiledseccomp.Program
+	var kept []precompiledseccomp.Program
 	for _, p := range all {
-		if wanted(p.Name) {
-			keep = append(keep, p)
+		if keep(p.Name) {
+			kept = append(kept, p)
 		}
 	}
-	if len(keep) == 0 {
-		return fmt.Errorf("none of the %d precompiled programs is for systrap or ptrace without proxies", len(all))
+	if len(kept) == 0 {
+		return fmt.Errorf("%s: none of the %d precompiled programs is one Spore runs", out, len(all))
 	}
-	return writeAll(out, keep, len(all))
-}
-
-// goferPrograms precompiles the gofer's programs for a gofer without cgo
-// (runsc is built with CGO_ENABLED=0): every other option varies with the
-// sandbox's mounts and flags.
-func goferPrograms(out string) error {
-	all, err := gofer.PrecompiledPrograms()
-	if err != nil {
+	sort.Slice(kept, func(i, j int) bool { return kept[i].Name < kept[j].Name })
+	if err := write(out, kept); err != nil {
 		return err
 	}
-	var keep []precompiledseccomp.Program
-	for _, p := range all {
-		if strings.Contains(p.Name, "CgoEnabled=false") {
-			keep = append(keep, p)
-		}
-	}
-	if len(keep) == 0 {
-		return fmt.Errorf("none of the gofer's %d precompiled programs is for a gofer without cgo", len(all))
-	}
-	return writeAll(out, keep, len(all))
-}
-
-func writeAll(out string, keep []precompiledseccomp.Program, of int) error {
-	sort.Slice(keep, func(i, j int) bool { return keep[i].Name < keep[j].Name })
-	if err := write(out, keep); err != nil {
-		return err
-	}
-	fmt.Printf("precompiled %d of %d seccomp programs into %s\n", len(keep), of, out)
+	fmt.Printf("precompiled %d of %d seccomp programs into %s\n", len(kept), len(all), out)
 	return nil
 }
 
