@@ -63,6 +63,11 @@ func TestGVisorPatchesApply(t *testing.T) {
 	if !strings.Contains(string(got), "holes.isHole(off)") {
 		t.Fatal("the patched save_restore.go does not skip holes")
 	}
+	// ... and the seccheck patch's by TestTraceSessionAtBoot.
+	got, _ = os.ReadFile(filepath.Join(tmp, "pkg", "sentry", "seccheck", "config.go"))
+	if !strings.Contains(string(got), "\tInitialize()\n\tif desc, ok := Points[name]") {
+		t.Fatal("the patched seccheck config.go does not register points on first use")
+	}
 	// A second application is refused (--forward): the build never
 	// patches twice silently.
 	if err := applyPatches(ctx, tmp, io.Discard, false); err == nil {

@@ -23,8 +23,8 @@ import (
 // `go install` leaves every start and restore to compile them (~16-25 ms).
 // precompiled-seccomp-2: the gofer's too.
 // pages-parallel-1: the page-file patch applied; save-holes-1: the pgalloc
-// patch too (see Patches).
-const RunscBuild = "precompiled-seccomp-2-pages-parallel-1-save-holes-1"
+// patch too; lazy-seccheck-1: the seccheck patch too (see Patches).
+const RunscBuild = "precompiled-seccomp-2-pages-parallel-1-save-holes-1-lazy-seccheck-1"
 
 //go:embed seccompgen/main.go
 var seccompGen []byte
@@ -49,7 +49,11 @@ var seccompGen []byte
 //     punching out ~22 MB of them with the sandbox stopped. The patch asks
 //     the host where the holes are (lseek SEEK_DATA/SEEK_HOLE) and reads
 //     only data. Measured in docs/benchmarks.md.
-var Patches = []string{"gvisor-pagesfile-parallel.patch", "gvisor-pgalloc-save-skip-holes.patch"}
+//   - gvisor-seccheck-lazy-points.patch: every sandbox's boot registered
+//     gVisor's ~1,000 trace points (seccheck), ~5 ms of CPU, though only
+//     a trace session (--pod-init-config, `runsc trace`) looks them up.
+//     They are registered when a session first needs them instead.
+var Patches = []string{"gvisor-pagesfile-parallel.patch", "gvisor-pgalloc-save-skip-holes.patch", "gvisor-seccheck-lazy-points.patch"}
 
 //go:embed patches
 var patches embed.FS

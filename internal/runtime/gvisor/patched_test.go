@@ -218,3 +218,41 @@ func await(t *testing.T, out func(string, ...string) (string, int), id string) s
 	t.Fatalf("guest %s did not answer", id)
 	return ""
 }
+
+// TestTraceSessionAtBoot checks that gVisor's trace points, now registered
+// when a session first needs them rather than at every boot (the seccheck
+// patch of internal/setup/patches), are there for a session configured at
+// boot (--pod-init-config): runsc logs a session it cannot configure (a
+// warning, not an error), and logs nothing for one it can. A point that
+// does not exist is logged.
+func TestTraceSessionAtBoot(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		point string
+		ok    bool
+	}{{"syscall/openat/enter", true}, {"container/start", true}, {"syscall/no-such-call/enter", false}} {
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "init.json")
+		text := `{"trace_session": {"name": "Default", "points": [{"name": "` + tc.point + `"}], "sinks": [{"name": "null"}]}}`
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		logs := filepath.Join(dir, "logs")
+		d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--pod-init-config=" + conf, "--debug-log=" + logs + "/"}})
+		spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000"},
+			Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
+		if err := d.Start(ctx, spec); err != nil {
+			t.Fatalf("a session on point %q: %v", tc.point, err)
+		}
+		if out, code := execOut(t, d, spec.ID, "/bin/cat", "/etc/hostname"); code != 0 {
+			t.Fatalf("exec with a trace session on %q: exit %d: %s", tc.point, code, out)
+		}
+		failed := logMatches(t, logs, regexp.MustCompile(`unable to configure event session: (.*)`))
+		switch {
+		case tc.ok && len(failed) > 0:
+			t.Errorf("a session on point %q was not configured: %s", tc.point, failed[0][1])
+		case !tc.ok && (len(failed) == 0 || !bytes.Contains(failed[0][1], []byte("not found"))):
+			t.Errorf("a session on point %q: runsc logged %q, want the point not found", tc.point, failed)
+		}
+	}
+}
