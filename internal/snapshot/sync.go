@@ -57,10 +57,8 @@ func (r *Repo) StageUnsynced(id string) (*Staging, error) {
 }
 
 // markUnsynced writes snapshot id's unsynced marker, durably.
+// Precondition: the boot ID is known (StageUnsynced).
 func (r *Repo) markUnsynced(id string) error {
-	if len(r.boot) == 0 {
-		return errors.New("unknown boot ID (" + bootIDFile + ")")
-	}
 	f, err := os.OpenFile(r.marker(id), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err

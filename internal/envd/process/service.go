@@ -190,7 +190,11 @@ func (s *Service) start(u identity.User, req *processpb.StartRequest) (*proc, *s
 	}
 	p := &proc{tag: req.GetTag(), config: cfg, slow: s.slow, subs: map[*subscriber]struct{}{}, done: make(chan struct{})}
 	sub, unsub := p.subscribe()
-	if command, ok := warmCommand(req, path); ok && !s.noWarm {
+	command, warm := "", !s.noWarm
+	if warm {
+		command, warm = warmCommand(req, path)
+	}
+	if warm {
 		key := keyOf(path, cwd, env, attr.Sys.Credential)
 		sh := s.warm.take(key)
 		wa, sys := *attr, *attr.Sys // the warm shell's own copy

@@ -97,11 +97,46 @@ func warmCommand(req *processpb.StartRequest, path string) (string, bool) {
 // a common shim in minimal images), the warm script's `read -N` may not
 // exist, so commands start as usual there. Only the file's first four
 // bytes are read: a whole copy of bash in the daemon's memory would land
-// in every snapshot.
+// in every snapshot. The answer is kept per path for the file it named
+// then (device, inode, size, change time), so a command's start costs one
+// stat, and a file replaced since is looked at again.
 func isBash(path string) bool {
 	if filepath.Base(path) != "bash" {
 		return false
 	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return lookIsBash(path)
+	}
+	id := fileID{st.Dev, st.Ino, st.Size, st.Ctim}
+	if seen, ok := bashSeen.Load(path); ok && seen.(bashAnswer).id == id {
+		return seen.(bashAnswer).bash
+	}
+	b := lookIsBash(path)
+	bashSeen.Store(path, bashAnswer{id, b})
+	return b
+}
+
+type fileID struct {
+	dev, ino uint64
+	size     int64
+	ctime    syscall.Timespec
+}
+
+type bashAnswer struct {
+	id   fileID
+	bash bool
+}
+
+// bashSeen holds isBash's answers: path → bashAnswer.
+var bashSeen sync.Map
+
+// lookIsBash is isBash without the memory.
+func lookIsBash(path string) bool {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil || filepath.Base(real) != "bash" {
 		return false
