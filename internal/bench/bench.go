@@ -80,6 +80,9 @@ type Config struct {
 	// RestoreTargets is the server's restore targets per shape (0: none
 	// or unknown), reported in the settings.
 	RestoreTargets int
+	// ReservedNetworks is the server's networks set up ahead (0: none or
+	// unknown), reported in the settings.
+	ReservedNetworks int
 	// Notes are added to the report's notes (settings worth knowing).
 	Notes        []string
 	Progress     io.Writer // progress display (nil: none)
@@ -114,7 +117,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{
 		Schema: SchemaVersion, StartedAt: time.Now().UTC(), Command: cfg.Command, Git: cfg.Git,
 		Machine:  machineInfo(cfg.Bare),
-		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ForkGapMs: cfg.ForkGap.Milliseconds(), Quick: cfg.Quick},
+		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ReservedNetworks: cfg.ReservedNetworks, ForkGapMs: cfg.ForkGap.Milliseconds(), Quick: cfg.Quick},
 	}
 	r.rep.Notes = append(r.rep.Notes, cfg.Notes...)
 	if cfg.Bare == nil {

@@ -381,6 +381,7 @@ func settingsLine(s Settings) string {
 	}
 	if s.Local {
 		parts = append(parts, fmt.Sprintf("restore targets per shape %d", s.RestoreTargets))
+		parts = append(parts, fmt.Sprintf("reserved networks %d", s.ReservedNetworks))
 	}
 	if s.ForkGapMs > 0 {
 		parts = append(parts, fmt.Sprintf("%s before each fork", time.Duration(s.ForkGapMs)*time.Millisecond))

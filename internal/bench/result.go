@@ -49,6 +49,9 @@ type Settings struct {
 	// RestoreTargets: sandboxes the server keeps booted per shape,
 	// waiting for an image (0: none, or not known).
 	RestoreTargets int `json:"restoreTargets,omitempty"`
+	// ReservedNetworks: sandbox networks the server keeps set up ahead
+	// (0: none, or not known).
+	ReservedNetworks int `json:"reservedNetworks,omitempty"`
 	// ForkGapMs is the pause before each fork (Config.ForkGap).
 	ForkGapMs int64 `json:"forkGapMs,omitempty"`
 	Quick     bool  `json:"quick"`

@@ -53,6 +53,10 @@ type Config struct {
 	// with their networks, see targets.go) are kept for each shape that
 	// restores ask for; 0: none. Needs a runtime.Precreator.
 	RestoreTargets int
+	// ReservedNetworks is how many networks (see netpool.go) are kept set
+	// up ahead of time for the restores that find no restore target; 0:
+	// none. Needs a Network.
+	ReservedNetworks int
 	// CleanupRetry is the first wait before a failed cleanup (freeing an
 	// instance or snapshot an operation replaced) is retried; it doubles
 	// up to a minute. Default 1s.
@@ -72,6 +76,7 @@ type Engine struct {
 	reserve   int64
 	memAvail  func() (int64, error)
 	targets   *targetPool
+	nets      *netPool
 
 	bg sync.WaitGroup // background work of finished operations
 	// The cleanup retrier (cleanup.go): retrier counts it, cleaning says
@@ -124,7 +129,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
 		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable, cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
-		targets: newTargetPool(cfg.RestoreTargets),
+		targets: newTargetPool(cfg.RestoreTargets), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())
 	for _, id := range cfg.Snapshots.Lost() {
@@ -148,6 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 // Open re-attaches to them.
 func (e *Engine) Close() error {
 	e.closeTargets()
+	e.closeNets()
 	e.endLife()
 	e.bg.Wait()
 	e.retrier.Wait() // stops at the end of life
@@ -171,6 +177,9 @@ func (e *Engine) Settle() {
 	e.bg.Wait()
 	if e.targets != nil {
 		e.targets.fills.Wait()
+	}
+	if e.nets != nil {
+		e.nets.fills.Wait()
 	}
 	e.bg.Wait() // what a failed fill dropped
 }

@@ -32,6 +32,10 @@ type fenv struct {
 	closed bool
 	// targets is the engine's RestoreTargets (0: none).
 	targets int
+	// net and nets are the engine's Network (nil: none) and
+	// ReservedNetworks.
+	net  engine.Network
+	nets int
 }
 
 // newFake opens an engine on a fresh directory over a fresh fake runtime
@@ -41,7 +45,13 @@ func newFake(t testing.TB) *fenv { return newFakeTargets(t, 0) }
 // newFakeTargets is newFake with the engine keeping restore targets.
 func newFakeTargets(t testing.TB, targets int) *fenv {
 	t.Helper()
-	f := &fenv{t: t, dir: t.TempDir(), rt: fake.New(), logs: &bytes.Buffer{}, logMu: make(chan struct{}, 1), retry: 5 * time.Millisecond, targets: targets}
+	return newFakeWith(t, &fenv{targets: targets})
+}
+
+// newFakeWith is newFake with f's settings (targets, net, nets).
+func newFakeWith(t testing.TB, f *fenv) *fenv {
+	t.Helper()
+	f.t, f.dir, f.rt, f.logs, f.logMu, f.retry = t, t.TempDir(), fake.New(), &bytes.Buffer{}, make(chan struct{}, 1), 5*time.Millisecond
 	rootfs := filepath.Join(f.dir, "rootfs")
 	if err := os.MkdirAll(filepath.Join(rootfs, "base"), 0o755); err != nil {
 		t.Fatal(err)
@@ -87,6 +97,7 @@ func (f *fenv) open() {
 	eng, err := engine.Open(fctx(f.t), engine.Config{
 		Dir: filepath.Join(f.dir, "engine"), RootFSDir: filepath.Join(f.dir, "rootfs"),
 		Runtime: f.rt, Snapshots: repo, MemoryReserve: -1, CleanupRetry: f.retry, RestoreTargets: f.targets,
+		Network: f.net, ReservedNetworks: f.nets,
 		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	if err != nil {

@@ -43,13 +43,16 @@ type Initializer interface {
 func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
 	var addr netip.Addr
 	t := e.takeTarget(spec.ID)
+	if t == nil {
+		t = e.takeNet(spec.ID)
+	}
 	if err := e.admit(); err != nil {
 		if t != nil {
 			e.dropTarget(t)
 		}
 		return addr, err
 	}
-	if t != nil {
+	if t != nil && !t.netOnly { // a reserved network is claimed ready
 		done := timing.Track(ctx, "target")
 		select {
 		case <-t.ready:
@@ -73,9 +76,24 @@ func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, 
 		// as if it had never been made.
 	}
 	if e.net != nil {
-		done := timing.Track(ctx, "net")
-		n, err := e.net.Setup(ctx, spec.ID, policy)
-		done()
+		var n netns.Net
+		var err error
+		claimed := false
+		if t != nil && t.netOnly && t.err == nil {
+			n, err = e.claimNetOf(ctx, sandbox, t, policy)
+			// A claim that failed left nothing: the network is set up
+			// under its ID as if it had never been reserved (a policy
+			// the node refuses is refused there too).
+			claimed = err == nil || errdefs.IsInvalidArgument(err) || ctx.Err() != nil
+			if !claimed {
+				e.log.Warn("claim of a reserved network failed: setting one up", "sandbox_id", sandbox, "instance", spec.ID, "err", err)
+			}
+		}
+		if !claimed {
+			done := timing.Track(ctx, "net")
+			n, err = e.net.Setup(ctx, spec.ID, policy)
+			done()
+		}
 		if err != nil {
 			return addr, err
 		}

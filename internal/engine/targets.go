@@ -63,6 +63,8 @@ type target struct {
 	ready chan struct{} // closed once the fill ended; err says how
 	err   error
 	net   netns.Net // its network (when the engine has one)
+	// netOnly: a reserved network (netpool.go), no pre-created instance.
+	netOnly bool
 }
 
 // treeIdent identifies the directories a target's sandbox holds open from
@@ -100,23 +102,38 @@ func shapeKey(spec runtime.Spec) string {
 }
 
 // claimTarget gives spec the ID of a target of its shape, when there is
-// one (ready or still filling). The returned release, called when the
-// operation ends, frees a claimed target that no launch took (the
-// operation failed before it) and tops the shape's targets up in the
+// one (ready or still filling), else that of a reserved network
+// (netpool.go), when there is one. The returned release, called when the
+// operation ends, frees a claimed target or network that no launch took
+// (the operation failed before it) and tops the pools up in the
 // background.
 func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
+	releaseTarget, ok := e.claimInstance(spec)
+	if ok {
+		return releaseTarget
+	}
+	releaseNet := e.claimNet(spec)
+	return func() {
+		releaseNet()
+		releaseTarget()
+	}
+}
+
+// claimInstance is claimTarget's pre-created instance: ok says spec got
+// one.
+func (e *Engine) claimInstance(spec *runtime.Spec) (release func(), ok bool) {
 	p := e.targets
 	if p == nil {
-		return func() {}
+		return func() {}, false
 	}
 	if _, ok := e.rt.(runtime.Precreator); !ok {
-		return func() {}
+		return func() {}, false
 	}
 	key, trees := shapeKey(*spec), treeIdent(*spec)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return func() {}
+		return func() {}, false
 	}
 	sh := p.shapes[key]
 	if sh == nil {
@@ -165,7 +182,7 @@ func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
 		if !p.closed && p.shapes[key] == sh && sh.busy == 0 {
 			e.topUpLocked(sh)
 		}
-	}
+	}, claimed != nil
 }
 
 // isReady reports whether a target's fill has ended.
@@ -287,6 +304,10 @@ func (e *Engine) fillTarget(t *target, spec runtime.Spec) {
 
 // dropTarget frees a target nobody will use, once its fill is over.
 func (e *Engine) dropTarget(t *target) {
+	if t.netOnly {
+		e.dropNet(t)
+		return
+	}
 	e.background(func() {
 		<-t.ready
 		if t.err != nil {

@@ -70,6 +70,11 @@ type Config struct {
 	// shape restores ask for (engine.Config.RestoreTargets): 0 means
 	// DefaultRestoreTargets, negative none.
 	RestoreTargets int
+	// ReservedNetworks is how many sandbox networks the engine keeps set
+	// up ahead of time for restores that find no restore target
+	// (engine.Config.ReservedNetworks): 0 means DefaultReservedNetworks,
+	// negative none.
+	ReservedNetworks int
 	// BackgroundLoadMB: restores of images with at least this many MiB of
 	// memory return before it is all loaded (gvisor.Config
 	// .BackgroundLoadBytes): 0 means the driver's default, negative never.
@@ -219,7 +224,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	eng, err := engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
 		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
-		MemoryReserve: cfg.MemoryReserve, RestoreTargets: restoreTargets(cfg.RestoreTargets),
+		MemoryReserve: cfg.MemoryReserve, RestoreTargets: orDefault(cfg.RestoreTargets, DefaultRestoreTargets),
+		ReservedNetworks: orDefault(cfg.ReservedNetworks, DefaultReservedNetworks),
 	})
 	if err != nil {
 		fwd.Close()
@@ -454,10 +460,18 @@ func upstreamRoots(files []string) (*x509.CertPool, error) {
 // second restore on.
 const DefaultRestoreTargets = 1
 
-func restoreTargets(n int) int {
+// DefaultReservedNetworks is how many sandbox networks a node keeps set up
+// ahead of time: a fork of 16 sets up none on its path. Each holds two
+// network namespaces, two veth pairs and the egress proxy's listeners, a
+// few hundred KiB of the kernel's memory.
+const DefaultReservedNetworks = 16
+
+// orDefault maps a configured count to the engine's: 0 is def, negative
+// none.
+func orDefault(n, def int) int {
 	switch {
 	case n == 0:
-		return DefaultRestoreTargets
+		return def
 	case n < 0:
 		return 0
 	}

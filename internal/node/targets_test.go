@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"strings"
@@ -41,10 +42,7 @@ func TestRestoreTargetsInTheSandbox(t *testing.T) {
 	if got := strings.TrimSpace(c.sh(ctx, "echo $MARK")); got != "restored-into-a-target" {
 		t.Fatalf("the daemon's environment: MARK=%q", got)
 	}
-	get := func(c *client, ip netip.Addr) string {
-		r, _ := c.run(ctx, `curl -s -m 3 http://`+ip.String()+`:8080/ || echo blocked`)
-		return strings.TrimSpace(r.stdout)
-	}
+	get := func(c *client, ip netip.Addr) string { return fetchFrom(ctx, c, ip) }
 	if got := get(c, allowedIP); !strings.HasPrefix(got, "allowed") {
 		t.Fatalf("allowed address: %q", got)
 	}
@@ -82,5 +80,84 @@ func TestRestoreTargetsInTheSandbox(t *testing.T) {
 	}
 	if got := get(c, deniedIP); got != "blocked" {
 		t.Fatalf("the rolled-back sandbox's policy: %q", got)
+	}
+}
+
+// fetchFrom is what the sandbox behind c gets from ip's test web server:
+// its answer, or "blocked".
+func fetchFrom(ctx context.Context, c *client, ip netip.Addr) string {
+	r, _ := c.run(ctx, `curl -s -m 3 http://`+ip.String()+`:8080/ || echo blocked`)
+	return strings.TrimSpace(r.stdout)
+}
+
+// Reserved networks in real gVisor and real network namespaces: with no
+// restore targets, a create takes a network set up ahead of time, claimed
+// with its policy (egress allowed and denied as asked, its audit journaled
+// under the sandbox); a fork's children take the rest and set up what the
+// pool lacks, each with the source's policy; the pool is made again.
+func TestReservedNetworksInTheSandbox(t *testing.T) {
+	testInternet(t)
+	e := newEnvTuned(t, func(c *node.Config) {
+		c.NetPrefix = "spv"
+		c.RestoreTargets, c.ReservedNetworks = -1, 2
+		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
+	})
+	ctx := ctxFor(t)
+	e.create(ctx, engine.CreateOptions{Template: node.TemplateBase}) // the first restore: the pool fills after it
+	e.n.Engine.Settle()
+	pool := e.n.Engine.ReservedNetworks()
+	if len(pool) != 2 || len(e.n.Engine.RestoreTargets()) != 0 {
+		t.Fatalf("reserved networks %v, restore targets %v; want 2 and none", pool, e.n.Engine.RestoreTargets())
+	}
+	deny := netns.Policy{Internet: true, Deny: []netip.Prefix{netip.PrefixFrom(deniedIP, 32)}}
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase, Policy: &deny, Env: []string{"MARK=in-a-reserved-network"}})
+	if !slices.Contains(pool, sb.Instance) {
+		t.Fatalf("the create ran in instance %s, not in a reserved network %v", sb.Instance, pool)
+	}
+	c := e.client(sb)
+	if got := strings.TrimSpace(c.sh(ctx, "echo $MARK")); got != "in-a-reserved-network" {
+		t.Fatalf("the daemon's environment: MARK=%q", got)
+	}
+	if got := fetchFrom(ctx, c, allowedIP); !strings.HasPrefix(got, "allowed") {
+		t.Fatalf("allowed address: %q", got)
+	}
+	if got := fetchFrom(ctx, c, deniedIP); got != "blocked" {
+		t.Fatalf("denied address: %q", got)
+	}
+	waitFor(t, func() bool {
+		es, _ := e.n.EgressAudit(ctx, sb.ID, time.Time{}, 0)
+		return slices.ContainsFunc(es, func(x netaudit.Entry) bool { return x.Allowed && x.Dst == allowedIP.String()+":8080" }) &&
+			slices.ContainsFunc(es, func(x netaudit.Entry) bool { return !x.Allowed && x.Dst == deniedIP.String()+":8080" })
+	})
+
+	// A fork of 3: two take reserved networks, one sets its own up.
+	e.n.Engine.Settle()
+	pool = e.n.Engine.ReservedNetworks()
+	fr, err := e.n.Engine.Fork(ctx, sb.ID, engine.ForkOptions{Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := 0
+	for _, ch := range fr.Children {
+		if ch.Err != nil {
+			t.Fatal(ch.Err)
+		}
+		if slices.Contains(pool, ch.Sandbox.Instance) {
+			taken++
+		}
+		cc := e.client(ch.Sandbox)
+		if got := fetchFrom(ctx, cc, allowedIP); !strings.HasPrefix(got, "allowed") {
+			t.Fatalf("child %s, allowed address: %q", ch.Sandbox.ID, got)
+		}
+		if got := fetchFrom(ctx, cc, deniedIP); got != "blocked" {
+			t.Fatalf("child %s, denied address: %q", ch.Sandbox.ID, got)
+		}
+	}
+	if taken != 2 {
+		t.Fatalf("the fork's children took %d of the 2 reserved networks", taken)
+	}
+	e.n.Engine.Settle()
+	if next := e.n.Engine.ReservedNetworks(); len(next) != 2 || slices.ContainsFunc(next, func(id string) bool { return slices.Contains(pool, id) }) {
+		t.Fatalf("reserved networks after the fork %v, want 2 new ones (before: %v)", next, pool)
 	}
 }

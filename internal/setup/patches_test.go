@@ -68,6 +68,11 @@ func TestGVisorPatchesApply(t *testing.T) {
 	if !strings.Contains(string(got), "\tInitialize()\n\tif desc, ok := Points[name]") {
 		t.Fatal("the patched seccheck config.go does not register points on first use")
 	}
+	// ... and the restore's GC patch's by TestRestoreGCHeldForTheLoad.
+	got, _ = os.ReadFile(filepath.Join(tmp, "runsc", "boot", "restore.go"))
+	if !strings.Contains(string(got), "gcPercent := runtimedebug.SetGCPercent(-1)\n\terr = l.k.LoadFrom(") {
+		t.Fatal("the patched restore.go does not hold the GC off for the kernel's load")
+	}
 	// A second application is refused (--forward): the build never
 	// patches twice silently.
 	if err := applyPatches(ctx, tmp, io.Discard, false); err == nil {

@@ -254,3 +254,43 @@ func TestTraceSessionAtBoot(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreGCHeldForTheLoad checks the restore's GC patch of
+// internal/setup/patches: the sentry holds its garbage collector off while
+// it decodes the kernel's state, then gives it back its setting (runsc
+// logs it; a runsc without the patch logs nothing), and the restored
+// sandbox runs.
+func TestRestoreGCHeldForTheLoad(t *testing.T) {
+	ctx := context.Background()
+	logs := t.TempDir()
+	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
+	spec := func() runtime.Spec {
+		return runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sh", "-c", "echo kept > /tmp/f; sleep 1000000"},
+			Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
+	}
+	src := spec()
+	if err := d.Start(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if s, _ := execOut(t, d, src.ID, "cat", "/tmp/f"); s == "kept" {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the source's /tmp/f: %q", s)
+		}
+	}
+	b := spec()
+	if err := d.Restore(ctx, b, mustCheckpoint(t, d, src.ID, t.TempDir())); err != nil {
+		t.Fatal(err)
+	}
+	if s, code := execOut(t, d, b.ID, "cat", "/tmp/f"); s != "kept" || code != 0 {
+		t.Fatalf("the restored sandbox's /tmp/f: %q (exit %d)", s, code)
+	}
+	ms := logMatches(t, logs, regexp.MustCompile(`Kernel load ran with the garbage collector held off; GOGC back to (-?\d+)%`))
+	if len(ms) != 1 {
+		t.Fatalf("%d logs of the kernel load's GC, want 1 (is runsc built with the restore's GC patch?)", len(ms))
+	}
+	if got := string(ms[0][1]); got != "100" {
+		t.Fatalf("the sentry's GOGC after the load: %s%%, want its default 100%%", got)
+	}
+}
