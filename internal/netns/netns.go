@@ -168,6 +168,12 @@ type Manager struct {
 
 	auditMu sync.Mutex
 	audits  map[string]func(final bool) // running collectors' stops, by instance
+
+	// The batched conntrack flush (conntrack.go): the pending one's timer.
+	flushMu     sync.Mutex
+	flushTimer  *time.Timer
+	flushClosed bool
+	flushWG     sync.WaitGroup
 }
 
 // sandboxSpace holds every host end and gateway address; sandboxSpace6
@@ -316,9 +322,21 @@ func (m *Manager) allocate(instance string, p Policy, reserved bool) (Net, error
 	if err != nil {
 		return Net{}, err
 	}
+	// A slot freed with its connection tracking not yet flushed
+	// (conntrack.go) is skipped; when only such slots are left, they are
+	// flushed now.
+	dirty, err := dirtySlots()
+	if err != nil {
+		return Net{}, err
+	}
+	skipped := false
 	for i := 0; i < maxSlots; i++ {
 		s := (cursor + i) % maxSlots
 		if used[s] || taken[m.slotAddr(s, 1)] {
+			continue
+		}
+		if dirty[s] {
+			skipped = true
 			continue
 		}
 		os.WriteFile(filepath.Join(m.cfg.StateDir, "cursor"), []byte(strconv.Itoa(s+1)), 0o600)
@@ -335,6 +353,13 @@ func (m *Manager) allocate(instance string, p Policy, reserved bool) (Net, error
 		}
 		m.index(n)
 		return n, nil
+	}
+	if skipped {
+		// None clean: flush the marked ones and try again.
+		if err := m.FlushConntrack(); err != nil {
+			return Net{}, err
+		}
+		return m.allocate(instance, p, reserved)
 	}
 	return Net{}, fmt.Errorf("no free network slot: %w", errdefs.ErrResourceLimit)
 }
@@ -574,6 +599,7 @@ func (m *Manager) stopAudit(instance string) {
 // Close stops the collectors of the gateways left running (they write
 // nothing more: a manager opened next takes them over).
 func (m *Manager) Close() {
+	m.closeFlush()
 	m.auditMu.Lock()
 	audits := m.audits
 	m.audits = map[string]func(final bool){}

@@ -33,7 +33,10 @@ func newManagerWith(t *testing.T, cfg netns.Config) *netns.Manager {
 	if os.Geteuid() != 0 {
 		t.Fatal("network tests need root")
 	}
-	cfg.Prefix, cfg.StateDir = "spt", t.TempDir()
+	cfg.Prefix = "spt"
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
 	m, err := netns.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ func TestStaleFilter(t *testing.T) {
 		}
 	}
 	live := map[netip.Addr]bool{m.slotAddr(3, 1): true}
-	f := staleFilter{m: m, live: live}
+	f := slotFilter{m: m, match: func(s int) bool { return !live[m.slotAddr(s, 1)] }}
 	flow := func(src, dst string) *netlink.ConntrackFlow {
 		fl := &netlink.ConntrackFlow{}
 		fl.Forward.SrcIP, fl.Forward.DstIP = net.ParseIP(src), net.ParseIP(dst)

@@ -40,11 +40,18 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	m.stopAudit(instance)
 	n, err := m.Get(instance)
 	if err == nil {
-		// After the namespaces: nothing of the sandbox's sends any more.
 		defer m.unindex(n.Addr)
-		defer flushConntrack(n.Addr)
-		if n.Addr6.IsValid() {
-			defer flushConntrack(n.Addr6)
+		// Its connection tracking is flushed with the next batch
+		// (conntrack.go); the mark keeps the slot from being handed out
+		// before. Without one, it is flushed here, after the namespaces.
+		if merr := markDirty(n.Slot); merr != nil {
+			m.cfg.Logger.Warn("network: mark a slot for a batched conntrack flush; flushing now", "slot", n.Slot, "err", merr)
+			defer flushConntrack(n.Addr)
+			if n.Addr6.IsValid() {
+				defer flushConntrack(n.Addr6)
+			}
+		} else {
+			defer m.scheduleFlush()
 		}
 	}
 	for _, name := range []string{m.sbName(instance), m.gwName(instance)} {
@@ -102,48 +109,11 @@ func (m *Manager) Sweep(ctx context.Context, keep map[string]bool) error {
 			}
 		}
 	}
+	// One flush for all it freed, now: a purge exits right after.
+	if err := m.FlushConntrack(); err != nil {
+		errs = append(errs, fmt.Errorf("flush connection tracking: %w", err))
+	}
 	return errors.Join(errs...)
-}
-
-// flushStale deletes the root namespace's connection-tracking entries of
-// sandbox addresses whose slot nobody holds (no host address configured
-// for it, by this server or another on the host): what a crash left.
-func (m *Manager) flushStale() error {
-	unlock, err := hostLock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	live, err := HostAddrs()
-	if err != nil {
-		return err
-	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, staleFilter{m: m, live: live}); err != nil {
-		return err
-	}
-	if m.ipv6 {
-		_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET6, staleFilter{m: m, live: live})
-	}
-	return err
-}
-
-// staleFilter matches entries touching a sandbox address of a free slot.
-type staleFilter struct {
-	m    *Manager
-	live map[netip.Addr]bool
-}
-
-func (f staleFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	for _, ip := range []net.IP{flow.Forward.SrcIP, flow.Forward.DstIP, flow.Reverse.SrcIP, flow.Reverse.DstIP} {
-		a, ok := netip.AddrFromSlice(ip)
-		if !ok {
-			continue
-		}
-		if slot, ok := f.m.slotOf(a.Unmap()); ok && !f.live[f.m.slotAddr(slot, 1)] {
-			return true
-		}
-	}
-	return false
 }
 
 // slotOf returns the slot an address of the sandbox space (IPv4 or IPv6)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -171,7 +172,70 @@ func TestTeardownFlushesConnectionTracking(t *testing.T) {
 	if err := m.Teardown(ctx, "ct-a"); err != nil {
 		t.Fatal(err)
 	}
-	if n4, n6 := entries(); n4 != 0 || n6 != 0 {
-		t.Fatalf("after teardown: %d IPv4, %d IPv6 entries of the sandbox left", n4, n6)
+	// The flush is batched: the slot stays marked, so no network gets it,
+	// until the flush Teardown scheduled has run.
+	mark := filepath.Join("/run/spore-netns-ct", strconv.Itoa(n.Slot))
+	if _, err := os.Stat(mark); err != nil {
+		if n4, n6 := entries(); n4 != 0 || n6 != 0 {
+			t.Fatalf("slot %d is not marked (%v), and %d IPv4, %d IPv6 entries of the sandbox are left", n.Slot, err, n4, n6)
+		}
+	}
+	eventually(t, func() error {
+		if n4, n6 := entries(); n4 != 0 || n6 != 0 {
+			return fmt.Errorf("after teardown: %d IPv4, %d IPv6 entries of the sandbox left", n4, n6)
+		}
+		if _, err := os.Stat(mark); err == nil {
+			return fmt.Errorf("slot %d still marked after its flush", n.Slot)
+		}
+		return nil
+	})
+}
+
+// A slot whose connection tracking is not flushed yet is not handed out:
+// the next network takes the slot after it, and the flush clears the mark.
+func TestMarkedSlotSkipped(t *testing.T) {
+	state := t.TempDir()
+	m := newManagerWith(t, netns.Config{StateDir: state})
+	ctx := context.Background()
+	a, err := m.Setup(ctx, "mk-a", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, "mk-a"); err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join("/run/spore-netns-ct", strconv.Itoa(a.Slot))
+	// Hold the mark: the test plays a flush that has not run yet.
+	if err := os.WriteFile(mark, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(mark) })
+	// Once its host end is gone, the slot would be free: the cursor points
+	// at it.
+	eventually(t, func() error {
+		if _, err := netlink.LinkByName("spth" + strconv.Itoa(a.Slot)); err == nil {
+			return fmt.Errorf("host end of slot %d still there", a.Slot)
+		}
+		return nil
+	})
+	if err := os.WriteFile(filepath.Join(state, "cursor"), []byte(strconv.Itoa(a.Slot)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mark, nil, 0o600); err != nil { // again, in case the scheduled flush ran meanwhile
+		t.Fatal(err)
+	}
+	b, err := m.Setup(ctx, "mk-b", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Teardown(ctx, "mk-b") })
+	if b.Slot == a.Slot {
+		t.Fatalf("network of mk-b got slot %d, marked for a flush", b.Slot)
+	}
+	if err := m.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatalf("slot %d still marked after a flush", a.Slot)
 	}
 }
