@@ -55,8 +55,8 @@ var stepScenarios = []stepScenario{
 
 // prepare makes the common starting point: a sandbox with x=2 and a
 // snapshot "one" taken when x was 1.
-func prepare(t *testing.T, s stepScenario, targets int) (*fenv, string) {
-	f := newFakeTargets(t, targets)
+func prepare(t *testing.T, s stepScenario, v variant) (*fenv, string) {
+	f := newFakeWith(t, v.env())
 	sb := f.create()
 	f.set(sb.ID, "x", "1")
 	if _, err := f.eng.Snapshot(fctx(t), sb.ID, engine.SnapshotOptions{Names: []string{"one"}}); err != nil {
@@ -102,26 +102,45 @@ func atStep(t *testing.T, f *fenv, s stepScenario, id string, k int, fn func() e
 	return hit
 }
 
-// withTargets runs a scenario test without restore targets and with one
-// per shape (restores then load into pre-created instances).
-func withTargets(t *testing.T, name string, fn func(t *testing.T, targets int)) {
-	for _, n := range []int{0, 1} {
-		t.Run(fmt.Sprintf("%s/targets=%d", name, n), func(t *testing.T) { fn(t, n) })
+// variant is what a scenario's engine keeps ahead of its restores.
+type variant struct {
+	targets int // restore targets per shape
+	nets    int // reserved networks (with a fake network)
+}
+
+func (v variant) env() *fenv {
+	f := &fenv{targets: v.targets, nets: v.nets}
+	if v.nets > 0 {
+		f.net = newFakeNet()
+	}
+	return f
+}
+
+// withTargets runs a scenario test without restore targets, with one per
+// shape (restores then load into pre-created instances), and with
+// reserved networks instead (restores then claim networks made ahead).
+func withTargets(t *testing.T, name string, fn func(t *testing.T, v variant)) {
+	for _, v := range []variant{{}, {targets: 1}, {nets: 2}} {
+		t.Run(fmt.Sprintf("%s/targets=%d,nets=%d", name, v.targets, v.nets), func(t *testing.T) { fn(t, v) })
 	}
 }
 
 func TestFakeCrashAtEachStep(t *testing.T) {
 	for _, s := range stepScenarios {
-		withTargets(t, s.name, func(t *testing.T, targets int) {
+		withTargets(t, s.name, func(t *testing.T, v variant) {
 			steps := 0
 			for k := 1; ; k++ {
-				f, id := prepare(t, s, targets)
+				f, id := prepare(t, s, v)
 				var crashDir string
 				var crashRT *fake.Runtime
+				var crashNet engine.Network
 				hit := atStep(t, f, s, id, k, func() error {
 					crashDir = t.TempDir()
 					copyTree(t, f.dir, crashDir)
 					crashRT = f.rt.Clone()
+					if fn, ok := f.net.(*fakeNet); ok {
+						crashNet = fn.clone()
+					}
 					return nil
 				})
 				if !hit {
@@ -129,7 +148,7 @@ func TestFakeCrashAtEachStep(t *testing.T) {
 				}
 				steps++
 				f.close()
-				g := &fenv{t: t, dir: crashDir, rt: crashRT, logs: f.logs, logMu: f.logMu, retry: f.retry, targets: targets}
+				g := &fenv{t: t, dir: crashDir, rt: crashRT, logs: f.logs, logMu: f.logMu, retry: f.retry, targets: v.targets, net: crashNet, nets: v.nets}
 				g.open()
 				checkRecovered(t, g, id)
 				g.close()
@@ -144,10 +163,10 @@ func TestFakeCrashAtEachStep(t *testing.T) {
 
 func TestFakeFailAtEachStep(t *testing.T) {
 	for _, s := range stepScenarios {
-		withTargets(t, s.name, func(t *testing.T, targets int) {
+		withTargets(t, s.name, func(t *testing.T, v variant) {
 			steps := 0
 			for k := 1; ; k++ {
-				f, id := prepare(t, s, targets)
+				f, id := prepare(t, s, v)
 				hit := atStep(t, f, s, id, k, func() error { return errors.New("injected failure") })
 				if !hit {
 					break

@@ -101,6 +101,18 @@ func (n *fakeNet) Sweep(_ context.Context, keep map[string]bool) error {
 	return nil
 }
 
+// clone is the network's state as a crash leaves it (it outlives the
+// process).
+func (n *fakeNet) clone() *fakeNet {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c := &fakeNet{nets: map[string]netns.Net{}, next: n.next}
+	for id, net := range n.nets {
+		c.nets[id] = net
+	}
+	return c
+}
+
 func (n *fakeNet) get(instance string) (netns.Net, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

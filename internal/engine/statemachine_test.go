@@ -377,6 +377,7 @@ func checkAgree(t *testing.T, f *fenv) {
 			t.Fatalf("instance %s is claimed by no sandbox and is no restore target", id)
 		}
 	}
+	checkNetworks(t, f, claimed, targets)
 	n := 0
 	for _, sb := range f.eng.List(ctx) {
 		if sb.State == engine.StateHibernated {
@@ -385,5 +386,42 @@ func checkAgree(t *testing.T, f *fenv) {
 	}
 	if n != len(hib) {
 		t.Fatalf("%d hibernated sandboxes but %d hibernation snapshots", n, len(hib))
+	}
+}
+
+// checkNetworks asserts, when the engine has a fake network, that every
+// network is a live instance's (claimed), a restore target's or a reserved
+// one (both reserved, nothing let out), and that each live instance has
+// one.
+func checkNetworks(t *testing.T, f *fenv, live map[string]bool, targets []string) {
+	t.Helper()
+	fn, ok := f.net.(*fakeNet)
+	if !ok {
+		return
+	}
+	pool := f.eng.ReservedNetworks()
+	if len(pool) > f.nets {
+		t.Fatalf("%d reserved networks kept, want at most %d: %v", len(pool), f.nets, pool)
+	}
+	ahead := map[string]bool{}
+	for _, id := range append(slices.Clone(targets), pool...) {
+		ahead[id] = true
+	}
+	fn.mu.Lock()
+	defer fn.mu.Unlock()
+	for id, n := range fn.nets {
+		switch {
+		case ahead[id] && !n.Reserved:
+			t.Fatalf("network %s, kept ahead, is not reserved: %+v", id, n)
+		case !ahead[id] && !live[id]:
+			t.Fatalf("network %s belongs to no live instance, target or reserved network: %+v", id, n)
+		case live[id] && !ahead[id] && n.Reserved:
+			t.Fatalf("network %s of a live instance was never claimed: %+v", id, n)
+		}
+	}
+	for id := range live {
+		if _, ok := fn.nets[id]; !ok && !ahead[id] {
+			t.Fatalf("live instance %s has no network", id)
+		}
 	}
 }
