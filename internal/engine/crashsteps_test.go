@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/runtime/fake"
 )
@@ -111,7 +112,7 @@ type variant struct {
 func (v variant) env() *fenv {
 	f := &fenv{targets: v.targets, nets: v.nets}
 	if v.nets > 0 {
-		f.net = newFakeNet()
+		f.net = controltest.NewNetwork()
 	}
 	return f
 }
@@ -138,8 +139,8 @@ func TestFakeCrashAtEachStep(t *testing.T) {
 					crashDir = t.TempDir()
 					copyTree(t, f.dir, crashDir)
 					crashRT = f.rt.Clone()
-					if fn, ok := f.net.(*fakeNet); ok {
-						crashNet = fn.clone()
+					if fn, ok := f.net.(*controltest.Network); ok {
+						crashNet = fn.Clone()
 					}
 					return nil
 				})

@@ -80,7 +80,7 @@ func (e *Engine) claimNet(spec *runtime.Spec) (release func()) {
 		if claimed != nil {
 			if t, ok := p.claimed[claimed.id]; ok {
 				delete(p.claimed, claimed.id)
-				e.dropNet(t)
+				e.dropTarget(t)
 			}
 		}
 		if !p.closed && p.busy == 0 {
@@ -92,15 +92,10 @@ func (e *Engine) claimNet(spec *runtime.Spec) (release func()) {
 // takeNet hands launch the reserved network it was claimed for, if
 // instance is one.
 func (e *Engine) takeNet(instance string) *target {
-	p := e.nets
-	if p == nil {
+	if e.nets == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t := p.claimed[instance]
-	delete(p.claimed, instance)
-	return t
+	return takeClaimed(&e.nets.mu, e.nets.claimed, instance)
 }
 
 // ReservedNetworks lists the instance IDs of the networks kept reserved
@@ -159,21 +154,6 @@ func (e *Engine) fillNet(t *target) {
 	t.net, t.err = e.net.Reserve(e.life, t.id)
 }
 
-// dropNet frees a reserved network nobody will use, once its fill is over.
-func (e *Engine) dropNet(t *target) {
-	e.background(func() {
-		<-t.ready
-		if t.err != nil {
-			return
-		}
-		ctx, cancel := cleanupCtx()
-		defer cancel()
-		if err := e.net.Teardown(ctx, t.id); err != nil {
-			e.log.Warn("free a reserved network", "instance", t.id, "err", err)
-		}
-	})
-}
-
 // claimNetOf gives a launch the reserved network t with the sandbox's
 // policy; on failure nothing of it is left.
 func (e *Engine) claimNetOf(ctx context.Context, sandbox string, t *target, policy netns.Policy) (netns.Net, error) {
@@ -206,12 +186,6 @@ func (e *Engine) closeNets() {
 	p.mu.Unlock()
 	p.fills.Wait()
 	for _, t := range all {
-		if t.err == nil {
-			ctx, cancel := cleanupCtx()
-			if err := e.net.Teardown(ctx, t.id); err != nil {
-				e.log.Warn("free a reserved network", "instance", t.id, "err", err)
-			}
-			cancel()
-		}
+		e.freeTarget(t)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/runtime"
@@ -395,7 +396,7 @@ func checkAgree(t *testing.T, f *fenv) {
 // one.
 func checkNetworks(t *testing.T, f *fenv, live map[string]bool, targets []string) {
 	t.Helper()
-	fn, ok := f.net.(*fakeNet)
+	fn, ok := f.net.(*controltest.Network)
 	if !ok {
 		return
 	}
@@ -407,9 +408,8 @@ func checkNetworks(t *testing.T, f *fenv, live map[string]bool, targets []string
 	for _, id := range append(slices.Clone(targets), pool...) {
 		ahead[id] = true
 	}
-	fn.mu.Lock()
-	defer fn.mu.Unlock()
-	for id, n := range fn.nets {
+	nets := fn.All()
+	for id, n := range nets {
 		switch {
 		case ahead[id] && !n.Reserved:
 			t.Fatalf("network %s, kept ahead, is not reserved: %+v", id, n)
@@ -420,7 +420,7 @@ func checkNetworks(t *testing.T, f *fenv, live map[string]bool, targets []string
 		}
 	}
 	for id := range live {
-		if _, ok := fn.nets[id]; !ok && !ahead[id] {
+		if _, ok := nets[id]; !ok && !ahead[id] {
 			t.Fatalf("live instance %s has no network", id)
 		}
 	}

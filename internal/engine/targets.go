@@ -216,15 +216,10 @@ func (e *Engine) RestoreTargets() []string {
 // takeTarget hands launch the target it was claimed for, if instance is
 // one.
 func (e *Engine) takeTarget(instance string) *target {
-	p := e.targets
-	if p == nil {
+	if e.targets == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t := p.claimed[instance]
-	delete(p.claimed, instance)
-	return t
+	return takeClaimed(&e.targets.mu, e.targets.claimed, instance)
 }
 
 // evictShapesLocked drops the targets of the shapes asked for least
@@ -302,23 +297,38 @@ func (e *Engine) fillTarget(t *target, spec runtime.Spec) {
 	}
 }
 
-// dropTarget frees a target nobody will use, once its fill is over.
+// dropTarget frees a target nobody will use in the background.
 func (e *Engine) dropTarget(t *target) {
-	if t.netOnly {
-		e.dropNet(t)
+	e.background(func() { e.freeTarget(t) })
+}
+
+// freeTarget frees a target nobody will use, once its fill is over: its
+// instance and network, or a reserved network alone.
+func (e *Engine) freeTarget(t *target) {
+	<-t.ready
+	if t.err != nil {
 		return
 	}
-	e.background(func() {
-		<-t.ready
-		if t.err != nil {
-			return
-		}
-		ctx, cancel := cleanupCtx()
-		defer cancel()
-		if err := e.killInstance(ctx, t.id); err != nil {
-			e.log.Warn("free a restore target", "instance", t.id, "err", err)
-		}
-	})
+	ctx, cancel := cleanupCtx()
+	defer cancel()
+	var err error
+	if t.netOnly {
+		err = e.net.Teardown(ctx, t.id)
+	} else {
+		err = e.killInstance(ctx, t.id)
+	}
+	if err != nil {
+		e.log.Warn("free a restore target", "instance", t.id, "reserved_network", t.netOnly, "err", err)
+	}
+}
+
+// takeClaimed removes and returns instance's entry of claimed, if any.
+func takeClaimed(mu *sync.Mutex, claimed map[string]*target, instance string) *target {
+	mu.Lock()
+	defer mu.Unlock()
+	t := claimed[instance]
+	delete(claimed, instance)
+	return t
 }
 
 // launchInto restores image into a claimed target: the network is the
@@ -371,12 +381,6 @@ func (e *Engine) closeTargets() {
 	p.mu.Unlock()
 	p.fills.Wait()
 	for _, t := range all {
-		if t.err == nil {
-			ctx, cancel := cleanupCtx()
-			if err := e.killInstance(ctx, t.id); err != nil {
-				e.log.Warn("free a restore target", "instance", t.id, "err", err)
-			}
-			cancel()
-		}
+		e.freeTarget(t)
 	}
 }

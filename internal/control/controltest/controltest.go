@@ -14,9 +14,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -92,6 +94,9 @@ type Network struct {
 	next   uint32
 	nets   map[string]netns.Net
 	setups int
+	// The next FailClaims claims and FailReserves reserves fail (nothing
+	// changed).
+	FailClaims, FailReserves int
 }
 
 // NewNetwork returns an empty fake network.
@@ -103,26 +108,37 @@ var _ engine.Network = (*Network)(nil)
 func (n *Network) Setup(ctx context.Context, instance string, p netns.Policy) (netns.Net, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	nt, err := n.addLocked(instance, p)
+	if err == nil {
+		n.setups++
+	}
+	return nt, err
+}
+
+// Reserve sets up a network for an instance no sandbox holds yet.
+func (n *Network) Reserve(ctx context.Context, instance string) (netns.Net, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.FailReserves > 0 {
+		n.FailReserves--
+		return netns.Net{}, fmt.Errorf("fake network: injected failure to reserve %s", instance)
+	}
+	nt, err := n.addLocked(instance, netns.Policy{})
+	if err != nil {
+		return nt, err
+	}
+	nt.Reserved = true
+	n.nets[instance] = nt
+	return nt, nil
+}
+
+func (n *Network) addLocked(instance string, p netns.Policy) (netns.Net, error) {
 	if _, ok := n.nets[instance]; ok {
 		return netns.Net{}, fmt.Errorf("fake network: %s already set up", instance)
 	}
 	n.next++
 	addr := netip.AddrFrom4([4]byte{127, 1, byte(n.next >> 8), byte(n.next)})
 	nt := netns.Net{Instance: instance, Slot: int(n.next), Addr: addr, HostAddr: netip.AddrFrom4([4]byte{127, 0, 0, 1}), Policy: p}
-	n.nets[instance] = nt
-	n.setups++
-	return nt, nil
-}
-
-// Reserve sets up a network for an instance no sandbox holds yet.
-func (n *Network) Reserve(ctx context.Context, instance string) (netns.Net, error) {
-	nt, err := n.Setup(ctx, instance, netns.Policy{})
-	if err != nil {
-		return nt, err
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	nt.Reserved = true
 	n.nets[instance] = nt
 	return nt, nil
 }
@@ -156,6 +172,10 @@ func (n *Network) Claim(ctx context.Context, instance, sandbox string, p netns.P
 	if !ok || !nt.Reserved {
 		return fmt.Errorf("fake network: no reserved network for %s", instance)
 	}
+	if n.FailClaims > 0 {
+		n.FailClaims--
+		return fmt.Errorf("fake network: injected failure to claim %s", instance)
+	}
 	nt.Policy, nt.Owner, nt.Reserved = p, sandbox, false
 	n.nets[instance] = nt
 	return nil
@@ -186,4 +206,49 @@ func (n *Network) Len() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.nets)
+}
+
+// Get returns an instance's network.
+func (n *Network) Get(instance string) (netns.Net, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	nt, ok := n.nets[instance]
+	return nt, ok
+}
+
+// All returns every network, by instance.
+func (n *Network) All() map[string]netns.Net {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.nets)
+}
+
+// Reserved lists the instances whose networks are reserved (set up ahead,
+// not claimed), sorted.
+func (n *Network) Reserved() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for id, nt := range n.nets {
+		if nt.Reserved {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Setups counts the networks Setup made (not Reserve).
+func (n *Network) Setups() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.setups
+}
+
+// Clone is the network as a crash of its node's process leaves it: it
+// outlives the process.
+func (n *Network) Clone() *Network {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return &Network{next: n.next, nets: maps.Clone(n.nets), setups: n.setups}
 }
