@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -242,9 +243,28 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 	if len(dirs) != len(insts) {
 		return fmt.Errorf("%d instance directories for %d instances", len(dirs), len(insts))
 	}
+	// Every sandbox namespace is an instance's, or a reserved network's: set
+	// up ahead for restores, no instance in it, its state saying so.
 	nets, _ := filepath.Glob("/var/run/netns/spa-sb-*")
-	if len(nets) != len(insts) {
-		return fmt.Errorf("%d sandbox namespaces for %d instances", len(nets), len(insts))
+	isInst := map[string]bool{}
+	for _, in := range insts {
+		isInst[in.ID] = true
+	}
+	reserved := 0
+	for _, ns := range nets {
+		id := strings.TrimPrefix(filepath.Base(ns), "spa-sb-")
+		if isInst[id] {
+			continue
+		}
+		var st struct{ Reserved bool }
+		b, err := os.ReadFile(filepath.Join(s.data, "net", id+".json"))
+		if err != nil || json.Unmarshal(b, &st) != nil || !st.Reserved {
+			return fmt.Errorf("sandbox namespace %s has no instance and is no reserved network (%v)", ns, err)
+		}
+		reserved++
+	}
+	if reserved > node.DefaultReservedNetworks {
+		return fmt.Errorf("%d reserved networks, more than the default %d", reserved, node.DefaultReservedNetworks)
 	}
 	// Cgroups: one per instance under the server's parent, in every
 	// hierarchy that has it.
@@ -260,8 +280,9 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 			return fmt.Errorf("%d %s cgroups for %d instances", n, hier, len(insts))
 		}
 	}
-	// Mounts: two namespace mounts per instance (sandbox and gateway), and
-	// under the data directory only runsc's pinned empty namespace.
+	// Mounts: two namespace mounts per instance and reserved network
+	// (sandbox and gateway), and under the data directory only runsc's
+	// pinned empty namespace.
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	nsMounts, dataMounts := 0, 0
 	for _, line := range strings.Split(string(mi), "\n") {
@@ -276,8 +297,8 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 			dataMounts++
 		}
 	}
-	if nsMounts != 2*len(insts) || dataMounts > 1 {
-		return fmt.Errorf("%d namespace mounts for %d instances, %d mounts under the data dir", nsMounts, len(insts), dataMounts)
+	if nsMounts != 2*(len(insts)+reserved) || dataMounts > 1 {
+		return fmt.Errorf("%d namespace mounts for %d instances and %d reserved networks, %d mounts under the data dir", nsMounts, len(insts), reserved, dataMounts)
 	}
 	return nil
 }
