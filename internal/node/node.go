@@ -455,10 +455,14 @@ func upstreamRoots(files []string) (*x509.CertPool, error) {
 }
 
 // DefaultRestoreTargets is how many restore targets a node keeps per
-// shape: one serves a user's restores spaced by more than a sandbox's boot
-// (~60 ms), which is the common case; a burst pays the boot from its
-// second restore on.
-const DefaultRestoreTargets = 1
+// shape. One served restores spaced by more than a target's fill (~60 ms
+// of boot after the previous restore answered); a restore that came
+// sooner (a create right after a kill, a rollback after a rollback)
+// waited for the fill, ~30 ms at p50 in the bench. With two, the second
+// is ready while the first is made again. An idle target holds 12-18 MB
+// (its cgroup's memory), so two cost at most ~140 MB over the 4 shapes
+// kept.
+const DefaultRestoreTargets = 2
 
 // DefaultReservedNetworks is how many sandbox networks a node keeps set up
 // ahead of time: a fork of 16 sets up none on its path. Each holds two

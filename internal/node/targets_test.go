@@ -15,8 +15,8 @@ import (
 )
 
 // Restore targets in real gVisor: the second create of a shape loads its
-// image into the sandbox booted ahead for it (the node's default, one per
-// shape), and is a whole sandbox: its daemon took the sandbox's identity
+// image into the sandbox booted ahead for it (one per shape here), and is
+// a whole sandbox: its daemon took the sandbox's identity
 // (token, environment), its egress policy holds, its egress audit is
 // journaled under the sandbox (not the target's instance), and a rollback,
 // into the next target, brings back its memory, files and processes.
@@ -24,6 +24,7 @@ func TestRestoreTargetsInTheSandbox(t *testing.T) {
 	testInternet(t)
 	e := newEnvTuned(t, func(c *node.Config) {
 		c.NetPrefix = "spq"
+		c.RestoreTargets = 1 // the rollback below takes the next one made
 		c.DNSUpstreams = []netip.AddrPort{netip.AddrPortFrom(allowedIP, 53)}
 	})
 	ctx := ctxFor(t)

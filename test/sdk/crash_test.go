@@ -234,10 +234,11 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 	if pooled > 4 {
 		return fmt.Errorf("%d unrecorded instances (pool is 2 per template)", pooled)
 	}
-	// One target per shape restores asked for: the two templates' and the
-	// snapshots' (the same as their template's), at most 4 shapes kept.
-	if targets > 4 {
-		return fmt.Errorf("%d instances no sandbox record names (restore targets: one per shape, at most 4 shapes)", targets)
+	// The default targets per shape restores asked for: the two templates'
+	// and the snapshots' (the same as their template's), at most 4 shapes
+	// kept.
+	if targets > 4*node.DefaultRestoreTargets {
+		return fmt.Errorf("%d instances no sandbox record names (restore targets: %d per shape, at most 4 shapes)", targets, node.DefaultRestoreTargets)
 	}
 	dirs, _ := os.ReadDir(filepath.Join(s.data, "runtime", "inst"))
 	if len(dirs) != len(insts) {

@@ -96,7 +96,7 @@ func TestLoad(t *testing.T) {
 		t.Fatalf("sandboxes left: %s", body)
 	}
 	// Nothing of the sandboxes is left: no record, and the runtime holds
-	// only restore targets (sandboxes booted ahead, one per shape, that no
+	// only restore targets (sandboxes booted ahead, two per shape, that no
 	// record names), each whole: directory, network, cgroups, mounts.
 	if recs, _ := filepath.Glob(filepath.Join(s.data, "engine", "sandboxes", "*.json")); len(recs) != 0 {
 		t.Fatalf("sandbox records left: %v", recs)
