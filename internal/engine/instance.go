@@ -76,24 +76,7 @@ func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, 
 		// as if it had never been made.
 	}
 	if e.net != nil {
-		var n netns.Net
-		var err error
-		claimed := false
-		if t != nil && t.netOnly && t.err == nil {
-			n, err = e.claimNetOf(ctx, sandbox, t, policy)
-			// A claim that failed left nothing: the network is set up
-			// under its ID as if it had never been reserved (a policy
-			// the node refuses is refused there too).
-			claimed = err == nil || errdefs.IsInvalidArgument(err) || ctx.Err() != nil
-			if !claimed {
-				e.log.Warn("claim of a reserved network failed: setting one up", "sandbox_id", sandbox, "instance", spec.ID, "err", err)
-			}
-		}
-		if !claimed {
-			done := timing.Track(ctx, "net")
-			n, err = e.net.Setup(ctx, spec.ID, policy)
-			done()
-		}
+		n, err := e.networkFor(ctx, sandbox, spec.ID, t, policy)
 		if err != nil {
 			return addr, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/runtime"
@@ -154,21 +155,32 @@ func (e *Engine) fillNet(t *target) {
 	t.net, t.err = e.net.Reserve(e.life, t.id)
 }
 
-// claimNetOf gives a launch the reserved network t with the sandbox's
-// policy; on failure nothing of it is left.
-func (e *Engine) claimNetOf(ctx context.Context, sandbox string, t *target, policy netns.Policy) (netns.Net, error) {
-	done := timing.Track(ctx, "net")
-	err := e.net.Claim(ctx, t.id, sandbox, policy)
-	done()
-	if err != nil {
+// networkFor gives a launch its network: t's, claimed with the sandbox's
+// policy, when t is a reserved network, else one set up now. A claim that
+// failed left nothing, so the network is then set up under the same ID
+// as if it had never been reserved (a policy the node refuses is refused
+// by either).
+func (e *Engine) networkFor(ctx context.Context, sandbox, instance string, t *target, policy netns.Policy) (netns.Net, error) {
+	if t != nil && t.netOnly && t.err == nil {
+		done := timing.Track(ctx, "net")
+		err := e.net.Claim(ctx, t.id, sandbox, policy)
+		done()
+		if err == nil {
+			return t.net, nil
+		}
 		cctx, cancel := cleanupCtx()
-		defer cancel()
 		if terr := e.net.Teardown(cctx, t.id); terr != nil {
 			e.log.Warn("free a reserved network", "instance", t.id, "err", terr)
 		}
-		return netns.Net{}, err
+		cancel()
+		if errdefs.IsInvalidArgument(err) || ctx.Err() != nil {
+			return netns.Net{}, err
+		}
+		e.log.Warn("claim of a reserved network failed: setting one up", "sandbox_id", sandbox, "instance", instance, "err", err)
 	}
-	return t.net, nil
+	done := timing.Track(ctx, "net")
+	defer done()
+	return e.net.Setup(ctx, instance, policy)
 }
 
 // closeNets frees the reserved networks (Close): no later engine knows

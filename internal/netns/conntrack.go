@@ -41,10 +41,8 @@ const ctFlushDelay = 300 * time.Millisecond
 
 // markDirty records that slot's connection tracking must be flushed
 // before the slot is handed out again.
+// (New makes ctDirtyDir.)
 func markDirty(slot int) error {
-	if err := os.MkdirAll(ctDirtyDir, 0o700); err != nil {
-		return err
-	}
 	return os.WriteFile(filepath.Join(ctDirtyDir, strconv.Itoa(slot)), nil, 0o600)
 }
 

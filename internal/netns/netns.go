@@ -218,6 +218,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := sharedRunDir(); err != nil {
 		return nil, fmt.Errorf("netns: %w", err)
 	}
+	if err := os.MkdirAll(ctDirtyDir, 0o700); err != nil {
+		return nil, fmt.Errorf("netns: %w", err)
+	}
 	if err := m.hostRules(); err != nil {
 		return nil, fmt.Errorf("netns: host rules: %w", err)
 	}
