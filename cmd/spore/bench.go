@@ -25,7 +25,7 @@ import (
 func newBenchCmd(f *cliFlags) *cobra.Command {
 	var (
 		local, quick, noBare               bool
-		count, densityMax                  int
+		count, densityMax, forkReps        int
 		localPool, localTargets, localNets int
 		forkLevels                         []int
 		sections                           []string
@@ -58,7 +58,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 				out = "bench-" + time.Now().UTC().Format("20060102-150405")
 			}
 			cfg := bench.Config{
-				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent, ForkLevels: forkLevels, ForkGap: forkGap,
+				Count: count, Quick: quick, Sections: sections, DensityMax: densityMax, CgroupParent: cgroupParent, ForkLevels: forkLevels, ForkGap: forkGap, ForkReps: forkReps,
 				Progress: cmd.ErrOrStderr(), Command: "spore " + strings.Join(os.Args[1:], " "), Git: gitRevision(),
 				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 			}
@@ -70,6 +70,9 @@ Writes report.json, report.md and PNG plots to --out.`,
 			}
 			if localPool < 0 {
 				return errors.New("--local-pool must not be negative")
+			}
+			if forkReps < 0 || forkReps > 20 {
+				return fmt.Errorf("--fork-reps: %d is outside 0..20", forkReps)
 			}
 			if forkGap < 0 {
 				return errors.New("--fork-gap must not be negative")
@@ -102,6 +105,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.IntVar(&count, "count", 0, "repetitions of each latency operation (default 20; 2 with --quick)")
 	fl.IntVar(&densityMax, "density-max", 0, "stop the density fill at this many sandboxes (default: until a create is refused)")
 	fl.IntSliceVar(&forkLevels, "fork-levels", nil, "the fork section's n (default 1,10,50,100)")
+	fl.IntVar(&forkReps, "fork-reps", 0, "forks timed for each n > 1 (0: 3 for n ≤ 10, 1 above)")
 	fl.DurationVar(&forkGap, "fork-gap", 0, "pause before each fork, so the server makes its restore targets again between forks (0: forks back to back)")
 	fl.IntVar(&localTargets, "local-restore-targets", node.DefaultRestoreTargets, "restore targets per shape of the --local server (sandboxes booted ahead, waiting for an image; 0: none, every restore boots its sandbox)")
 	fl.IntVar(&localNets, "local-reserved-networks", node.DefaultReservedNetworks, "sandbox networks the --local server keeps set up ahead of time, for restores that find no restore target (0: none)")

@@ -71,6 +71,10 @@ type Config struct {
 	DensityMax int
 	// ForkLevels are the fork section's n (default 1, 10, 50, 100).
 	ForkLevels []int
+	// ForkReps is how many forks of each n > 1 are timed (0: 3 for n ≤ 10,
+	// 1 above). One fork of 100 is one sample: on a noisy machine several
+	// make its p50 firmer.
+	ForkReps int
 	// ForkGap is the pause before each fork, so that the server's restore
 	// targets are made again between forks (0: none, forks back to back).
 	ForkGap time.Duration
@@ -117,7 +121,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{
 		Schema: SchemaVersion, StartedAt: time.Now().UTC(), Command: cfg.Command, Git: cfg.Git,
 		Machine:  machineInfo(cfg.Bare),
-		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ReservedNetworks: cfg.ReservedNetworks, ForkGapMs: cfg.ForkGap.Milliseconds(), Quick: cfg.Quick},
+		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ReservedNetworks: cfg.ReservedNetworks, ForkGapMs: cfg.ForkGap.Milliseconds(), ForkReps: cfg.ForkReps, Quick: cfg.Quick},
 	}
 	r.rep.Notes = append(r.rep.Notes, cfg.Notes...)
 	if cfg.Bare == nil {

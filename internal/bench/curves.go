@@ -17,25 +17,7 @@ import (
 
 // runFork: fork time against n, children checked and killed after each.
 func (r *runner) runFork(ctx context.Context) error {
-	type level struct{ n, reps int }
-	levels := []level{{1, max(2, r.cfg.Count/2)}, {10, 3}, {50, 1}, {100, 1}}
-	if r.cfg.Quick {
-		levels = []level{{1, 1}, {2, 1}}
-	}
-	if len(r.cfg.ForkLevels) > 0 {
-		levels = levels[:0]
-		for _, n := range r.cfg.ForkLevels {
-			reps := 1
-			switch {
-			case r.cfg.Quick:
-			case n == 1:
-				reps = max(2, r.cfg.Count/2)
-			case n <= 10:
-				reps = 3
-			}
-			levels = append(levels, level{n, reps})
-		}
-	}
+	levels := forkLevels(r.cfg)
 	src, err := r.create(ctx, api.CreateRequest{TemplateID: templateBase})
 	if err != nil {
 		return err
@@ -85,6 +67,38 @@ func (r *runner) runFork(ctx context.Context) error {
 		Series: []Series{total, per},
 	})
 	return r.kill(ctx, src)
+}
+
+// forkLevel is one n of the fork section and how many forks of it are
+// timed.
+type forkLevel struct{ n, reps int }
+
+// forkLevels: cfg.ForkLevels (default 1, 10, 50, 100; 1, 2 when quick),
+// each with its repetitions: half the op count for n = 1 (at least 2),
+// cfg.ForkReps above (default 3 up to 10, then 1), one when quick.
+func forkLevels(cfg Config) []forkLevel {
+	ns := cfg.ForkLevels
+	if len(ns) == 0 {
+		ns = []int{1, 10, 50, 100}
+		if cfg.Quick {
+			ns = []int{1, 2}
+		}
+	}
+	var levels []forkLevel
+	for _, n := range ns {
+		reps := 1
+		switch {
+		case cfg.Quick:
+		case n == 1:
+			reps = max(2, cfg.Count/2)
+		case cfg.ForkReps > 0:
+			reps = cfg.ForkReps
+		case n <= 10:
+			reps = 3
+		}
+		levels = append(levels, forkLevel{n, reps})
+	}
+	return levels
 }
 
 func scale(v []float64, k float64) []float64 {

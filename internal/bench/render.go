@@ -386,6 +386,9 @@ func settingsLine(s Settings) string {
 	if s.ForkGapMs > 0 {
 		parts = append(parts, fmt.Sprintf("%s before each fork", time.Duration(s.ForkGapMs)*time.Millisecond))
 	}
+	if s.ForkReps > 0 {
+		parts = append(parts, fmt.Sprintf("%d forks of each n > 1", s.ForkReps))
+	}
 	if s.Quick {
 		parts = append(parts, "quick")
 	}

@@ -54,7 +54,9 @@ type Settings struct {
 	ReservedNetworks int `json:"reservedNetworks,omitempty"`
 	// ForkGapMs is the pause before each fork (Config.ForkGap).
 	ForkGapMs int64 `json:"forkGapMs,omitempty"`
-	Quick     bool  `json:"quick"`
+	// ForkReps is Config.ForkReps (0: the defaults).
+	ForkReps int  `json:"forkReps,omitempty"`
+	Quick    bool `json:"quick"`
 }
 
 // Stats summarises samples (milliseconds unless Op.Unit says otherwise).

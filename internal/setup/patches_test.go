@@ -73,6 +73,11 @@ func TestGVisorPatchesApply(t *testing.T) {
 	if !strings.Contains(string(got), "gcPercent := runtimedebug.SetGCPercent(-1)\n\terr = l.k.LoadFrom(") {
 		t.Fatal("the patched restore.go does not hold the GC off for the kernel's load")
 	}
+	// ... and the /proc umounter patch's by TestProcUmounterFromMemfd.
+	got, _ = os.ReadFile(filepath.Join(tmp, "runsc", "cmd", "sandboxsetup", "process.go"))
+	if !strings.Contains(string(got), "if prog, err := procUmounterProgram(); err == nil {") {
+		t.Fatal("the patched process.go does not start the /proc umounter from a memfd")
+	}
 	// A second application is refused (--forward): the build never
 	// patches twice silently.
 	if err := applyPatches(ctx, tmp, io.Discard, false); err == nil {

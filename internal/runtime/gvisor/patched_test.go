@@ -294,3 +294,32 @@ func TestRestoreGCHeldForTheLoad(t *testing.T) {
 		t.Fatalf("the sentry's GOGC after the load: %s%%, want its default 100%%", got)
 	}
 }
+
+// TestProcUmounterFromMemfd checks the /proc umounter patch of
+// internal/setup/patches: the sandbox's helper that unmounts /proc from
+// its chroot is the small program started from a memfd (runsc logs it; a
+// runsc without the patch starts its own `umount` command, which writes a
+// debug log of its own), and the sandbox runs. runsc's boot verifies the
+// unmount itself: it stops the sandbox when /proc is still reachable
+// after the helper has exited, or when the helper failed.
+func TestProcUmounterFromMemfd(t *testing.T) {
+	ctx := context.Background()
+	logs := t.TempDir()
+	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
+	spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000000"},
+		Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
+	if err := d.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if s, code := execOut(t, d, spec.ID, "echo", "up"); s != "up" || code != 0 {
+		t.Fatalf("the sandbox answers %q (exit %d)", s, code)
+	}
+	if ms := logMatches(t, logs, regexp.MustCompile(`Started the /proc umounter from a memfd \((\d+) bytes\), not runsc`)); len(ms) == 0 {
+		t.Fatal("no log of the /proc umounter started from a memfd (is runsc built with the umounter patch?)")
+	} else if got := string(ms[0][1]); got != "200" {
+		t.Fatalf("the umounter program has %s bytes, want 200", got)
+	}
+	if m, _ := filepath.Glob(filepath.Join(logs, "*umount*")); len(m) > 0 {
+		t.Fatalf("runsc's own umount command ran: %v", m)
+	}
+}
