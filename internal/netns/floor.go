@@ -187,6 +187,33 @@ func (m *Manager) unindex(addr netip.Addr) {
 	m.idxMu.Unlock()
 }
 
+// holdSlot records that instance's record holds slot; freeSlot that it no
+// longer does.
+func (m *Manager) holdSlot(slot int, instance string) {
+	m.idxMu.Lock()
+	m.slots[slot] = instance
+	m.idxMu.Unlock()
+}
+
+func (m *Manager) freeSlot(slot int, instance string) {
+	m.idxMu.Lock()
+	if m.slots[slot] == instance {
+		delete(m.slots, slot)
+	}
+	m.idxMu.Unlock()
+}
+
+// usedSlots returns the slots this manager's records hold.
+func (m *Manager) usedSlots() map[int]bool {
+	m.idxMu.RLock()
+	defer m.idxMu.RUnlock()
+	used := make(map[int]bool, len(m.slots))
+	for s := range m.slots {
+		used[s] = true
+	}
+	return used
+}
+
 // loadIndex fills the address index from the records (a restarted server
 // re-attaches to running sandboxes).
 func (m *Manager) loadIndex() error {
@@ -201,6 +228,7 @@ func (m *Manager) loadIndex() error {
 			continue
 		}
 		m.index(n)
+		m.holdSlot(n.Slot, id)
 	}
 	return nil
 }

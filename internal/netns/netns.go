@@ -165,6 +165,10 @@ type Manager struct {
 	// lock: a DNS query never waits on a slot allocation's file I/O.
 	idxMu  sync.RWMutex
 	byAddr map[netip.Addr]Policy
+	// slots maps each slot this manager's records hold to the record's
+	// instance (under idxMu too), so an allocation does not read every
+	// record: kept with the records, loaded with the index at New.
+	slots map[int]string
 
 	auditMu sync.Mutex
 	audits  map[string]func(final bool) // running collectors' stops, by instance
@@ -200,7 +204,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, base: sandboxSpace.Addr(), byAddr: map[netip.Addr]Policy{}, audits: map[string]func(final bool){}}
+	m := &Manager{cfg: cfg, base: sandboxSpace.Addr(), byAddr: map[netip.Addr]Policy{}, slots: map[int]string{}, audits: map[string]func(final bool){}}
 	for _, p := range cfg.Floor {
 		if !p.IsValid() {
 			return nil, errdefs.Invalidf("egress floor entry %v is not a CIDR", p)
@@ -299,19 +303,12 @@ func (m *Manager) List() ([]string, error) {
 
 // allocate picks the lowest free slot and records it (under m.mu).
 func (m *Manager) allocate(instance string, p Policy, reserved bool) (Net, error) {
-	used := map[int]bool{}
-	ids, err := m.List()
-	if err != nil {
+	if _, err := os.Stat(m.statePath(instance)); err == nil {
+		return Net{}, fmt.Errorf("network of %s: %w", instance, errdefs.ErrAlreadyExists)
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return Net{}, err
 	}
-	for _, id := range ids {
-		if id == instance {
-			return Net{}, fmt.Errorf("network of %s: %w", instance, errdefs.ErrAlreadyExists)
-		}
-		if n, err := m.Get(id); err == nil {
-			used[n.Slot] = true
-		}
-	}
+	used := m.usedSlots()
 	// Round-robin from the last slot handed out: an address freed now is
 	// not reused at once, so a client's pooled connection to a killed
 	// sandbox never lands on a new one.
@@ -355,6 +352,7 @@ func (m *Manager) allocate(instance string, p Policy, reserved bool) (Net, error
 			return Net{}, err
 		}
 		m.index(n)
+		m.holdSlot(n.Slot, instance)
 		return n, nil
 	}
 	if skipped {

@@ -68,6 +68,8 @@ func (m *Manager) Teardown(ctx context.Context, instance string) error {
 	}
 	if err := os.Remove(m.statePath(instance)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
+	} else if n.Instance != "" {
+		m.freeSlot(n.Slot, instance)
 	}
 	return errors.Join(errs...)
 }

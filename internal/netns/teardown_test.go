@@ -2,6 +2,8 @@ package netns_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -15,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/testenv"
 )
@@ -237,5 +240,62 @@ func TestMarkedSlotSkipped(t *testing.T) {
 	}
 	if _, err := os.Stat(mark); err == nil {
 		t.Fatalf("slot %d still marked after a flush", a.Slot)
+	}
+}
+
+// A slot is held exactly as long as a record of this manager's names it:
+// a record found at start holds its slot even with no host end left, and
+// a torn-down network's slot is handed out again.
+func TestSlotsHeldByTheRecords(t *testing.T) {
+	state := t.TempDir()
+	ctx := context.Background()
+	// A record a previous run left: its slot is where the cursor points,
+	// its host end long gone.
+	const ghostSlot = 4000
+	b, err := json.Marshal(netns.Net{Instance: "sl-ghost", Slot: ghostSlot, Policy: netns.Policy{Internet: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "sl-ghost.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "cursor"), []byte(strconv.Itoa(ghostSlot)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := newManagerWith(t, netns.Config{StateDir: state})
+	a, err := m.Setup(ctx, "sl-a", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Slot == ghostSlot {
+		t.Fatalf("network of sl-a got slot %d, held by the record of sl-ghost", a.Slot)
+	}
+	if _, err := m.Setup(ctx, "sl-a", netns.Policy{Internet: true}); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("a second network of sl-a: %v, want already exists", err)
+	}
+	// Torn down, its slot is free again once its host end is gone and its
+	// connection tracking flushed.
+	if err := m.Teardown(ctx, "sl-a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() error {
+		if _, err := netlink.LinkByName("spth" + strconv.Itoa(a.Slot)); err == nil {
+			return fmt.Errorf("host end of slot %d still there", a.Slot)
+		}
+		return nil
+	})
+	if err := m.FlushConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "cursor"), []byte(strconv.Itoa(a.Slot)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.Setup(ctx, "sl-c", netns.Policy{Internet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Teardown(ctx, "sl-c") })
+	if c.Slot != a.Slot {
+		t.Fatalf("network of sl-c got slot %d, want %d, freed by sl-a", c.Slot, a.Slot)
 	}
 }
