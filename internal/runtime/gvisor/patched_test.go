@@ -161,18 +161,25 @@ func TestCheckpointSkipsHoles(t *testing.T) {
 	t.Logf("checkpoints skipped %d MiB of holes", skipped>>20)
 }
 
+// startLogged starts a sandbox that sleeps, with runsc's debug logs in the
+// returned directory.
+func startLogged(t *testing.T) (d *gvisor.Driver, id, logs string) {
+	t.Helper()
+	logs = t.TempDir()
+	d = newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
+	spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000000"},
+		Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
+	if err := d.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	return d, spec.ID, logs
+}
+
 // TestSeccompPrecompiled checks that the sandbox and the gofer of runsc as
 // setup builds it install precompiled seccomp programs (seccompgen) rather
 // than compiling them on every start, restore and fork child.
 func TestSeccompPrecompiled(t *testing.T) {
-	ctx := context.Background()
-	logs := t.TempDir()
-	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
-	spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000"},
-		Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
-	if err := d.Start(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
+	_, _, logs := startLogged(t)
 	for _, part := range []string{"boot", "gofer"} {
 		files, _ := filepath.Glob(filepath.Join(logs, "*."+part+".txt"))
 		if len(files) == 0 {
@@ -303,15 +310,8 @@ func TestRestoreGCHeldForTheLoad(t *testing.T) {
 // unmount itself: it stops the sandbox when /proc is still reachable
 // after the helper has exited, or when the helper failed.
 func TestProcUmounterFromMemfd(t *testing.T) {
-	ctx := context.Background()
-	logs := t.TempDir()
-	d := newDriverWith(t, gvisor.Config{ExtraFlags: []string{"--debug", "--debug-log=" + logs + "/"}})
-	spec := runtime.Spec{ID: ids.New('t'), RootFS: testenv.BaseRootFS(t), Args: []string{"/bin/sleep", "1000000"},
-		Limits: runtime.Limits{MemoryMB: 256, DiskMB: 64}}
-	if err := d.Start(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	if s, code := execOut(t, d, spec.ID, "echo", "up"); s != "up" || code != 0 {
+	d, id, logs := startLogged(t)
+	if s, code := execOut(t, d, id, "echo", "up"); s != "up" || code != 0 {
 		t.Fatalf("the sandbox answers %q (exit %d)", s, code)
 	}
 	if ms := logMatches(t, logs, regexp.MustCompile(`Started the /proc umounter from a memfd \((\d+) bytes\), not runsc`)); len(ms) == 0 {
