@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,9 +28,13 @@ func pool(r *rand.Rand, n int) [][]byte {
 	return p
 }
 
-// tree writes the chosen pool files into a new directory.
+// tree writes the chosen pool files into a new directory (made even when
+// none is chosen: an empty tree is one a pick may give).
 func tree(t testing.TB, p [][]byte, pick []int) string {
 	dir := filepath.Join(t.TempDir(), "t")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, i := range pick {
 		writeFile(t, filepath.Join(dir, fmt.Sprintf("f%03d", i)), p[i])
 	}
