@@ -24,14 +24,14 @@ import (
 
 func newBenchCmd(f *cliFlags) *cobra.Command {
 	var (
-		local, quick, noBare               bool
-		count, densityMax, forkReps        int
-		localPool, localTargets, localNets int
-		forkLevels                         []int
-		sections                           []string
-		out, cgroupParent                  string
-		rootfsDir, runsc                   string
-		forkGap                            time.Duration
+		local, quick, noBare                           bool
+		count, densityMax, forkReps                    int
+		localPool, localTargets, localBurst, localNets int
+		forkLevels                                     []int
+		sections                                       []string
+		out, cgroupParent                              string
+		rootfsDir, runsc                               string
+		forkGap                                        time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -80,11 +80,14 @@ Writes report.json, report.md and PNG plots to --out.`,
 			if localTargets < 0 {
 				return errors.New("--local-restore-targets must not be negative")
 			}
+			if localBurst < 0 {
+				return errors.New("--local-restore-targets-burst must not be negative")
+			}
 			if localNets < 0 {
 				return errors.New("--local-reserved-networks must not be negative")
 			}
 			if local {
-				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc, pool: localPool, targets: localTargets, nets: localNets}, cfg, noBare, out, cmd)
+				return benchLocal(ctx, f, localPaths{rootfs: rootfsDir, runsc: runsc, pool: localPool, targets: localTargets, burst: localBurst, nets: localNets}, cfg, noBare, out, cmd)
 			}
 			c, err := f.client()
 			if err != nil {
@@ -108,6 +111,7 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.IntVar(&forkReps, "fork-reps", 0, "forks timed for each n > 1 (0: 3 for n ≤ 10, 1 above)")
 	fl.DurationVar(&forkGap, "fork-gap", 0, "pause before each fork, so the server makes its restore targets again between forks (0: forks back to back)")
 	fl.IntVar(&localTargets, "local-restore-targets", node.DefaultRestoreTargets, "restore targets per shape of the --local server (sandboxes booted ahead, waiting for an image; 0: none, every restore boots its sandbox)")
+	fl.IntVar(&localBurst, "local-restore-targets-burst", node.DefaultRestoreTargetsBurst, "most restore targets the --local server keeps for a shape after a burst of restores of it, such as a fork (0: no growth)")
 	fl.IntVar(&localNets, "local-reserved-networks", node.DefaultReservedNetworks, "sandbox networks the --local server keeps set up ahead of time, for restores that find no restore target (0: none)")
 	fl.IntVar(&localPool, "local-pool", 2, "warm pool of the --local server (0: every create restores, as a fleet replica's default)")
 	fl.StringSliceVar(&sections, "sections", nil, "run only these sections: "+strings.Join(bench.AllSections, ","))
@@ -168,6 +172,7 @@ type localPaths struct {
 	rootfs, runsc string
 	pool          int
 	targets       int // restore targets per shape (0: none)
+	burst         int // most targets per shape after a burst (0: no growth)
 	nets          int // reserved networks (0: none)
 }
 
@@ -210,7 +215,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 	go func() {
 		done <- server.Run(sctx, server.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", RootFSDir: nodeCfg.RootFSDir, Runsc: runsc,
-			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool, RestoreTargets: serverTargets(paths.targets), ReservedNetworks: serverTargets(paths.nets),
+			NetPrefix: nodeCfg.NetPrefix, CgroupParent: nodeCfg.CgroupParent, PoolSize: pool, RestoreTargets: serverTargets(paths.targets), RestoreTargetsBurst: serverTargets(paths.burst), ReservedNetworks: serverTargets(paths.nets),
 			// The host's admission check, not placement's overcommit
 			// policy, ends the density fill: it measures the host.
 			Overcommit: benchOvercommit,
@@ -229,7 +234,7 @@ func benchLocal(ctx context.Context, f *cliFlags, paths localPaths, cfg bench.Co
 		return ctx.Err()
 	}
 	cfg.Local, cfg.PoolSize, cfg.CgroupParent = true, pool, "/spore-bench"
-	cfg.RestoreTargets, cfg.ReservedNetworks = paths.targets, paths.nets
+	cfg.RestoreTargets, cfg.RestoreTargetsBurst, cfg.ReservedNetworks = paths.targets, paths.burst, paths.nets
 	cfg.Notes = append(cfg.Notes, fmt.Sprintf("the --local server ran with --memory-overcommit %g --cpu-overcommit %g (placement never refuses before the host's admission check)", benchOvercommit.Memory, benchOvercommit.VCPUs))
 	if !noBare {
 		b := &bench.Bare{Runsc: runsc, DataDir: dir}

@@ -41,6 +41,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringSliceVar(&egressDeny, "egress-deny", nil, "more destinations (CIDRs) added to the egress floor")
 	f.BoolVar(&cfg.NoIPv6, "no-ipv6", false, "give sandboxes IPv4 alone (by default they also get IPv6, NAT66'd through the host, when the host has IPv6)")
 	f.IntVar(&cfg.RestoreTargets, "restore-targets", node.DefaultRestoreTargets, "sandboxes booted ahead of time, per shape that restores ask for, waiting for an image: a create from a snapshot, rollback or resume then pays only the image's load (0: none)")
+	f.IntVar(&cfg.RestoreTargetsBurst, "restore-targets-burst", node.DefaultRestoreTargetsBurst, "most restore targets kept for a shape after a burst of restores of it (a fork's children, overlapping creates): its targets grow to the burst's size, up to this, until the shape goes 5 minutes without a restore (0 or at most --restore-targets: no growth)")
 	f.IntVar(&cfg.ReservedNetworks, "reserved-networks", node.DefaultReservedNetworks, "sandbox networks set up ahead of time (namespaces, links, addresses) for the restores that find no restore target: a fork's children and concurrent creates then only write their policy's rules (0: none)")
 	f.Int64Var(&cfg.BackgroundLoadMB, "background-load", gvisor.DefaultBackgroundLoadBytes>>20, "MiB of memory from which a restore (create from a snapshot, rollback, resume, fork) returns before the memory is all loaded: the sandbox runs while the rest loads in the background (0: never)")
 	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
@@ -60,6 +61,10 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 			return fmt.Errorf("--restore-targets must be 0 (none) or more, got %d", cfg.RestoreTargets)
 		}
 		cfg.RestoreTargets = serverTargets(cfg.RestoreTargets)
+		if cfg.RestoreTargetsBurst < 0 {
+			return fmt.Errorf("--restore-targets-burst must be 0 (no growth) or more, got %d", cfg.RestoreTargetsBurst)
+		}
+		cfg.RestoreTargetsBurst = serverTargets(cfg.RestoreTargetsBurst)
 		if cfg.ReservedNetworks < 0 {
 			return fmt.Errorf("--reserved-networks must be 0 (none) or more, got %d", cfg.ReservedNetworks)
 		}

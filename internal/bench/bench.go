@@ -84,6 +84,10 @@ type Config struct {
 	// RestoreTargets is the server's restore targets per shape (0: none
 	// or unknown), reported in the settings.
 	RestoreTargets int
+	// RestoreTargetsBurst is the most restore targets the server keeps per
+	// shape after a burst of restores (0: no growth or unknown), reported
+	// in the settings.
+	RestoreTargetsBurst int
 	// ReservedNetworks is the server's networks set up ahead (0: none or
 	// unknown), reported in the settings.
 	ReservedNetworks int
@@ -121,7 +125,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.rep = &Report{
 		Schema: SchemaVersion, StartedAt: time.Now().UTC(), Command: cfg.Command, Git: cfg.Git,
 		Machine:  machineInfo(cfg.Bare),
-		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, ReservedNetworks: cfg.ReservedNetworks, ForkGapMs: cfg.ForkGap.Milliseconds(), ForkReps: cfg.ForkReps, Quick: cfg.Quick},
+		Settings: Settings{Target: cfg.Target, Local: cfg.Local, Count: cfg.Count, PoolSize: cfg.PoolSize, RestoreTargets: cfg.RestoreTargets, RestoreTargetsBurst: cfg.RestoreTargetsBurst, ReservedNetworks: cfg.ReservedNetworks, ForkGapMs: cfg.ForkGap.Milliseconds(), ForkReps: cfg.ForkReps, Quick: cfg.Quick},
 	}
 	r.rep.Notes = append(r.rep.Notes, cfg.Notes...)
 	if cfg.Bare == nil {

@@ -31,4 +31,10 @@ func TestForkLevels(t *testing.T) {
 	if s := settingsLine(Settings{}); strings.Contains(s, "forks of each") {
 		t.Errorf("settings line %q names fork repetitions that were not set", s)
 	}
+	if s := settingsLine(Settings{Local: true, RestoreTargets: 2, RestoreTargetsBurst: 16}); !strings.Contains(s, "restore targets per shape 2, up to 16 after a burst") {
+		t.Errorf("settings line %q does not name the targets a burst grows to", s)
+	}
+	if s := settingsLine(Settings{Local: true, RestoreTargets: 2}); strings.Contains(s, "after a burst") {
+		t.Errorf("settings line %q names a burst growth that was off", s)
+	}
 }

@@ -381,6 +381,9 @@ func settingsLine(s Settings) string {
 	}
 	if s.Local {
 		parts = append(parts, fmt.Sprintf("restore targets per shape %d", s.RestoreTargets))
+		if s.RestoreTargetsBurst > s.RestoreTargets {
+			parts = append(parts, fmt.Sprintf("up to %d after a burst", s.RestoreTargetsBurst))
+		}
 		parts = append(parts, fmt.Sprintf("reserved networks %d", s.ReservedNetworks))
 	}
 	if s.ForkGapMs > 0 {

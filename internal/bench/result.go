@@ -49,6 +49,9 @@ type Settings struct {
 	// RestoreTargets: sandboxes the server keeps booted per shape,
 	// waiting for an image (0: none, or not known).
 	RestoreTargets int `json:"restoreTargets,omitempty"`
+	// RestoreTargetsBurst: the most targets kept per shape after a burst
+	// of restores of it (0: no growth, or not known).
+	RestoreTargetsBurst int `json:"restoreTargetsBurst,omitempty"`
 	// ReservedNetworks: sandbox networks the server keeps set up ahead
 	// (0: none, or not known).
 	ReservedNetworks int `json:"reservedNetworks,omitempty"`

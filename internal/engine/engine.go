@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +54,14 @@ type Config struct {
 	// with their networks, see targets.go) are kept for each shape that
 	// restores ask for; 0: none. Needs a runtime.Precreator.
 	RestoreTargets int
+	// RestoreTargetsBurst is the most restore targets a shape keeps after a
+	// burst of restores of it (a fork's children, overlapping creates): its
+	// pool grows to the burst's size, up to this, and goes back to
+	// RestoreTargets after TargetBurstIdle without a restore of the shape.
+	// Below RestoreTargets (0 included): no growth.
+	RestoreTargetsBurst int
+	// TargetBurstIdle: see RestoreTargetsBurst (0: DefaultTargetBurstIdle).
+	TargetBurstIdle time.Duration
 	// ReservedNetworks is how many networks (see netpool.go) are kept set
 	// up ahead of time for the restores that find no restore target; 0:
 	// none. Needs a Network.
@@ -65,6 +74,11 @@ type Config struct {
 
 // Engine runs sandboxes on one host.
 type Engine struct {
+	// ops counts the operations in flight and lastOp is when the last
+	// ended (UnixNano): see opBegin.
+	ops    atomic.Int64
+	lastOp atomic.Int64
+
 	dir       string
 	rootfsDir string
 	rt        runtime.Runtime
@@ -78,7 +92,7 @@ type Engine struct {
 	targets   *targetPool
 	nets      *netPool
 
-	bg sync.WaitGroup // background work of finished operations
+	bg bgTasks // background work of finished operations (and of timers)
 	// The cleanup retrier (cleanup.go): retrier counts it, cleaning says
 	// it runs, cleanGen bumps with each new failure it must see.
 	retrier    sync.WaitGroup
@@ -129,7 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
 		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable, cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
-		targets: newTargetPool(cfg.RestoreTargets), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
+		targets: newTargetPool(cfg.RestoreTargets, cfg.RestoreTargetsBurst, cfg.TargetBurstIdle), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())
 	for _, id := range cfg.Snapshots.Lost() {
@@ -155,7 +169,7 @@ func (e *Engine) Close() error {
 	e.closeTargets()
 	e.closeNets()
 	e.endLife()
-	e.bg.Wait()
+	e.bg.wait()
 	e.retrier.Wait() // stops at the end of life
 	return e.lockFile.Close()
 }
@@ -163,25 +177,65 @@ func (e *Engine) Close() error {
 // background runs fn after an operation has answered (freeing what it
 // replaced); Close and Settle wait for it.
 func (e *Engine) background(fn func()) {
-	e.bg.Add(1)
+	e.bg.add()
 	go func() {
-		defer e.bg.Done()
+		defer e.bg.done()
 		fn()
 	}()
+}
+
+// bgTasks counts work running in the background. Unlike a sync.WaitGroup's,
+// its count may rise from zero while someone waits: a timer (a shape's
+// targets going back to their resting number) starts work at any time.
+type bgTasks struct {
+	mu   sync.Mutex
+	n    int
+	zero sync.Cond // signalled when n drops to 0; L is mu
+}
+
+func (t *bgTasks) add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *bgTasks) done() {
+	t.mu.Lock()
+	if t.n--; t.n == 0 {
+		t.cond().Broadcast()
+	}
+	t.mu.Unlock()
+}
+
+// wait returns once no task runs.
+func (t *bgTasks) wait() {
+	t.mu.Lock()
+	for t.n > 0 {
+		t.cond().Wait()
+	}
+	t.mu.Unlock()
+}
+
+// cond is zero with its lock set. Callers hold mu.
+func (t *bgTasks) cond() *sync.Cond {
+	if t.zero.L == nil {
+		t.zero.L = &t.mu
+	}
+	return &t.zero
 }
 
 // Settle waits until the work operations left running in the background
 // (freeing the instance a rollback replaced, making restore targets) is
 // done.
 func (e *Engine) Settle() {
-	e.bg.Wait()
+	e.bg.wait()
 	if e.targets != nil {
 		e.targets.fills.Wait()
 	}
 	if e.nets != nil {
 		e.nets.fills.Wait()
 	}
-	e.bg.Wait() // what a failed fill dropped
+	e.bg.wait() // what a failed fill dropped
 }
 
 // Runtime returns the runtime the engine drives.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,8 +31,14 @@ type fenv struct {
 	logMu  chan struct{}
 	retry  time.Duration
 	closed bool
-	// targets is the engine's RestoreTargets (0: none).
-	targets int
+	// targets is the engine's RestoreTargets (0: none); burst and
+	// burstIdle its RestoreTargetsBurst and TargetBurstIdle.
+	targets   int
+	burst     int
+	burstIdle time.Duration
+	// avail, when set, is the host's available memory the engine reads,
+	// with the default memory reserve (else no reserve).
+	avail *atomic.Int64
 	// net and nets are the engine's Network (nil: none) and
 	// ReservedNetworks.
 	net  engine.Network
@@ -94,9 +101,14 @@ func (f *fenv) open() {
 		f.t.Fatal(err)
 	}
 	w := lockedWriter{mu: f.logMu, w: f.logs}
+	reserve, memAvail := int64(-1), func() (int64, error) { return 0, nil }
+	if f.avail != nil {
+		reserve, memAvail = 0, func() (int64, error) { return f.avail.Load(), nil }
+	}
 	eng, err := engine.Open(fctx(f.t), engine.Config{
 		Dir: filepath.Join(f.dir, "engine"), RootFSDir: filepath.Join(f.dir, "rootfs"),
-		Runtime: f.rt, Snapshots: repo, MemoryReserve: -1, CleanupRetry: f.retry, RestoreTargets: f.targets,
+		Runtime: f.rt, Snapshots: repo, MemoryReserve: reserve, MemAvailable: memAvail, CleanupRetry: f.retry, RestoreTargets: f.targets,
+		RestoreTargetsBurst: f.burst, TargetBurstIdle: f.burstIdle,
 		Network: f.net, ReservedNetworks: f.nets,
 		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})

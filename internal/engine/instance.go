@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -46,7 +47,11 @@ func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, 
 	if t == nil {
 		t = e.takeNet(spec.ID)
 	}
-	if err := e.admit(); err != nil {
+	err := e.admit()
+	if errors.Is(err, errdefs.ErrResourceLimit) && e.freeBurstTargets() > 0 {
+		err = e.admit() // the targets a burst added were holding what it lacked
+	}
+	if err != nil {
 		if t != nil {
 			e.dropTarget(t)
 		}
@@ -82,7 +87,6 @@ func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, 
 		}
 		spec.NetNS, addr = n.NetNS, n.Addr
 	}
-	var err error
 	if image == "" {
 		done := timing.Track(ctx, "boot")
 		err = e.rt.Start(ctx, spec)

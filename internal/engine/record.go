@@ -243,7 +243,8 @@ func (e *Engine) lock(ctx context.Context, id string) (*record, func(), error) {
 	case <-ctx.Done():
 		return nil, nil, fmt.Errorf("sandbox %s: waiting for the operation in progress: %w", id, ctx.Err())
 	}
-	unlock := func() { <-l }
+	e.opBegin()
+	unlock := func() { <-l; e.opEnd() }
 	rec, err := e.load(id) // it may have been killed while we waited
 	if err != nil {
 		unlock()
@@ -293,7 +294,9 @@ func (e *Engine) claim(ctx context.Context, id string) (*record, func(), error) 
 			rec = &cp
 		}
 		e.mu.Unlock()
+		e.opBegin()
 		unlock := func() {
+			defer e.opEnd()
 			// A create that failed leaves no record: drop its lock so
 			// the map does not keep one per failed ID.
 			e.mu.Lock()
@@ -305,6 +308,22 @@ func (e *Engine) claim(ctx context.Context, id string) (*record, func(), error) 
 		}
 		return rec, unlock, nil
 	}
+}
+
+// opBegin and opEnd count the operations in flight (those holding a
+// sandbox's operation lock) and note when the last ended: the targets a
+// burst adds are made only while the engine is quiet (quietFor).
+func (e *Engine) opBegin() { e.ops.Add(1) }
+
+func (e *Engine) opEnd() {
+	e.lastOp.Store(time.Now().UnixNano())
+	e.ops.Add(-1)
+}
+
+// quietFor reports whether no operation is in flight and none ended in the
+// last d.
+func (e *Engine) quietFor(d time.Duration) bool {
+	return e.ops.Load() == 0 && time.Since(time.Unix(0, e.lastOp.Load())) >= d
 }
 
 // wantState refuses an operation on a sandbox in the wrong state.

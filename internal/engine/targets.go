@@ -3,10 +3,13 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,12 +32,24 @@ import (
 // restore has asked for it; the engine keeps targets for the
 // maxTargetShapes shapes asked for last and drops the others' targets.
 //
+// A shape that sees a burst of restores (a fork's children, creates that
+// overlap) keeps as many targets as the burst had restores, up to the
+// pool's burst, so that the next burst of that size pays only the images'
+// loads; after the pool's idle time (Config.TargetBurstIdle) without a
+// restore of the shape it goes back to per. The extra targets are made
+// only while the engine is quiet (targetQuiet). A target costs ~20 MB of
+// memory while it waits; each is admitted like a sandbox (Engine.admit)
+// when it is made, and a launch the host refuses frees the extra ones
+// first (freeBurstTargets).
+//
 // A target's instance ID is its own (it is named before any sandbox claims
 // it): a sandbox's record names it like any instance, and its network is
 // claimed for the sandbox (netns.Manager.Claim: its policy, and its egress
 // audit journaled under the sandbox).
 type targetPool struct {
-	per int // targets kept per shape
+	per   int           // targets kept per shape at rest
+	burst int           // most kept for a shape after a burst of restores (≥ per)
+	idle  time.Duration // a shape back to per after this long without a restore
 
 	mu      sync.Mutex
 	shapes  map[string]*targetShape
@@ -55,6 +70,16 @@ type targetShape struct {
 	// busy counts the restores of this shape in flight (claimTarget to
 	// release), with or without a target.
 	busy int
+	// run counts the restores of the burst in flight: those claimed since
+	// busy last rose from 0.
+	run int
+	// want is how many targets the shape keeps: per, or the size of its
+	// largest burst up to the pool's burst until the shape goes idle.
+	want int
+	// idleGen tells a shrink timer whether a restore came after it was
+	// armed.
+	idleGen int
+	shrink  *time.Timer
 }
 
 type target struct {
@@ -65,7 +90,24 @@ type target struct {
 	net   netns.Net // its network (when the engine has one)
 	// netOnly: a reserved network (netpool.go), no pre-created instance.
 	netOnly bool
+	// extra: made beyond the shape's resting number, for a burst. Its
+	// fill waits until the engine has been quiet for targetQuiet (a boot
+	// takes CPU from whatever runs beside it), unless a restore claimed
+	// it first.
+	extra   bool
+	started atomic.Bool // its fill got past the wait: the boot is under way
+	claimed atomic.Bool
+	// dropped: nobody will use it; a fill not yet begun makes nothing.
+	dropped atomic.Bool
 }
+
+// errTargetDropped ends the fill of a target dropped before it began (the
+// engine closing, its shape evicted or gone back to its resting number).
+var errTargetDropped = errors.New("restore target dropped before it was made")
+
+// targetQuiet is how long the engine must have run no operation before a
+// burst's extra target is made.
+const targetQuiet = 200 * time.Millisecond
 
 // treeIdent identifies the directories a target's sandbox holds open from
 // its creation: its root filesystem and mount sources. One made again at
@@ -88,11 +130,18 @@ func treeIdent(spec runtime.Spec) string {
 	return b.String()
 }
 
-func newTargetPool(per int) *targetPool {
+// DefaultTargetBurstIdle is how long a shape keeps the targets a burst
+// grew it to after its last restore.
+const DefaultTargetBurstIdle = 5 * time.Minute
+
+func newTargetPool(per, burst int, idle time.Duration) *targetPool {
 	if per <= 0 {
 		return nil
 	}
-	return &targetPool{per: per, shapes: map[string]*targetShape{}, claimed: map[string]*target{}}
+	if idle <= 0 {
+		idle = DefaultTargetBurstIdle
+	}
+	return &targetPool{per: per, burst: max(per, burst), idle: idle, shapes: map[string]*targetShape{}, claimed: map[string]*target{}}
 }
 
 // shapeKey is what a target must match (runtime.RestoreShape).
@@ -137,32 +186,44 @@ func (e *Engine) claimInstance(spec *runtime.Spec) (release func(), ok bool) {
 	}
 	sh := p.shapes[key]
 	if sh == nil {
-		sh = &targetShape{spec: runtime.RestoreShape(*spec)}
+		sh = &targetShape{spec: runtime.RestoreShape(*spec), want: p.per}
 		p.shapes[key] = sh
 	}
 	sh.used = time.Now()
+	if sh.busy == 0 {
+		sh.run = 0
+	}
+	sh.run++
+	sh.idleGen++
 	e.evictShapesLocked()
-	var claimed *target
-	for claimed == nil && len(sh.queue) > 0 {
-		t := sh.queue[0]
-		if t.trees != trees {
-			sh.queue = sh.queue[1:]
+	// Targets made over a tree made again since are of no use.
+	for i := 0; i < len(sh.queue); {
+		if t := sh.queue[i]; t.trees != trees {
+			sh.queue = slices.Delete(sh.queue, i, i+1)
 			e.log.Info("restore target dropped: its root filesystem or a mount was made again since", "instance", t.id)
 			e.dropTarget(t)
 			continue
 		}
-		// A target still being made is worth waiting for when this
-		// restore is its shape's only one: the boot is further along than
-		// a new one would be. In a burst (a fork, concurrent creates) the
-		// fills, one at a time, would serialize the restores that wait
-		// for them: those boot their own, side by side.
-		if !isReady(t) && sh.busy > 0 {
-			break
-		}
-		sh.queue = sh.queue[1:]
-		claimed = t
-		p.claimed[t.id] = t
-		spec.ID = t.id
+		i++
+	}
+	// A ready target first. Else one still being made is worth waiting
+	// for when this restore is its shape's only one: the boot is further
+	// along than a new one would be. In a burst (a fork, concurrent
+	// creates) the fills, one at a time, would serialize the restores that
+	// wait for them: those boot their own, side by side. An extra target
+	// whose boot has not begun (it waits for the engine to be quiet) is no
+	// further along than a new one either.
+	pick := slices.IndexFunc(sh.queue, isReady)
+	if pick < 0 && sh.busy == 0 {
+		pick = slices.IndexFunc(sh.queue, func(t *target) bool { return !t.extra || t.started.Load() })
+	}
+	var claimed *target
+	if pick >= 0 {
+		claimed = sh.queue[pick]
+		sh.queue = slices.Delete(sh.queue, pick, pick+1)
+		claimed.claimed.Store(true)
+		p.claimed[claimed.id] = claimed
+		spec.ID = claimed.id
 	}
 	sh.busy++
 	p.mu.Unlock()
@@ -178,9 +239,13 @@ func (e *Engine) claimInstance(spec *runtime.Spec) (release func(), ok bool) {
 		}
 		// Top up once the shape's restores are over: a fill is a
 		// sandbox's boot, which would take CPU from the restores it is
-		// meant to spare.
+		// meant to spare. A burst grows the shape's pool to its size.
 		if !p.closed && p.shapes[key] == sh && sh.busy == 0 {
+			sh.want = max(sh.want, min(sh.run, p.burst))
 			e.topUpLocked(sh)
+			if sh.want > p.per {
+				e.armShrinkLocked(key, sh)
+			}
 		}
 	}, claimed != nil
 }
@@ -236,15 +301,85 @@ func (e *Engine) evictShapesLocked() {
 		for _, t := range p.shapes[oldest].queue {
 			e.dropTarget(t)
 		}
+		if p.shapes[oldest].shrink != nil {
+			p.shapes[oldest].shrink.Stop()
+		}
 		delete(p.shapes, oldest)
 	}
+}
+
+// armShrinkLocked (re)starts the timer that takes a shape grown by a
+// burst back to per targets once no restore of it came for the pool's idle
+// time.
+func (e *Engine) armShrinkLocked(key string, sh *targetShape) {
+	p := e.targets
+	gen := sh.idleGen
+	if sh.shrink != nil {
+		sh.shrink.Stop()
+	}
+	sh.shrink = time.AfterFunc(p.idle, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.closed || p.shapes[key] != sh || sh.busy > 0 || sh.idleGen != gen {
+			return // closed, evicted, or a restore came since: it re-arms
+		}
+		sh.want = p.per
+		for len(sh.queue) > sh.want {
+			t := sh.queue[len(sh.queue)-1]
+			sh.queue = sh.queue[:len(sh.queue)-1]
+			e.dropTarget(t)
+		}
+		e.log.Info("restore targets back to their resting number: no restore of their shape for a while", "targets", sh.want, "idle", p.idle)
+	})
+}
+
+// freeBurstTargets takes every shape back to its resting number of targets
+// at once, freeing the extra ones a burst added, and returns how many made
+// targets it freed: a launch the host's memory (or task table) refused
+// tries again with what they held.
+func (e *Engine) freeBurstTargets() int {
+	p := e.targets
+	if p == nil {
+		return 0
+	}
+	var extra []*target
+	p.mu.Lock()
+	for _, sh := range p.shapes {
+		sh.want = p.per
+		for len(sh.queue) > sh.want {
+			extra = append(extra, sh.queue[len(sh.queue)-1])
+			sh.queue = sh.queue[:len(sh.queue)-1]
+		}
+		if sh.shrink != nil {
+			sh.shrink.Stop()
+		}
+	}
+	p.mu.Unlock()
+	freed := 0
+	for _, t := range extra {
+		t.dropped.Store(true)
+		e.freeTarget(t) // waits for a fill under way
+		if t.err == nil {
+			freed++
+		}
+	}
+	if len(extra) > 0 {
+		e.log.Warn("host resources low: freed the restore targets bursts added", "targets", len(extra), "made", freed)
+	}
+	return freed
 }
 
 // topUpLocked starts fills until the shape has its targets.
 func (e *Engine) topUpLocked(sh *targetShape) {
 	p := e.targets
-	for len(sh.queue) < p.per {
-		t := &target{id: ids.New('p'), trees: treeIdent(sh.spec), ready: make(chan struct{})}
+	for len(sh.queue) < sh.want {
+		regular := 0
+		for _, q := range sh.queue {
+			if !q.extra {
+				regular++
+			}
+		}
+		t := &target{id: ids.New('p'), trees: treeIdent(sh.spec), ready: make(chan struct{}), extra: regular >= p.per}
 		sh.queue = append(sh.queue, t)
 		spec := sh.spec
 		p.fills.Add(1)
@@ -252,6 +387,9 @@ func (e *Engine) topUpLocked(sh *targetShape) {
 			defer p.fills.Done()
 			e.fillTarget(t, spec)
 			if t.err != nil {
+				if errors.Is(t.err, errTargetDropped) {
+					return // no longer wanted: nothing to say, nothing was made
+				}
 				e.log.Warn("restore target not made: restores of its shape pay the sandbox's boot", "instance", t.id, "err", t.err)
 				p.mu.Lock()
 				for _, s := range p.shapes {
@@ -273,12 +411,28 @@ func (e *Engine) topUpLocked(sh *targetShape) {
 func (e *Engine) fillTarget(t *target, spec runtime.Spec) {
 	defer close(t.ready)
 	p := e.targets
-	p.fill.Lock()
-	defer p.fill.Unlock()
 	ctx := e.life
+	for {
+		if t.extra {
+			if t.err = e.awaitQuiet(ctx, t); t.err != nil {
+				return
+			}
+		}
+		p.fill.Lock()
+		if !t.extra || t.claimed.Load() || e.quietFor(targetQuiet) {
+			break
+		}
+		p.fill.Unlock() // an operation came while it waited for the fill before it
+	}
+	defer p.fill.Unlock()
 	if t.err = ctx.Err(); t.err != nil {
 		return
 	}
+	if t.dropped.Load() {
+		t.err = errTargetDropped
+		return
+	}
+	t.started.Store(true)
 	if t.err = e.admit(); t.err != nil {
 		return
 	}
@@ -297,8 +451,28 @@ func (e *Engine) fillTarget(t *target, spec runtime.Spec) {
 	}
 }
 
+// awaitQuiet waits until the engine has run no operation for targetQuiet,
+// a restore has claimed t (it waits for t), or the engine closes.
+func (e *Engine) awaitQuiet(ctx context.Context, t *target) error {
+	for !t.claimed.Load() && !e.quietFor(targetQuiet) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(targetQuiet / 10):
+		}
+		e.targets.mu.Lock()
+		closed := e.targets.closed
+		e.targets.mu.Unlock()
+		if closed || t.dropped.Load() {
+			return errTargetDropped
+		}
+	}
+	return nil
+}
+
 // dropTarget frees a target nobody will use in the background.
 func (e *Engine) dropTarget(t *target) {
+	t.dropped.Store(true)
 	e.background(func() { e.freeTarget(t) })
 }
 
@@ -375,6 +549,9 @@ func (e *Engine) closeTargets() {
 	var all []*target
 	for _, sh := range p.shapes {
 		all = append(all, sh.queue...)
+		if sh.shrink != nil {
+			sh.shrink.Stop()
+		}
 	}
 	// Claimed ones belong to operations in flight, which free them.
 	p.shapes = map[string]*targetShape{}

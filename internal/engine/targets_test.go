@@ -5,11 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/runtime/fake"
 )
 
@@ -301,6 +304,250 @@ func TestRestoreTargetsNotAwaitedWhileBusy(t *testing.T) {
 	f.eng.Settle()
 	if n := f.rt.Calls(fake.OpPrecreate) - fills; n != 1 {
 		t.Fatalf("%d targets made after the restores, want 1", n)
+	}
+	checkAgree(t, f)
+}
+
+// holdRestores makes the fake runtime hold each restore until n have
+// arrived, so that n restores are in flight at once (a burst), and returns
+// the undo.
+func holdRestores(f *fenv, n int) func() {
+	var mu sync.Mutex
+	arrived, all := 0, make(chan struct{})
+	f.rt.Hook(func(op fake.Op, _ string) error {
+		if op != fake.OpRestore {
+			return nil
+		}
+		mu.Lock()
+		if arrived++; arrived == n {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	})
+	return func() { f.rt.Hook(nil) }
+}
+
+// A burst of restores of a shape grows its targets to the burst's size, up
+// to RestoreTargetsBurst: the next burst of that size runs wholly in
+// targets. Restores one at a time do not shrink it.
+func TestRestoreTargetsGrowWithABurst(t *testing.T) {
+	f := newFakeWith(t, &fenv{targets: 1, burst: 3, burstIdle: time.Hour})
+	ctx := fctx(t)
+	sb := f.create()
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 1 {
+		t.Fatalf("targets after one restore %v, want 1", got)
+	}
+	undo := holdRestores(f, 5)
+	fr, err := f.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 5, Concurrency: 5})
+	undo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range fr.Children {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+	}
+	f.eng.Settle()
+	ready := f.eng.RestoreTargets()
+	if len(ready) != 3 {
+		t.Fatalf("targets after a burst of 5 restores %v, want 3 (the burst's size, capped)", ready)
+	}
+	fr, err = f.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range fr.Children {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		if !slices.Contains(ready, c.Sandbox.Instance) {
+			t.Fatalf("fork child ran in %s, not in one of the targets %v", c.Sandbox.Instance, ready)
+		}
+		if f.get(c.Sandbox.ID, "boot") == "" {
+			t.Fatalf("fork child %s restored into a target has no memory", c.Sandbox.ID)
+		}
+	}
+	f.create()
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 3 {
+		t.Fatalf("targets after another burst and a single create %v, want 3", got)
+	}
+	checkAgree(t, f)
+}
+
+// A shape grown by a burst goes back to RestoreTargets once no restore of
+// it came for TargetBurstIdle: the extra targets' instances are freed.
+func TestRestoreTargetsShrinkWhenIdle(t *testing.T) {
+	f := newFakeWith(t, &fenv{targets: 1, burst: 4, burstIdle: 3 * time.Second})
+	sb := f.create()
+	f.eng.Settle()
+	fills := f.rt.Calls(fake.OpPrecreate)
+	undo := holdRestores(f, 4)
+	if _, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 4, Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	undo()
+	f.eng.Settle() // the extra targets are made once the engine is quiet
+	if got := f.eng.RestoreTargets(); len(got) != 4 {
+		t.Fatalf("targets after a burst of 4 %v, want 4", got)
+	}
+	held := func() map[string]bool {
+		h := map[string]bool{}
+		for _, s := range f.eng.List(fctx(t)) {
+			h[s.Instance] = true
+		}
+		return h
+	}
+	waitFor(t, "the burst's extra targets freed", func() bool {
+		f.eng.Settle()
+		return len(f.eng.RestoreTargets()) == 1
+	})
+	if n := f.rt.Calls(fake.OpPrecreate) - fills; n < 4 {
+		t.Fatalf("%d targets made after a burst of 4 restores, want 4 (the pool grown to the burst)", n)
+	}
+	f.eng.Settle()
+	h := held()
+	var extra []string
+	for _, id := range f.rt.Instances() {
+		if !h[id] {
+			extra = append(extra, id)
+		}
+	}
+	if len(extra) != 1 {
+		t.Fatalf("instances held by no sandbox %v, want the one resting target", extra)
+	}
+	if !strings.Contains(f.logged(), "restore targets back to their resting number") {
+		t.Fatal("the shrink is not logged")
+	}
+	checkAgree(t, f)
+}
+
+// The targets a burst adds are made only once the engine has run no
+// operation for a while: a sandbox's boot beside an operation slows it.
+func TestRestoreTargetsExtraWaitForQuiet(t *testing.T) {
+	f := newFakeWith(t, &fenv{targets: 1, burst: 3, burstIdle: time.Hour})
+	sb, other := f.create(), f.create()
+	f.eng.Settle()
+	// An operation in flight across the burst's end: a snapshot of another
+	// sandbox, held in its checkpoint.
+	// The fork's three restores are held until all are in flight (a burst).
+	release, inCheckpoint := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	arrived, all := 0, make(chan struct{})
+	f.rt.Hook(func(op fake.Op, instance string) error {
+		switch {
+		case op == fake.OpCheckpoint && instance == other.Instance:
+			close(inCheckpoint)
+			<-release
+		case op == fake.OpRestore:
+			mu.Lock()
+			if arrived++; arrived == 3 {
+				close(all)
+			}
+			mu.Unlock()
+			select {
+			case <-all:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		return nil
+	})
+	snapped := make(chan error, 1)
+	go func() {
+		_, err := f.eng.Snapshot(fctx(t), other.ID, engine.SnapshotOptions{})
+		snapped <- err
+	}()
+	<-inCheckpoint
+	fr, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range fr.Children {
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+	}
+	time.Sleep(600 * time.Millisecond) // three times the quiet it waits for
+	// A restore does not wait for an extra target whose boot has not
+	// begun: the first create takes the resting one, the second boots its
+	// own.
+	queued := f.eng.RestoreTargets()
+	first, second := f.create(), f.create()
+	if !slices.Contains(queued, first.Instance) || slices.Contains(queued, second.Instance) {
+		t.Fatalf("creates ran in %s and %s; targets were %v (the first made, the others waiting for quiet)", first.Instance, second.Instance, queued)
+	}
+	// The two extra targets (queued after the resting one) were not made
+	// while operations ran.
+	insts := f.rt.Instances()
+	for _, id := range queued[1:] {
+		if slices.Contains(insts, id) {
+			t.Fatalf("extra target %s made while operations ran (targets %v)", id, queued)
+		}
+	}
+	close(release)
+	if err := <-snapped; err != nil {
+		t.Fatal(err)
+	}
+	f.rt.Hook(nil)
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 3 {
+		t.Fatalf("targets once the engine was quiet %v, want 3", got)
+	}
+	checkAgree(t, f)
+}
+
+// A launch the host's memory refuses first frees the targets bursts added
+// (idle sandboxes holding memory), and goes ahead if that was enough;
+// without any to free it is refused as before, and nothing is left.
+func TestRestoreTargetsFreedForAdmission(t *testing.T) {
+	var avail atomic.Int64
+	avail.Store(8 << 30)
+	f := newFakeWith(t, &fenv{targets: 1, burst: 3, burstIdle: time.Hour, avail: &avail})
+	sb := f.create()
+	f.eng.Settle()
+	undo := holdRestores(f, 3)
+	if _, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3}); err != nil {
+		t.Fatal(err)
+	}
+	undo()
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 3 {
+		t.Fatalf("targets after a burst of 3 %v, want 3", got)
+	}
+	// Below the reserve (1 GiB); each instance killed gives back 200 MiB.
+	avail.Store(900 << 20)
+	f.rt.Hook(func(op fake.Op, _ string) error {
+		if op == fake.OpKill {
+			avail.Add(200 << 20)
+		}
+		return nil
+	})
+	if _, err := f.eng.Create(fctx(t), engine.CreateOptions{Template: "tpl"}); err != nil {
+		t.Fatalf("create with burst targets to free: %v", err)
+	}
+	f.eng.Settle()
+	if got := f.eng.RestoreTargets(); len(got) != 1 {
+		t.Fatalf("targets after freeing for admission %v, want the resting 1", got)
+	}
+	if !strings.Contains(f.logged(), "freed the restore targets bursts added") {
+		t.Fatal("freeing the targets for admission is not logged")
+	}
+	avail.Store(500 << 20)
+	before := len(f.eng.List(fctx(t)))
+	_, err := f.eng.Create(fctx(t), engine.CreateOptions{Template: "tpl"})
+	if !errors.Is(err, errdefs.ErrResourceLimit) {
+		t.Fatalf("create with no burst target to free, memory low: %v, want a resource limit", err)
+	}
+	f.rt.Hook(nil)
+	if after := len(f.eng.List(fctx(t))); after != before {
+		t.Fatalf("a refused create left %d sandboxes, had %d", after, before)
 	}
 	checkAgree(t, f)
 }

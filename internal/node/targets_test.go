@@ -162,3 +162,62 @@ func TestReservedNetworksInTheSandbox(t *testing.T) {
 		t.Fatalf("reserved networks after the fork %v, want 2 new ones (before: %v)", next, pool)
 	}
 }
+
+// A fork grows its shape's restore targets to the fork's size (up to
+// RestoreTargetsBurst), and the next fork of that size runs wholly in
+// targets, in real gVisor: every child has the source's memory (a process
+// still running), files, its own identity (ID, token) and its own network
+// address.
+func TestRestoreTargetsGrowInTheSandbox(t *testing.T) {
+	e := newEnvTuned(t, func(c *node.Config) {
+		c.NetPrefix = "spg"
+		c.RestoreTargets, c.RestoreTargetsBurst = 1, 3
+	})
+	ctx := ctxFor(t)
+	src := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase})
+	c := e.client(src)
+	c.sh(ctx, "echo kept > /home/user/f; nohup sleep 1000 >/dev/null 2>&1 & echo $! > /home/user/pid")
+	fork := func() []engine.Sandbox {
+		t.Helper()
+		fr, err := e.n.Engine.Fork(ctx, src.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []engine.Sandbox
+		for _, ch := range fr.Children {
+			if ch.Err != nil {
+				t.Fatal(ch.Err)
+			}
+			out = append(out, ch.Sandbox)
+		}
+		return out
+	}
+	fork()
+	e.n.Engine.Settle()
+	targets := e.n.Engine.RestoreTargets()
+	if len(targets) != 3 {
+		t.Fatalf("restore targets %v after a fork of 3, want 3", targets)
+	}
+	tokens, addrs := map[string]bool{src.Run.AccessToken: true}, map[netip.Addr]bool{}
+	for _, kid := range fork() {
+		if !slices.Contains(targets, kid.Instance) {
+			t.Fatalf("child %s ran in %s, not in one of the targets %v", kid.ID, kid.Instance, targets)
+		}
+		if tokens[kid.Run.AccessToken] {
+			t.Fatalf("child %s shares an access token", kid.ID)
+		}
+		tokens[kid.Run.AccessToken] = true
+		k := e.client(kid)
+		if got := k.sh(ctx, "cat /home/user/f; kill -0 $(cat /home/user/pid) && echo alive"); got != "kept\nalive\n" {
+			t.Fatalf("child %s: %q, want the source's file and process", kid.ID, got)
+		}
+		if got := k.sh(ctx, "echo $E2B_SANDBOX_ID"); got != kid.ID+"\n" {
+			t.Fatalf("child identity = %q, want %s", got, kid.ID)
+		}
+		// The client reached the child's daemon at this address.
+		if !kid.Addr.IsValid() || addrs[kid.Addr] {
+			t.Fatalf("child %s address %v: none or another child's", kid.ID, kid.Addr)
+		}
+		addrs[kid.Addr] = true
+	}
+}

@@ -69,6 +69,9 @@ type Config struct {
 	NoIPv6      bool // see node.Config
 	// RestoreTargets: see node.Config (0: the default, negative: none).
 	RestoreTargets int
+	// RestoreTargetsBurst: see node.Config (0: the default, negative: no
+	// growth).
+	RestoreTargetsBurst int
 	// ReservedNetworks: see node.Config (0: the default, negative: none).
 	ReservedNetworks int
 	// BackgroundLoadMB: see node.Config.
@@ -192,7 +195,7 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerToken: cfg.peerToken,
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
-		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, ReservedNetworks: cfg.ReservedNetworks, BackgroundLoadMB: cfg.BackgroundLoadMB, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
+		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, RestoreTargetsBurst: cfg.RestoreTargetsBurst, ReservedNetworks: cfg.ReservedNetworks, BackgroundLoadMB: cfg.BackgroundLoadMB, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
 		InsecureRegistries: cfg.InsecureRegistries, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
 	})
 	if err != nil {

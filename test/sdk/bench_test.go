@@ -56,6 +56,8 @@ func TestBenchSmoke(t *testing.T) {
 		{"bench", "--sections", "nope", "--out", bad},
 		{"bench", "--count", "-1", "--out", bad},
 		{"bench", "--density-max", "-5", "--out", bad},
+		{"bench", "--local", "--local-restore-targets-burst", "-1", "--out", bad},
+		{"up", "--restore-targets-burst", "-1", "--data-dir", bad},
 	} {
 		o, e, code := s.cli("", args...)
 		if code == 0 || e == "" {
