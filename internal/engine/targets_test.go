@@ -203,26 +203,9 @@ func TestRestoreTargetsInABurst(t *testing.T) {
 	f.eng.Settle()
 	ready := f.eng.RestoreTargets()
 	fills := f.rt.Calls(fake.OpPrecreate)
-	// Hold each child's restore until all four are in flight.
-	var mu sync.Mutex
-	arrived, all := 0, make(chan struct{})
-	f.rt.Hook(func(op fake.Op, _ string) error {
-		if op != fake.OpRestore {
-			return nil
-		}
-		mu.Lock()
-		if arrived++; arrived == 4 {
-			close(all)
-		}
-		mu.Unlock()
-		select {
-		case <-all:
-		case <-time.After(10 * time.Second):
-		}
-		return nil
-	})
+	undo := holdRestores(f, 4) // each child's restore until all four are in flight
 	fr, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 4, Concurrency: 4})
-	f.rt.Hook(nil)
+	undo()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,12 +295,22 @@ func TestRestoreTargetsNotAwaitedWhileBusy(t *testing.T) {
 // arrived, so that n restores are in flight at once (a burst), and returns
 // the undo.
 func holdRestores(f *fenv, n int) func() {
+	gate := arrivals(n)
+	f.rt.Hook(func(op fake.Op, _ string) error {
+		if op == fake.OpRestore {
+			gate()
+		}
+		return nil
+	})
+	return func() { f.rt.Hook(nil) }
+}
+
+// arrivals returns a function that blocks its callers until n calls have
+// arrived (or 10 s have passed).
+func arrivals(n int) func() {
 	var mu sync.Mutex
 	arrived, all := 0, make(chan struct{})
-	f.rt.Hook(func(op fake.Op, _ string) error {
-		if op != fake.OpRestore {
-			return nil
-		}
+	return func() {
 		mu.Lock()
 		if arrived++; arrived == n {
 			close(all)
@@ -327,9 +320,7 @@ func holdRestores(f *fenv, n int) func() {
 		case <-all:
 		case <-time.After(10 * time.Second):
 		}
-		return nil
-	})
-	return func() { f.rt.Hook(nil) }
+	}
 }
 
 // A burst of restores of a shape grows its targets to the burst's size, up
@@ -439,23 +430,14 @@ func TestRestoreTargetsExtraWaitForQuiet(t *testing.T) {
 	// sandbox, held in its checkpoint.
 	// The fork's three restores are held until all are in flight (a burst).
 	release, inCheckpoint := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	arrived, all := 0, make(chan struct{})
+	gate := arrivals(3)
 	f.rt.Hook(func(op fake.Op, instance string) error {
 		switch {
 		case op == fake.OpCheckpoint && instance == other.Instance:
 			close(inCheckpoint)
 			<-release
 		case op == fake.OpRestore:
-			mu.Lock()
-			if arrived++; arrived == 3 {
-				close(all)
-			}
-			mu.Unlock()
-			select {
-			case <-all:
-			case <-time.After(10 * time.Second):
-			}
+			gate()
 		}
 		return nil
 	})
