@@ -141,6 +141,22 @@ func (f *fenv) create() engine.Sandbox {
 	return sb
 }
 
+// fork forks src and fails the test on the fork's error or any child's;
+// it returns the children.
+func (f *fenv) fork(src string, opts engine.ForkOptions) []engine.ForkChild {
+	f.t.Helper()
+	fr, err := f.eng.Fork(fctx(f.t), src, opts)
+	if err != nil {
+		f.t.Fatalf("fork: %v", err)
+	}
+	for _, c := range fr.Children {
+		if c.Err != nil {
+			f.t.Fatalf("fork child: %v", c.Err)
+		}
+	}
+	return fr.Children
+}
+
 // run execs a command in a sandbox through the engine.
 func (f *fenv) run(id string, args ...string) (string, error) {
 	var out bytes.Buffer

@@ -39,14 +39,8 @@ func TestReservedNetworks(t *testing.T) {
 	}
 
 	setups := fn.Setups()
-	fr, err := f.eng.Fork(ctx, src.ID, engine.ForkOptions{Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+	children := f.fork(src.ID, engine.ForkOptions{Count: 2})
+	for _, c := range children {
 		if !slices.Contains(pool, c.Sandbox.Instance) {
 			t.Fatalf("child %s runs in %s, not in a reserved network %v", c.Sandbox.ID, c.Sandbox.Instance, pool)
 		}
@@ -66,7 +60,7 @@ func TestReservedNetworks(t *testing.T) {
 	if len(next) != 3 || !slices.Equal(sorted(next), fn.Reserved()) {
 		t.Fatalf("after the fork: reserved %v, the network's %v; want 3", next, fn.Reserved())
 	}
-	for _, c := range fr.Children {
+	for _, c := range children {
 		if slices.Contains(next, c.Sandbox.Instance) {
 			t.Fatalf("child %s's network %s is still listed as reserved", c.Sandbox.ID, c.Sandbox.Instance)
 		}
@@ -76,15 +70,9 @@ func TestReservedNetworks(t *testing.T) {
 	// (A child that ends while none is in flight lets the pool refill,
 	// and a later child may take a network made meanwhile.)
 	setups, pool = fn.Setups(), f.eng.ReservedNetworks()
-	fr, err = f.eng.Fork(ctx, src.ID, engine.ForkOptions{Count: 5, Concurrency: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
+	children = f.fork(src.ID, engine.ForkOptions{Count: 5, Concurrency: 5})
 	taken := 0
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+	for _, c := range children {
 		if n, ok := fn.Get(c.Sandbox.Instance); !ok || n.Reserved || !slices.Equal(n.Policy.Deny, policy.Deny) {
 			t.Fatalf("child %s's network: %+v (%v)", c.Sandbox.ID, n, ok)
 		}

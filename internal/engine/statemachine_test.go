@@ -86,14 +86,8 @@ func TestFakeTransitions(t *testing.T) {
 	}
 
 	// fork: independent children with the parent's memory
-	fr, err := f.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+	children := f.fork(sb.ID, engine.ForkOptions{Count: 3})
+	for _, c := range children {
 		if f.get(c.Sandbox.ID, "x") != "1" {
 			t.Fatalf("child %s has x = %s", c.Sandbox.ID, f.get(c.Sandbox.ID, "x"))
 		}
@@ -142,7 +136,7 @@ func TestFakeTransitions(t *testing.T) {
 	wantConflict(t, "resume of a dead sandbox", f.eng.Resume(ctx, sb.ID))
 
 	// kill: gone, everything freed
-	for _, id := range append([]string{sb.ID}, childIDs(fr)...) {
+	for _, id := range append([]string{sb.ID}, childIDs(children)...) {
 		if err := f.eng.Kill(ctx, id); err != nil {
 			t.Fatalf("kill %s: %v", id, err)
 		}
@@ -160,9 +154,9 @@ func TestFakeTransitions(t *testing.T) {
 
 func second[T any](_ T, err error) error { return err }
 
-func childIDs(fr engine.ForkResult) []string {
+func childIDs(children []engine.ForkChild) []string {
 	var out []string
-	for _, c := range fr.Children {
+	for _, c := range children {
 		out = append(out, c.Sandbox.ID)
 	}
 	return out

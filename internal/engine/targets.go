@@ -323,14 +323,23 @@ func (e *Engine) armShrinkLocked(key string, sh *targetShape) {
 		if p.closed || p.shapes[key] != sh || sh.busy > 0 || sh.idleGen != gen {
 			return // closed, evicted, or a restore came since: it re-arms
 		}
-		sh.want = p.per
-		for len(sh.queue) > sh.want {
-			t := sh.queue[len(sh.queue)-1]
-			sh.queue = sh.queue[:len(sh.queue)-1]
+		for _, t := range p.shrinkLocked(sh) {
 			e.dropTarget(t)
 		}
 		e.log.Info("restore targets back to their resting number: no restore of their shape for a while", "targets", sh.want, "idle", p.idle)
 	})
+}
+
+// shrinkLocked takes sh back to the resting number of targets and returns
+// the ones beyond it (the newest), out of its queue, for the caller to free.
+func (p *targetPool) shrinkLocked(sh *targetShape) []*target {
+	sh.want = p.per
+	var out []*target
+	for len(sh.queue) > sh.want {
+		out = append(out, sh.queue[len(sh.queue)-1])
+		sh.queue = sh.queue[:len(sh.queue)-1]
+	}
+	return out
 }
 
 // freeBurstTargets takes every shape back to its resting number of targets
@@ -345,11 +354,7 @@ func (e *Engine) freeBurstTargets() int {
 	var extra []*target
 	p.mu.Lock()
 	for _, sh := range p.shapes {
-		sh.want = p.per
-		for len(sh.queue) > sh.want {
-			extra = append(extra, sh.queue[len(sh.queue)-1])
-			sh.queue = sh.queue[:len(sh.queue)-1]
-		}
+		extra = append(extra, p.shrinkLocked(sh)...)
 		if sh.shrink != nil {
 			sh.shrink.Stop()
 		}

@@ -204,16 +204,10 @@ func TestRestoreTargetsInABurst(t *testing.T) {
 	ready := f.eng.RestoreTargets()
 	fills := f.rt.Calls(fake.OpPrecreate)
 	undo := holdRestores(f, 4) // each child's restore until all four are in flight
-	fr, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 4, Concurrency: 4})
+	children := f.fork(sb.ID, engine.ForkOptions{Count: 4, Concurrency: 4})
 	undo()
-	if err != nil {
-		t.Fatal(err)
-	}
 	used := 0
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+	for _, c := range children {
 		if slices.Contains(ready, c.Sandbox.Instance) {
 			used++
 		}
@@ -328,36 +322,21 @@ func arrivals(n int) func() {
 // targets. Restores one at a time do not shrink it.
 func TestRestoreTargetsGrowWithABurst(t *testing.T) {
 	f := newFakeWith(t, &fenv{targets: 1, burst: 3, burstIdle: time.Hour})
-	ctx := fctx(t)
 	sb := f.create()
 	f.eng.Settle()
 	if got := f.eng.RestoreTargets(); len(got) != 1 {
 		t.Fatalf("targets after one restore %v, want 1", got)
 	}
 	undo := holdRestores(f, 5)
-	fr, err := f.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 5, Concurrency: 5})
+	f.fork(sb.ID, engine.ForkOptions{Count: 5, Concurrency: 5})
 	undo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
-	}
 	f.eng.Settle()
 	ready := f.eng.RestoreTargets()
 	if len(ready) != 3 {
 		t.Fatalf("targets after a burst of 5 restores %v, want 3 (the burst's size, capped)", ready)
 	}
-	fr, err = f.eng.Fork(ctx, sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+	children := f.fork(sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
+	for _, c := range children {
 		if !slices.Contains(ready, c.Sandbox.Instance) {
 			t.Fatalf("fork child ran in %s, not in one of the targets %v", c.Sandbox.Instance, ready)
 		}
@@ -447,15 +426,7 @@ func TestRestoreTargetsExtraWaitForQuiet(t *testing.T) {
 		snapped <- err
 	}()
 	<-inCheckpoint
-	fr, err := f.eng.Fork(fctx(t), sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range fr.Children {
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
-	}
+	f.fork(sb.ID, engine.ForkOptions{Count: 3, Concurrency: 3})
 	time.Sleep(600 * time.Millisecond) // three times the quiet it waits for
 	// A restore does not wait for an extra target whose boot has not
 	// begun: the first create takes the resting one, the second boots its

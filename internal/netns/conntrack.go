@@ -37,7 +37,7 @@ const ctDirtyDir = "/run/spore-netns-ct"
 
 // ctFlushDelay gathers a burst's teardowns (a fork's children killed, a
 // node's sweep) into one flush.
-const ctFlushDelay = 300 * time.Millisecond
+const ctFlushDelay = 2 * time.Second
 
 // markDirty records that slot's connection tracking must be flushed
 // before the slot is handed out again.

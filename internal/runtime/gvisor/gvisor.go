@@ -76,6 +76,7 @@ type Driver struct {
 	managed bool // the driver manages instances' cgroups (see cgroup.go)
 	pids    pidWatcher
 	alerts  memAlerts
+	oomLog  *kmsgFollower // the host kernel's log (hostKmsg)
 }
 
 var _ runtime.Runtime = (*Driver)(nil)
@@ -120,7 +121,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if strings.ContainsAny(cfg.CgroupParent, "'\n") || !strings.HasPrefix(cfg.CgroupParent, "/") {
 		return nil, errdefs.Invalidf("gvisor: cgroup parent %q must be an absolute path without quotes", cfg.CgroupParent)
 	}
-	d := &Driver{cfg: cfg, log: cfg.Logger, managed: cfg.Cgroups == "driver" && cgroupV1()}
+	d := &Driver{cfg: cfg, log: cfg.Logger, managed: cfg.Cgroups == "driver" && cgroupV1(), oomLog: hostKmsg}
 	out, err := d.runsc(ctx, cfg.Timeout, nil, "--version")
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc --version: %w", err)

@@ -40,9 +40,10 @@ func (d *Driver) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 	// alive (its /proc entry goes with it).
 	memcg := cgroupDirOf(info.PID, "memory")
 	oomBefore := oomKills(memcg)
+	logMark := d.oomLog.mark()
 	fd, err := unix.PidfdOpen(info.PID, unix.PIDFD_NONBLOCK)
 	if errors.Is(err, unix.ESRCH) {
-		return d.exitOf(id, info.PID, nil, 0), nil
+		return d.exitOf(id, info.PID, -1, nil, 0), nil
 	}
 	if err != nil {
 		return runtime.Exit{}, fmt.Errorf("wait for instance %s: pidfd_open: %w: %v", id, errdefs.ErrInternal, err)
@@ -60,7 +61,7 @@ func (d *Driver) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 			return runtime.Exit{}, fmt.Errorf("wait for instance %s: %w", id, ctx.Err())
 		}
 	}
-	return d.exitOf(id, info.PID, &memcg, oomBefore), nil
+	return d.exitOf(id, info.PID, logMark, &memcg, oomBefore), nil
 }
 
 // pidfdReadable reports whether the process behind a pidfd has exited.
@@ -142,15 +143,16 @@ func (w *pidWatcher) loop() {
 }
 
 // exitOf explains the death of instance id's sandbox process pid: an OOM
-// kill if the host kernel logged one for that process or the instance's
+// kill if the host kernel logged one for that process after logMark (its
+// log's last record when the watch began, -1: any) or the instance's
 // memory cgroup counted a new one, a crash otherwise.
-func (d *Driver) exitOf(id string, pid int, memcg *string, oomBefore int64) runtime.Exit {
+func (d *Driver) exitOf(id string, pid int, logMark int64, memcg *string, oomBefore int64) runtime.Exit {
 	// Detail reaches API clients: plain words, no host PIDs or paths (those
 	// go to the log).
 	ex := runtime.Exit{ID: id, Reason: runtime.ExitCrashed, At: time.Now(),
 		Detail: "the sandbox kernel exited on its own or was killed from outside"}
 	oomBy := ""
-	if pid > 0 && kmsgOOMKilled(pid) {
+	if pid > 0 && d.oomLog.killedAfter(pid, logMark) {
 		ex.Reason, oomBy = runtime.ExitOOM, "kernel log"
 		ex.Detail = "the host's OOM killer killed the sandbox kernel: the sandbox reached its memory limit"
 	} else if memcg != nil && *memcg != "" {
@@ -217,35 +219,6 @@ func underOOMRecently(memcg string) bool {
 	limit := readInt(filepath.Join(memcg, "memory.limit_in_bytes"))
 	peak := readInt(filepath.Join(memcg, "memory.max_usage_in_bytes"))
 	return limit > 0 && peak >= limit-(4<<20)
-}
-
-// kmsgOOMKilled reports whether the host kernel's log says the OOM killer
-// killed pid ("Killed process <pid> (...)"). It reads the kernel's ring
-// buffer non-blocking and at most 4 MiB of it.
-func kmsgOOMKilled(pid int) bool {
-	// Raw syscalls: an os.File would park a non-blocking read in Go's
-	// poller until the next kernel message instead of returning EAGAIN.
-	fd, err := unix.Open("/dev/kmsg", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(fd)
-	needle := []byte("Killed process " + strconv.Itoa(pid) + " ")
-	buf := make([]byte, 8192) // one record per read
-	for total := 0; total < 4<<20; {
-		n, err := unix.Read(fd, buf)
-		if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.EINTR) { // overwritten records: go on
-			continue
-		}
-		if err != nil || n <= 0 {
-			return false // EAGAIN: the end of the log
-		}
-		total += n
-		if bytes.Contains(buf[:n], needle) {
-			return true
-		}
-	}
-	return false
 }
 
 func readBounded(path string, max int64) ([]byte, error) {
