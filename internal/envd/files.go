@@ -93,8 +93,17 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, fmt.Sprintf("path %s is a directory", p))
 		return
 	}
+	serveFile(w, r, f, st)
+}
+
+// serveFile answers a download of the open regular file f, whose Stat was
+// st. The body is the file's first st.Size() bytes, the length it declares:
+// a file that grows meanwhile (a log being written) must not make the body
+// longer than its Content-Length, or the server drops the write that
+// crosses it and the client sees the connection end mid-body.
+func serveFile(w http.ResponseWriter, r *http.Request, f *os.File, st os.FileInfo) {
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(p)}))
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(f.Name())}))
 	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 		w.Header().Set("Content-Encoding", "gzip")
 		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
@@ -110,7 +119,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Last-Modified", st.ModTime().UTC().Format(http.TimeFormat))
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
-		copyLarge(w, f)
+		copyLarge(w, io.LimitReader(f, st.Size()))
 	}
 }
 

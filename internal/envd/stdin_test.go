@@ -200,7 +200,11 @@ func TestSignalDuringBlockedWrite(t *testing.T) {
 func TestSlowSubscriberGetsError(t *testing.T) {
 	// No gzip: what a stalled connection holds is then what was sent.
 	noGzip := connect.WithAcceptCompression("gzip", nil, nil)
-	d := newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond, SlowSubscriber: time.Second}, noGzip)
+	// The grace (the product's default is 10 s) must outlast the reading
+	// subscriber's longest pause: with 1 s, its reader (this test, under
+	// -race, holding ~120 MB of output) went a second without taking an
+	// event in 4 of 6 runs on 2026-12-02, and it was the one cut off.
+	d := newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond, SlowSubscriber: 5 * time.Second}, noGzip)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // -race on a busy host
 	defer cancel()
 	// 64 MiB of output: far more than the stalled client's connection holds
