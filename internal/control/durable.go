@@ -124,17 +124,18 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 }
 
 // setStorage changes a snapshot row's storage state (and whatever more
-// f sets), if the row still exists.
+// f sets), if the row still exists: in one transaction, so a delete that
+// lands meanwhile is not undone (a read and a put brought the row back,
+// naming a snapshot that no longer was).
 func (s *Service) setStorage(ctx context.Context, id, state string, f func(*store.Snapshot)) error {
-	sn, err := s.st.GetSnapshot(ctx, id)
-	if err != nil {
-		return err
-	}
-	sn.Storage = state
-	if f != nil {
-		f(&sn)
-	}
-	return s.st.PutSnapshot(ctx, sn)
+	_, err := s.st.UpdateSnapshot(ctx, id, func(sn *store.Snapshot) error {
+		sn.Storage = state
+		if f != nil {
+			f(sn)
+		}
+		return nil
+	})
+	return err
 }
 
 // RetryUploads starts again the uploads of snapshots whose row says
@@ -389,16 +390,24 @@ func (s *Service) noteCopy(ctx context.Context, src *sourceInfo, nodeID string) 
 	}
 	var err error
 	if src.snapshot {
-		var sn store.Snapshot
-		if sn, err = s.st.GetSnapshot(ctx, src.id); err == nil && !slices.Contains(sn.Copies, nodeID) {
-			sn.Copies = append(sn.Copies, nodeID)
-			err = s.st.PutSnapshot(ctx, sn)
-		}
+		_, err = s.st.UpdateSnapshot(ctx, src.id, func(sn *store.Snapshot) error {
+			if !slices.Contains(sn.Copies, nodeID) {
+				sn.Copies = append(sn.Copies, nodeID)
+			}
+			return nil
+		})
 	} else {
 		tp, terr := s.templateOf(ctx, src.id)
 		if err = terr; err == nil && !slices.Contains(tp.NodeIDs, nodeID) {
-			tp.NodeIDs = append(tp.NodeIDs, nodeID)
-			_, err = s.st.PutTemplate(ctx, tp)
+			_, err = s.st.UpdateTemplate(ctx, tp.Name, func(x *store.Template) error {
+				if x.SnapshotID != src.id {
+					return errdefs.NotFoundf("template of snapshot %s (rebuilt meanwhile)", src.id)
+				}
+				if !slices.Contains(x.NodeIDs, nodeID) {
+					x.NodeIDs = append(x.NodeIDs, nodeID)
+				}
+				return nil
+			})
 		}
 	}
 	if err != nil && !errdefs.IsNotFound(err) {

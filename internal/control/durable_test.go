@@ -637,3 +637,85 @@ func testReconcileDuringAMoveKeepsTheAdoptedCopy(t *testing.T, c controltest.Con
 		t.Fatalf("on nb: %+v %v", es, err)
 	}
 }
+
+// listingNode runs hook once, when armed, right after a Snapshots call
+// it passes on: what happens on the node between a reconcile's listing of
+// its snapshots and its reading of the catalog.
+type listingNode struct {
+	nodeapi.Node
+	hook *func()
+}
+
+func (n listingNode) Snapshots(ctx context.Context) ([]nodeapi.SnapshotInfo, error) {
+	list, err := n.Node.Snapshots(ctx)
+	if h := *n.hook; err == nil && h != nil {
+		*n.hook = nil
+		h()
+	}
+	return list, err
+}
+
+// A snapshot taken while a reconcile of its node runs, after the node's
+// snapshots were listed and before the catalog was read, keeps its row,
+// its upload and its node's copy, and deletes like any other. Before,
+// the reconcile dropped its row as one the node no longer held, and the
+// upload, finding no row when it ended, deleted the node's copy: the
+// user's delete of the snapshot it had just taken answered 404
+// (test/sdk TestLoad, once in CI).
+func TestSnapshotTakenDuringAReconcileKeepsItsRow(t *testing.T) {
+	controltest.Each(t, testSnapshotTakenDuringAReconcileKeepsItsRow)
+}
+
+func testSnapshotTakenDuringAReconcileKeepsItsRow(t *testing.T, c controltest.Config) {
+	var hook func()
+	wrapNode = func(id string, n nodeapi.Node) nodeapi.Node {
+		if id != "na" {
+			return n
+		}
+		return listingNode{Node: n, hook: &hook}
+	}
+	f := newDurableFleet(t, c)
+	wrapNode = nil
+	ctx := ctxFor(t)
+	src := f.onNode("na")
+	var sn store.Snapshot
+	hook = func() {
+		var err error
+		if sn, err = f.ctl.Snapshot(ctx, src.ID, "", false); err != nil {
+			t.Errorf("snapshot mid-reconcile: %v", err)
+		}
+	}
+	if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if sn.ID == "" {
+		t.Fatal("the reconcile never listed na's snapshots")
+	}
+	row, err := f.st.GetSnapshot(ctx, sn.ID)
+	if err != nil {
+		t.Fatalf("the row after the reconcile: %v", err)
+	}
+	if row.NodeID != "na" {
+		t.Fatalf("the row after the reconcile: %+v", row)
+	}
+	f.waitStorage(sn.ID, store.StorageDurable)
+	for !f.ctl.UploadsIdle() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := f.a.Local.GetSnapshot(ctx, sn.ID); err != nil {
+		t.Fatalf("na's copy after the upload: %v", err)
+	}
+	// Another pass, with nothing racing it, keeps it too.
+	if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ctl.DeleteSnapshot(ctx, sn.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if _, err := f.st.GetSnapshot(ctx, sn.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("the row after the delete: %v", err)
+	}
+	if keys := f.blobKeys("manifests/"); len(keys) != 0 {
+		t.Fatalf("manifests left in the store: %v", keys)
+	}
+}

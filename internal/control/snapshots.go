@@ -480,10 +480,26 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodea
 			continue
 		}
 		held[m.ID] = true
-		if cur, err := s.st.GetSnapshot(ctx, m.ID); errdefs.IsNotFound(err) || (err == nil && cur.NodeID == "") {
-			if err := s.st.PutSnapshot(ctx, snapshotRecord(m, nodeID)); err != nil {
+		cur, err := s.st.GetSnapshot(ctx, m.ID)
+		switch {
+		case errdefs.IsNotFound(err):
+			// Committed on the node, its row never written (a crash in
+			// between). Only if there is still none: a Snapshot that
+			// wrote its row since knows more (an upload under way).
+			if err := s.st.CreateSnapshot(ctx, snapshotRecord(m, nodeID)); err != nil && !errdefs.IsAlreadyExists(err) {
 				return err
 			}
+		case err == nil && cur.NodeID == "":
+			if _, err := s.st.UpdateSnapshot(ctx, m.ID, func(x *store.Snapshot) error {
+				if x.NodeID == "" {
+					x.NodeID = nodeID
+				}
+				return nil
+			}); err != nil && !errdefs.IsNotFound(err) {
+				return err
+			}
+		case err != nil:
+			return err
 		}
 	}
 	only := len(s.nodes.IDs()) == 1
@@ -495,10 +511,22 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodea
 		}
 		for _, sn := range page {
 			mine := sn.NodeID == nodeID || (sn.NodeID == "" && only)
-			if mine && !held[sn.ID] && sn.Storage != store.StorageDurable {
-				if err := s.st.DeleteSnapshot(ctx, sn.ID); err != nil && !errdefs.IsNotFound(err) {
-					return err
-				}
+			if !mine || held[sn.ID] || sn.Storage == store.StorageDurable {
+				continue
+			}
+			// Asked again: the node's list was taken before this page
+			// was read, and a snapshot committed in between (its row
+			// written just after) is not in it. A snapshot's row is
+			// written after its commit, so the node holds it now if it
+			// is not gone. Dropping its row made its upload, on finding
+			// no row, delete the node's copy: the user's snapshot lost.
+			if _, err := n.GetSnapshot(ctx, sn.ID); err == nil {
+				continue
+			} else if !errdefs.IsNotFound(err) {
+				return err
+			}
+			if err := s.st.DeleteSnapshot(ctx, sn.ID); err != nil && !errdefs.IsNotFound(err) {
+				return err
 			}
 		}
 		if next == "" {

@@ -260,7 +260,15 @@ type Snapshots interface {
 	// PutSnapshot inserts or replaces a snapshot, names included; a name
 	// another snapshot holds is ErrAlreadyExists.
 	PutSnapshot(ctx context.Context, s Snapshot) error
+	// CreateSnapshot inserts a snapshot only if no row has its ID
+	// (ErrAlreadyExists otherwise, and for a name another holds).
+	CreateSnapshot(ctx context.Context, s Snapshot) error
 	GetSnapshot(ctx context.Context, id string) (Snapshot, error)
+	// UpdateSnapshot reads, changes with fn and writes a snapshot in one
+	// transaction: concurrent updates are serialized, none lost, and a row
+	// deleted meanwhile is ErrNotFound, never written back. An error from
+	// fn aborts it. The ID and the names are kept (PutSnapshot renames).
+	UpdateSnapshot(ctx context.Context, id string, fn func(*Snapshot) error) (Snapshot, error)
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, string, error)
 	DeleteSnapshot(ctx context.Context, id string) error
 }

@@ -62,9 +62,19 @@ func (x timed) PutSnapshot(ctx context.Context, s Snapshot) error {
 	return x.st.PutSnapshot(ctx, s)
 }
 
+func (x timed) CreateSnapshot(ctx context.Context, s Snapshot) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateSnapshot(ctx, s)
+}
+
 func (x timed) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 	defer timing.Track(ctx, "store")()
 	return x.st.GetSnapshot(ctx, id)
+}
+
+func (x timed) UpdateSnapshot(ctx context.Context, id string, fn func(*Snapshot) error) (Snapshot, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateSnapshot(ctx, id, fn)
 }
 
 func (x timed) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, string, error) {

@@ -15,10 +15,24 @@ import (
 
 // PutSnapshot implements store.Store (insert or replace, names included).
 func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)
+		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`)
+}
+
+// CreateSnapshot implements store.Store (insert only).
+func (s *DB) CreateSnapshot(ctx context.Context, sn store.Snapshot) error {
+	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)`)
+}
+
+// writeSnapshot writes a snapshot's row with insert (its ID, sandbox ID
+// and data as $1-$3) and then its names.
+func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, insert string) error {
 	data, _ := json.Marshal(sn)
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)
-			ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.SandboxID, data); err != nil {
+		if _, err := tx.Exec(ctx, insert, sn.ID, sn.SandboxID, data); err != nil {
+			if isUnique(err) {
+				return fmt.Errorf("snapshot %s: %w", sn.ID, errdefs.ErrAlreadyExists)
+			}
 			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM snapshot_names WHERE snapshot_id = $1`, sn.ID); err != nil {
@@ -40,6 +54,25 @@ func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
 func (s *DB) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error) {
 	var sn store.Snapshot
 	return sn, getJSON(ctx, s.pool, &sn, "snapshot", id, `SELECT data FROM snapshots WHERE id = $1`, id)
+}
+
+// UpdateSnapshot implements store.Store.
+func (s *DB) UpdateSnapshot(ctx context.Context, id string, fn func(*store.Snapshot) error) (store.Snapshot, error) {
+	var sn store.Snapshot
+	err := updateJSON(ctx, s, "snapshot", id, `SELECT data FROM snapshots WHERE id = $1 FOR UPDATE`, &sn,
+		func(sn *store.Snapshot) (string, []any, error) {
+			names := sn.Names
+			if err := fn(sn); err != nil {
+				return "", nil, err
+			}
+			sn.ID, sn.Names = id, names
+			data, _ := json.Marshal(sn)
+			return `UPDATE snapshots SET sandbox_id = $2, data = $3 WHERE id = $1`, []any{id, sn.SandboxID, data}, nil
+		})
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	return sn, nil
 }
 
 // ListSnapshots implements store.Store.

@@ -441,13 +441,29 @@ func (s *DB) Expired(ctx context.Context, now time.Time, states ...string) ([]st
 
 // PutSnapshot implements store.Store (insert or replace, names included).
 func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
+	return s.writeSnapshot(ctx, sn, true)
+}
+
+// CreateSnapshot implements store.Store (insert only).
+func (s *DB) CreateSnapshot(ctx context.Context, sn store.Snapshot) error {
+	return s.writeSnapshot(ctx, sn, false)
+}
+
+func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, replace bool) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
 	data, _ := json.Marshal(sn)
-	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)
+	if !replace {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)`, sn.ID, sn.SandboxID, string(data)); err != nil {
+			if isUnique(err) {
+				return fmt.Errorf("snapshot %s: %w", sn.ID, errdefs.ErrAlreadyExists)
+			}
+			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+		}
+	} else if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.SandboxID, string(data)); err != nil {
 		return fmt.Errorf("snapshot %s: %w", sn.ID, err)
 	}
@@ -477,6 +493,29 @@ func (s *DB) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error)
 	}
 	var sn store.Snapshot
 	return sn, json.Unmarshal([]byte(data), &sn)
+}
+
+// UpdateSnapshot implements store.Store.
+func (s *DB) UpdateSnapshot(ctx context.Context, id string, fn func(*store.Snapshot) error) (store.Snapshot, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	defer tx.Rollback()
+	var sn store.Snapshot
+	if err := getJSON(ctx, tx, "snapshots", "id", id, "snapshot", &sn); err != nil {
+		return store.Snapshot{}, err
+	}
+	names := sn.Names
+	if err := fn(&sn); err != nil {
+		return store.Snapshot{}, err
+	}
+	sn.ID, sn.Names = id, names
+	data, _ := json.Marshal(sn)
+	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET sandbox_id = ?, data = ? WHERE id = ?`, sn.SandboxID, string(data), id); err != nil {
+		return store.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	return sn, tx.Commit()
 }
 
 // ListSnapshots implements store.Store.

@@ -44,6 +44,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("DeleteIfVersion", func(t *testing.T) { testDeleteIf(t, open(t)) })
 	t.Run("NodeIDFilter", func(t *testing.T) { testNodeFilter(t, open(t)) })
 	t.Run("SnapshotFleetFields", func(t *testing.T) { testSnapshotFields(t, open(t)) })
+	t.Run("SnapshotUpdateAndCreate", func(t *testing.T) { testSnapshotUpdateAndCreate(t, open(t)) })
+	t.Run("TwoHandles/SnapshotUpdateVersusDelete", func(t *testing.T) { testSnapshotUpdateVersusDelete(t, two) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, open(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, open(t)) })
 	t.Run("ResolveRef", func(t *testing.T) { testResolveRef(t, open(t)) })
@@ -278,6 +280,117 @@ func testSnapshots(t *testing.T, s store.Store) {
 	// The name is free again.
 	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", Names: []string{"golden"}}); err != nil {
 		t.Fatalf("reuse of a freed name = %v", err)
+	}
+}
+
+// UpdateSnapshot changes a row in place (keeping its ID and names),
+// serializes concurrent updates, never writes back a missing row, and is
+// aborted by fn's error; CreateSnapshot inserts only.
+func testSnapshotUpdateAndCreate(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s1", SandboxID: "x", Names: []string{"golden"}, Storage: store.StorageUploading}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.UpdateSnapshot(ctx, "s1", func(x *store.Snapshot) error {
+		x.Storage, x.StoredBytes = store.StorageDurable, 42
+		x.ID, x.Names = "other", []string{"renamed"} // not the way to rename: kept
+		return nil
+	})
+	if err != nil || got.ID != "s1" || got.Storage != store.StorageDurable || len(got.Names) != 1 || got.Names[0] != "golden" {
+		t.Fatalf("update = %+v %v", got, err)
+	}
+	if now, err := s.GetSnapshot(ctx, "s1"); err != nil || now.Storage != store.StorageDurable || now.StoredBytes != 42 || now.SandboxID != "x" {
+		t.Fatalf("after update: %+v %v", now, err)
+	}
+	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "golden"}); len(named) != 1 || named[0].ID != "s1" {
+		t.Fatalf("by name after update = %v", named)
+	}
+	if _, err := s.GetSnapshot(ctx, "other"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a row under the ID fn set: %v", err)
+	}
+	boom := errors.New("boom")
+	if _, err := s.UpdateSnapshot(ctx, "s1", func(x *store.Snapshot) error { x.StoredBytes = 7; return boom }); !errors.Is(err, boom) {
+		t.Fatalf("update whose fn fails = %v", err)
+	}
+	if now, _ := s.GetSnapshot(ctx, "s1"); now.StoredBytes != 42 {
+		t.Fatalf("an aborted update wrote: %+v", now)
+	}
+	if _, err := s.UpdateSnapshot(ctx, "s404", func(*store.Snapshot) error { return nil }); !errdefs.IsNotFound(err) {
+		t.Fatalf("update of a missing row = %v", err)
+	}
+	if _, err := s.GetSnapshot(ctx, "s404"); !errdefs.IsNotFound(err) {
+		t.Fatalf("an update made a row: %v", err)
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.UpdateSnapshot(ctx, "s1", func(x *store.Snapshot) error {
+				x.Copies = append(x.Copies, "n")
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if now, _ := s.GetSnapshot(ctx, "s1"); len(now.Copies) != 20 {
+		t.Fatalf("lost updates: %d copies, want 20", len(now.Copies))
+	}
+
+	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s1", Storage: store.StorageLocal}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("create over a row = %v", err)
+	}
+	if now, _ := s.GetSnapshot(ctx, "s1"); now.Storage != store.StorageDurable || len(now.Names) != 1 {
+		t.Fatalf("a refused create changed the row: %+v", now)
+	}
+	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("create with a taken name = %v", err)
+	}
+	if _, err := s.GetSnapshot(ctx, "s2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a create refused for its name left a row: %v", err)
+	}
+	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", SandboxID: "y", Names: []string{"silver"}}); err != nil {
+		t.Fatal(err)
+	}
+	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "silver"}); len(named) != 1 || named[0].ID != "s2" || named[0].SandboxID != "y" {
+		t.Fatalf("created = %v", named)
+	}
+}
+
+// An update racing a delete on another handle either lands before it
+// (and the delete removes the row) or finds no row: the row is never
+// brought back.
+func testSnapshotUpdateVersusDelete(t *testing.T, two func(*testing.T) (store.Store, store.Store)) {
+	a, b := two(t)
+	ctx := context.Background()
+	for i := range 20 {
+		id := fmt.Sprintf("s%d", i)
+		if err := a.PutSnapshot(ctx, store.Snapshot{ID: id, Storage: store.StorageUploading}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if _, err := a.UpdateSnapshot(ctx, id, func(x *store.Snapshot) error {
+				x.Storage = store.StorageDurable
+				return nil
+			}); err != nil && !errdefs.IsNotFound(err) {
+				t.Error(err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			if err := b.DeleteSnapshot(ctx, id); err != nil {
+				t.Error(err)
+			}
+		}()
+		wg.Wait()
+		if got, err := a.GetSnapshot(ctx, id); !errdefs.IsNotFound(err) {
+			t.Fatalf("round %d: the deleted row is back: %+v %v", i, got, err)
+		}
 	}
 }
 
