@@ -22,6 +22,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/envd/identity"
 	fspb "github.com/spore-run/spore/proto/gen/filesystem"
 	"github.com/spore-run/spore/proto/gen/filesystem/filesystempbconnect"
 	processpb "github.com/spore-run/spore/proto/gen/process"
@@ -40,6 +41,46 @@ type daemon struct {
 	header http.Header
 }
 
+// testHomes holds the homes the tests' accounts are given (hostAccounts).
+var testHomes string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "spore-envd-homes-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755) // every account reaches its home
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envd tests: homes:", err)
+		os.Exit(1)
+	}
+	testHomes = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// hostAccounts resolves users as envd does on its own, but with a home of
+// their own under testHomes (the same for every daemon of the run): the
+// tests' login shells (`bash -l`, as the SDKs send) run none of the host
+// user's dotfiles. On a host whose root .bashrc runs `pyenv rehash`, a
+// shell killed at a test's end mid-rehash left pyenv's lock behind, and
+// every later login shell on the host waited on it: TestPTY,
+// TestFilesInitAuth and TestWarmShellSameAsAFreshShell then timed out.
+func hostAccounts(name string) (identity.User, error) {
+	u, err := identity.Lookup(name)
+	if err != nil {
+		return u, err
+	}
+	u.Home = filepath.Join(testHomes, u.Name)
+	if err := os.MkdirAll(u.Home, 0o755); err != nil {
+		return identity.User{}, err
+	}
+	if err := os.Chown(u.Home, int(u.UID), int(u.GID)); err != nil {
+		return identity.User{}, err
+	}
+	return u, nil
+}
+
 func newDaemon(t *testing.T, opts ...connect.ClientOption) *daemon {
 	t.Helper()
 	return newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond}, opts...)
@@ -49,6 +90,9 @@ func newDaemonConfig(t *testing.T, cfg envd.Config, opts ...connect.ClientOption
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("envd tests run as root (envd switches users)")
+	}
+	if cfg.LookupUser == nil {
+		cfg.LookupUser = hostAccounts
 	}
 	s := envd.New(cfg)
 	t.Cleanup(s.Processes().Close) // its warm shell
@@ -633,4 +677,36 @@ func ownerOf(p string) uint32 {
 		return 1 << 31
 	}
 	return st.Sys().(*syscall.Stat_t).Uid
+}
+
+// Config.LookupUser is how the daemon resolves its users: a command runs
+// with the home it gives (HOME, and the working directory by default),
+// and /init refuses a default user it does not know.
+func TestLookupUserResolvesTheAccounts(t *testing.T) {
+	home := t.TempDir()
+	lookup := func(name string) (identity.User, error) {
+		if name != "root" {
+			return identity.User{}, fmt.Errorf("unknown user %q", name)
+		}
+		u, err := identity.Lookup(name)
+		u.Home = home
+		return u, err
+	}
+	d := newDaemonConfig(t, envd.Config{DefaultUser: "root", Keepalive: 200 * time.Millisecond, LookupUser: lookup})
+	r := d.run(ctxFor(t), sh(`echo "$HOME"; pwd`))
+	if want := home + "\n" + home + "\n"; r.stdout != want || r.end.GetExitCode() != 0 {
+		t.Fatalf("a command's HOME and directory: %q (exit %d), want %q", r.stdout, r.end.GetExitCode(), want)
+	}
+	// "nobody" is in the host's /etc/passwd, but not in this lookup.
+	resp, err := http.Post(d.srv.URL+"/init", "application/json", strings.NewReader(`{"defaultUser":"nobody"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("/init with a user the lookup does not know: %d, want 400", resp.StatusCode)
+	}
+	if got := d.envd.Defaults().User(); got != "root" {
+		t.Fatalf("the default user after a refused /init: %q", got)
+	}
 }

@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-
-	"github.com/spore-run/spore/internal/envd/identity"
 )
 
 // InitRequest is the body of POST /init. The node sends it after every
@@ -34,7 +32,7 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.DefaultUser != "" {
-		if _, err := identity.Lookup(req.DefaultUser); err != nil {
+		if _, err := s.defaults.Lookup(req.DefaultUser); err != nil {
 			jsonError(w, http.StatusBadRequest, err.Error())
 			return
 		}

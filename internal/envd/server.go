@@ -40,8 +40,13 @@ type Config struct {
 	// NoWarmShell starts every command as a new process (see
 	// process.Config).
 	NoWarmShell bool
-	Reaper      *reaper.Reaper
-	Logger      *slog.Logger
+	// LookupUser resolves the users requests act as (default:
+	// identity.Lookup, the sandbox's /etc/passwd and group files). Tests
+	// on a host give the accounts a home of their own with it, so their
+	// login shells do not run the host's dotfiles.
+	LookupUser identity.LookupFunc
+	Reaper     *reaper.Reaper
+	Logger     *slog.Logger
 }
 
 // Server is the daemon's HTTP handler.
@@ -68,7 +73,7 @@ func New(cfg Config) *Server {
 		cfg.Reaper = reaper.New(false)
 	}
 	s := &Server{
-		defaults: identity.NewDefaults(cfg.DefaultUser),
+		defaults: identity.NewDefaults(cfg.DefaultUser, cfg.LookupUser),
 		log:      cfg.Logger,
 		mux:      http.NewServeMux(),
 	}
@@ -123,7 +128,7 @@ func (s *Server) resolveUser(name string) (identity.User, error) {
 	if name == "" {
 		name = s.defaults.User()
 	}
-	return identity.Lookup(name)
+	return s.defaults.Lookup(name)
 }
 
 func jsonError(w http.ResponseWriter, status int, msg string) {

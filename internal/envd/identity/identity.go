@@ -81,6 +81,7 @@ func FromContext(ctx context.Context) (User, bool) {
 // Defaults are the sandbox-wide settings /init changes. Safe for
 // concurrent use.
 type Defaults struct {
+	lookup    LookupFunc
 	mu        sync.RWMutex
 	env       map[string]string
 	user      string
@@ -89,10 +90,20 @@ type Defaults struct {
 	sandboxID string
 }
 
-// NewDefaults returns defaults with the given default user.
-func NewDefaults(defaultUser string) *Defaults {
-	return &Defaults{env: map[string]string{}, user: defaultUser}
+// LookupFunc resolves a user name to an account.
+type LookupFunc func(name string) (User, error)
+
+// NewDefaults returns defaults with the given default user, resolving
+// users with lookup (nil: Lookup, the sandbox's own account files).
+func NewDefaults(defaultUser string, lookup LookupFunc) *Defaults {
+	if lookup == nil {
+		lookup = Lookup
+	}
+	return &Defaults{env: map[string]string{}, user: defaultUser, lookup: lookup}
 }
+
+// Lookup resolves a user name as this daemon does.
+func (d *Defaults) Lookup(name string) (User, error) { return d.lookup(name) }
 
 // Update applies an /init. Empty fields keep their value; env vars are
 // merged.

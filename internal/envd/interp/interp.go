@@ -131,7 +131,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 
 // newContext registers a context (its kernel starts on first use).
 func (s *Server) newContext(lang, cwd string) (*codeContext, error) {
-	u, err := identity.Lookup(s.cfg.Defaults.User())
+	u, err := s.cfg.Defaults.Lookup(s.cfg.Defaults.User())
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ type server struct {
 }
 
 func newServer(t *testing.T) *server {
-	d := identity.NewDefaults("root")
+	d := identity.NewDefaults("root", nil)
 	s := interp.New(interp.Config{Python: "/usr/bin/python3", Reaper: reaper.New(false), Defaults: d})
 	srv := httptest.NewServer(s)
 	t.Cleanup(func() {
