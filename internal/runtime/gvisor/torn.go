@@ -76,10 +76,10 @@ func (d *Driver) reapTorn(ctx context.Context, id string) error {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for _, pid := range pids {
-		for pidAlive(pid) && !zombie(pid) && time.Now().Before(deadline) && ctx.Err() == nil {
+		for running(pid) && time.Now().Before(deadline) && ctx.Err() == nil {
 			time.Sleep(10 * time.Millisecond)
 		}
-		if pidAlive(pid) && !zombie(pid) {
+		if running(pid) {
 			return fmt.Errorf("kill instance %s: process %d of a torn instance survived SIGKILL", id, pid)
 		}
 	}
@@ -159,15 +159,29 @@ func (d *Driver) runscProcessesOf(id string) []int {
 	return out
 }
 
-// zombie reports whether pid has exited but not been reaped.
-func zombie(pid int) bool {
+// running reports whether pid is a process that has not exited: one
+// look at its state, so that a process reaped between two looks is not
+// taken for a live one. (Asking "alive?" with kill(pid, 0) and then
+// "a zombie?" from its stat read two moments: a zombie reaped in between
+// answered alive, then not a zombie, and a kill that had worked failed
+// with "survived SIGKILL", once in CI.) Gone, a zombie (Z) or dead (X):
+// not running.
+func running(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
 		return false
 	}
 	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] == 'Z'
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return false
 	}
-	return false
+	switch s[i+2] {
+	case 'Z', 'X', 'x':
+		return false
+	}
+	return true
 }
