@@ -702,32 +702,34 @@ func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Dur
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = time.Second
 	cmd.Stdin = stdin
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	var logf *os.File
-	if v := verbOf(args); v == "run" || v == "restore" || v == "create" {
-		// The sandbox process runsc leaves behind inherits stdout and
-		// stderr: pipes would never close. Give it an unlinked file.
-		f, err := os.CreateTemp(d.cfg.StateDir, "runsc-"+v+"-*.log")
-		if err != nil {
-			return nil, fmt.Errorf("runsc %s: %w", v, err)
+	// Output goes to unlinked files, never to pipes: a process runsc
+	// leaves behind (the sandbox of a run, restore or create) or one that
+	// inherited its descriptors holds a pipe open after runsc exits, and
+	// a call that succeeded then failed with "WaitDelay expired before
+	// I/O complete" (a checkpoint under load, once in CI). A file is
+	// complete when runsc exits, whoever else holds it.
+	v := verbOf(args)
+	outf, err := d.outputFile(v)
+	if err != nil {
+		return nil, err
+	}
+	defer outf.Close()
+	errf := outf // the sandbox's own output goes with runsc's
+	if v != "run" && v != "restore" && v != "create" {
+		if errf, err = d.outputFile(v); err != nil {
+			return nil, err
 		}
-		os.Remove(f.Name())
-		defer f.Close()
-		cmd.Stdout, cmd.Stderr, logf = f, f, f
+		defer errf.Close()
 	}
+	cmd.Stdout, cmd.Stderr = outf, errf
 	start := time.Now()
-	done := timing.Track(ctx, "runsc "+verbOf(args))
-	err := cmd.Run()
+	done := timing.Track(ctx, "runsc "+v)
+	err = cmd.Run()
 	done()
-	if logf != nil && err != nil {
-		b, _ := io.ReadAll(io.NewSectionReader(logf, 0, 1<<20))
-		stderr.Write(b)
-	}
 	d.log.Debug("runsc", "args", args, "took", time.Since(start), "err", err)
 	if err != nil {
-		msg := strings.TrimSpace(stderr.String())
+		b, _ := io.ReadAll(io.NewSectionReader(errf, 0, 1<<20))
+		msg := strings.TrimSpace(string(b))
 		if len(msg) > 4096 {
 			msg = msg[len(msg)-4096:]
 		}
@@ -736,7 +738,32 @@ func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Dur
 		}
 		return nil, fmt.Errorf("runsc %s: %w: %v: %s", verbOf(args), errdefs.ErrInternal, err, msg)
 	}
-	return stdout.Bytes(), nil
+	if errf == outf {
+		return nil, nil
+	}
+	out, err := io.ReadAll(io.NewSectionReader(outf, 0, maxRunscOutput+1))
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: read its output: %w", v, err)
+	}
+	if len(out) > maxRunscOutput {
+		return nil, fmt.Errorf("runsc %s: %w: output over %d bytes", v, errdefs.ErrInternal, maxRunscOutput)
+	}
+	return out, nil
+}
+
+// maxRunscOutput bounds what a runsc call's output is read to (a list of
+// thousands of sandboxes is a few MB).
+const maxRunscOutput = 64 << 20
+
+// outputFile is an unlinked file in the state directory for a runsc
+// call's output.
+func (d *Driver) outputFile(verb string) (*os.File, error) {
+	f, err := os.CreateTemp(d.cfg.StateDir, "runsc-*.out")
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: output file: %w", verb, err)
+	}
+	os.Remove(f.Name())
+	return f, nil
 }
 
 func verbOf(args []string) string {
