@@ -1,11 +1,7 @@
 package gvisor
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -47,17 +43,4 @@ func TestRunning(t *testing.T) {
 			t.Fatalf("pid %d is taken for running", pid)
 		}
 	}
-}
-
-// procState is the state letter of /proc/pid/stat (0 when unreadable).
-func procState(pid int) byte {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2]
-	}
-	return 0
 }

@@ -167,21 +167,26 @@ func (d *Driver) runscProcessesOf(id string) []int {
 // with "survived SIGKILL", once in CI.) Gone, a zombie (Z) or dead (X):
 // not running.
 func running(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return false
-	}
-	switch s[i+2] {
-	case 'Z', 'X', 'x':
+	switch procState(pid) {
+	case 0, 'Z', 'X', 'x':
 		return false
 	}
 	return true
+}
+
+// procState is the state letter of /proc/<pid>/stat (0: no such process,
+// or unreadable).
+func procState(pid int) byte {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2]
+	}
+	return 0
 }
