@@ -19,6 +19,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -274,17 +276,21 @@ func (l *oneConn) Accept() (net.Conn, error) {
 func (l *oneConn) Close() error   { return nil }
 func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
 
-// intercept serves an allowed HTTPS connection whose name has an
+// intercept serves an allowed HTTPS connection to port whose name has an
 // injection: TLS with the sandbox (a certificate for name signed by its
-// CA; HTTP/1.1), each request passed to name's server at up over TLS
-// that verifies name against the proxy's roots, with the injection's
-// headers set. It returns the bytes read from and written to the
+// CA; HTTP/1.1), each request for name (misdirected ones refused:
+// checkAuthority) passed to name's server at up over TLS that verifies
+// name against the proxy's roots, with the injection's headers set and
+// Host set to name. It returns the bytes read from and written to the
 // sandbox, and why it failed when it did ("tls" when the sandbox refused
-// the certificate or spoke no TLS).
-func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string, up netip.AddrPort, in *Injection, ca *CA) (bytesOut, bytesIn int64, reason string) {
+// the certificate or spoke no TLS, "host-mismatch", "upstream-tls",
+// "limit", "idle").
+func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string, port uint16, up netip.AddrPort, in *Injection, ca *CA) (bytesOut, bytesIn int64, reason string) {
 	var rd, wr atomic.Int64
 	cc := &countConn{Conn: c, r: io.MultiReader(bytes.NewReader(head), c), in: &rd, out: &wr, closed: make(chan struct{})}
 	defer cc.Close()
+	idle := watchIdle(p.cfg.IdleTimeout, func() int64 { return rd.Load() + wr.Load() }, func() { cc.Close() })
+	defer idle.stop()
 	cert, err := sb.leaves.get(ca, name)
 	if err != nil {
 		p.cfg.Logger.Warn("egress proxy: sign a certificate", "instance", sb.instance, "name", name, "err", err)
@@ -297,30 +303,13 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 	if err != nil {
 		return rd.Load(), wr.Load(), "tls"
 	}
-	tr := &http.Transport{
-		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second},
-				Config: &tls.Config{ServerName: name, RootCAs: p.cfg.RootCAs, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}}
-			u, err := d.DialContext(ctx, "tcp", up.String())
-			if err != nil {
-				return nil, err
-			}
-			if !sb.track(u) {
-				u.Close()
-				return nil, net.ErrClosed
-			}
-			return &trackedConn{Conn: u, untrack: func() { sb.untrack(u) }}, nil
-		},
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 5 * time.Minute,
-	}
+	tr := p.upstreamTransport(sb, name, up)
 	defer tr.CloseIdleConnections()
-	var failed atomic.Value
+	var failed outcome
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", name
-			pr.Out.Host = pr.In.Host
+			pr.Out.Host = authority(name, port)
 			for _, h := range in.Headers {
 				pr.Out.Header.Set(h.Name, h.Value)
 			}
@@ -328,19 +317,23 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			msg := "upstream unreachable"
+			msg, code := "upstream unreachable", http.StatusBadGateway
 			var ce *tls.CertificateVerificationError
-			if errors.As(err, &ce) {
+			switch {
+			case errors.As(err, &ce):
 				msg = "upstream certificate not trusted"
-				failed.Store("upstream-tls")
+				failed.set("upstream-tls", false)
+			case errors.Is(err, errLimit):
+				msg, code = "too many connections from this sandbox", http.StatusServiceUnavailable
+				failed.set("limit", false)
 			}
 			p.cfg.Logger.Warn("egress proxy: upstream", "instance", sb.instance, "name", name, "upstream", up, "err", err)
-			http.Error(w, "spore egress proxy: "+msg+" ("+name+")", http.StatusBadGateway)
+			http.Error(w, "spore egress proxy: "+msg+" ("+name+")", code)
 		},
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	l := &oneConn{c: tc, done: cc.closed}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+	srv := &http.Server{Handler: checkAuthority(name, port, rp, &failed), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: log.New(io.Discard, "", 0),
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed {
@@ -348,10 +341,139 @@ func (p *Proxy) intercept(sb *sandbox, c *net.TCPConn, head []byte, name string,
 			}
 		}}
 	srv.Serve(l)
-	if r, ok := failed.Load().(string); ok {
-		reason = r
+	reason = failed.get()
+	if idle.stop() && reason == "" {
+		reason = "idle"
 	}
 	return rd.Load(), wr.Load(), reason
+}
+
+// upstreamTransport reaches name's server at up for an intercepted
+// connection: TLS verifying name against the proxy's roots, each
+// connection in the sandbox's set before its handshake (stop closes it;
+// at most Config.MaxConnsPerSandbox of them, errLimit past it).
+func (p *Proxy) upstreamTransport(sb *sandbox, name string, up netip.AddrPort) *http.Transport {
+	return &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			d := net.Dialer{Timeout: 10 * time.Second}
+			u, err := d.DialContext(ctx, "tcp", up.String())
+			if err != nil {
+				return nil, err
+			}
+			if err := sb.track(u, true, p.cfg.MaxConnsPerSandbox); err != nil {
+				u.Close()
+				return nil, err
+			}
+			tc := tls.Client(u, &tls.Config{ServerName: name, RootCAs: p.cfg.RootCAs, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
+			if err := tc.HandshakeContext(ctx); err != nil {
+				u.Close()
+				sb.untrack(u)
+				return nil, err
+			}
+			return &trackedConn{Conn: tc, untrack: func() { sb.untrack(u) }}, nil
+		},
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 5 * time.Minute,
+	}
+}
+
+// outcome is why an intercepted connection failed: a misdirected
+// request's refusal outranks an upstream's failure, else the first one
+// stays.
+type outcome struct {
+	mu     sync.Mutex
+	reason string
+}
+
+func (o *outcome) set(reason string, overrides bool) {
+	o.mu.Lock()
+	if o.reason == "" || overrides {
+		o.reason = reason
+	}
+	o.mu.Unlock()
+}
+
+func (o *outcome) get() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.reason
+}
+
+// checkAuthority passes to next only the requests an intercepted
+// connection for name (to port) may carry: HTTP/1.x (the proxy offers
+// nothing else; an HTTP/2 preface without ALPN, "PRI * HTTP/2.0", is
+// refused, so no :authority can arrive) whose Host, and the host of an
+// absolute-form target, name name (sameAuthority). The credentials were
+// chosen by the TLS server name: a request for another Host would carry
+// them to whatever site a shared CDN or load balancer serves for that
+// Host. A misdirected request gets a 421 naming both names, reaches no
+// upstream, and closes the connection; it is the connection's outcome
+// ("host-mismatch"). A request without Host (HTTP/1.0) goes to name.
+func checkAuthority(name string, port uint16, next http.Handler, failed *outcome) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "spore egress proxy: HTTP/1.1 only on intercepted connections", http.StatusHTTPVersionNotSupported)
+			return
+		}
+		for _, host := range []string{r.Host, r.URL.Host} {
+			if host != "" && !sameAuthority(host, name, port) {
+				failed.set("host-mismatch", true)
+				w.Header().Set("Connection", "close")
+				http.Error(w, fmt.Sprintf("spore egress proxy: misdirected request: Host %q is not %q, the TLS server name of this connection "+
+					"(its credentials are sent to that name only); open a connection for %q", host, name, host), http.StatusMisdirectedRequest)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameAuthority says whether a request's host[:port] names the TLS
+// server name name on a connection to port: the names equal without
+// regard to ASCII case and one trailing dot each, and the port absent
+// (or empty) or port.
+func sameAuthority(host, name string, port uint16) bool {
+	h, p, err := net.SplitHostPort(host)
+	if err != nil { // no port
+		h, p = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ""
+	}
+	if p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || uint16(n) != port {
+			return false
+		}
+	}
+	return asciiEqualFold(strings.TrimSuffix(h, "."), strings.TrimSuffix(name, "."))
+}
+
+// asciiEqualFold is strings.EqualFold for ASCII only: the long s (U+017F)
+// is not "s" in a host name, nor the Kelvin sign "k".
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lower(a[i]) != lower(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// authority is the Host of a request forwarded for name to port.
+func authority(name string, port uint16) string {
+	if port == 443 {
+		return name
+	}
+	return net.JoinHostPort(name, strconv.Itoa(int(port)))
 }
 
 // isHTTPS reports whether a peeked connection to port looks like TLS (it

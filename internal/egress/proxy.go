@@ -36,11 +36,31 @@ type Config struct {
 	// RootCAs verify the upstreams of intercepted HTTPS connections (those
 	// with an injection); nil: the host's roots.
 	RootCAs *x509.CertPool
+	// MaxConnsPerSandbox caps the connections of one sandbox the proxy
+	// holds at once, intercepted and relayed (default 256): past it a new
+	// one is reset at once and audited with reason "limit". The upstream
+	// connections the proxy opens for the sandbox are capped at the same
+	// number. A relayed connection also holds a splice pipe (two
+	// descriptors) for each direction while it waits in io.Copy, so one
+	// sandbox holds at most six times that many of the node's descriptors,
+	// whatever it opens (BenchmarkSandboxDescriptors: 1,536 at 256).
+	MaxConnsPerSandbox int
+	// IdleTimeout closes a connection through the proxy (relayed or
+	// intercepted) both ways once no byte moved either way for that long
+	// (default 10 minutes; checked once per period, so it closes between
+	// one and two periods after its last byte).
+	IdleTimeout time.Duration
 	// Audit, when set, gets each connection's record once it is final
 	// (refused, failed, or ended with its bytes), with the instance.
 	Audit  func(instance string, r Record)
 	Logger *slog.Logger
 }
+
+// Defaults of Config.
+const (
+	DefaultMaxConnsPerSandbox = 256
+	DefaultIdleTimeout        = 10 * time.Minute
+)
 
 // Proxy serves the listeners of every sandbox with domain rules.
 type Proxy struct {
@@ -49,6 +69,9 @@ type Proxy struct {
 	mu      sync.Mutex
 	sbs     map[string]*sandbox // by instance
 	cache   map[string]cached
+	// origDst finds where a redirected connection was headed
+	// (OriginalDst; tests without a gateway's redirect replace it).
+	origDst func(*net.TCPConn) (netip.AddrPort, error)
 }
 
 type cached struct {
@@ -63,7 +86,8 @@ type sandbox struct {
 	rules    atomic.Pointer[Rules]
 	log      *ring
 	mu       sync.Mutex
-	conns    map[net.Conn]struct{}
+	conns    map[net.Conn]bool // true: an upstream connection the proxy opened
+	open     [2]int            // len(conns) by side: the sandbox's, upstream
 	done     bool
 	leaves   leaves // certificates signed for intercepted names
 }
@@ -73,10 +97,16 @@ func New(cfg Config) *Proxy {
 	if cfg.PeekTimeout == 0 {
 		cfg.PeekTimeout = 10 * time.Second
 	}
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = DefaultMaxConnsPerSandbox
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, sbs: map[string]*sandbox{}, cache: map[string]cached{}}
+	p := &Proxy{cfg: cfg, sbs: map[string]*sandbox{}, cache: map[string]cached{}, origDst: OriginalDst}
 	p.resolve = cfg.Resolve
 	if p.resolve == nil {
 		p.resolve = p.lookup
@@ -89,7 +119,7 @@ func New(cfg Config) *Proxy {
 // listeners of the instance are closed. The instance's log is kept
 // across.
 func (p *Proxy) Serve(instance string, r Rules, ls ...net.Listener) {
-	sb := &sandbox{instance: instance, ls: ls, conns: map[net.Conn]struct{}{}}
+	sb := &sandbox{instance: instance, ls: ls, conns: map[net.Conn]bool{}}
 	sb.rules.Store(&r)
 	p.mu.Lock()
 	old := p.sbs[instance]
@@ -168,33 +198,74 @@ func (sb *sandbox) stop() {
 	}
 }
 
-func (sb *sandbox) track(c net.Conn) bool {
+// errLimit: the sandbox holds Config.MaxConnsPerSandbox connections on
+// that side already.
+var errLimit = errors.New("egress: the sandbox's connection limit")
+
+// track adds c to the sandbox's set (upstream: a connection the proxy
+// opened for it), so that stop closes it: net.ErrClosed when the sandbox
+// has stopped, errLimit when it holds limit connections on that side.
+func (sb *sandbox) track(c net.Conn, upstream bool, limit int) error {
+	side := sideOf(upstream)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.done {
-		return false
+	switch {
+	case sb.done:
+		return net.ErrClosed
+	case sb.open[side] >= limit:
+		return errLimit
 	}
-	sb.conns[c] = struct{}{}
-	return true
+	sb.conns[c] = upstream
+	sb.open[side]++
+	return nil
 }
 
 func (sb *sandbox) untrack(c net.Conn) {
 	sb.mu.Lock()
-	delete(sb.conns, c)
+	if upstream, ok := sb.conns[c]; ok {
+		delete(sb.conns, c)
+		sb.open[sideOf(upstream)]--
+	}
 	sb.mu.Unlock()
 }
 
+func sideOf(upstream bool) int {
+	if upstream {
+		return 1
+	}
+	return 0
+}
+
 func (p *Proxy) accept(instance string, sb *sandbox, l net.Listener) {
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				p.cfg.Logger.Warn("egress proxy: accept", "instance", instance, "err", err)
+		switch {
+		case err == nil:
+			backoff = 0
+			go p.handle(sb, c.(*net.TCPConn))
+		case errors.Is(err, net.ErrClosed):
+			return
+		case outOfResources(err):
+			// The node is out of descriptors (or memory) for now: wait
+			// and accept again, as net/http does; giving up would leave
+			// the sandbox's connections unanswered for good.
+			if backoff == 0 {
+				p.cfg.Logger.Warn("egress proxy: accept: out of resources; retrying", "instance", instance, "err", err)
 			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+		default:
+			p.cfg.Logger.Warn("egress proxy: accept", "instance", instance, "err", err)
 			return
 		}
-		go p.handle(sb, c.(*net.TCPConn))
 	}
+}
+
+// outOfResources says whether an accept failed for want of descriptors
+// or memory, which later accepts may find again.
+func outOfResources(err error) bool {
+	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
 }
 
 // ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/
@@ -245,12 +316,19 @@ func reset(c *net.TCPConn) {
 }
 
 func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
-	if !sb.track(c) {
-		c.Close()
+	if err := sb.track(c, false, p.cfg.MaxConnsPerSandbox); err != nil {
+		if !errors.Is(err, errLimit) {
+			c.Close()
+			return
+		}
+		// Refused before reading a byte: a sandbox opening connections
+		// in a loop costs a descriptor only for the moment of the reset.
+		dst, _ := p.origDst(c)
+		p.refuse(sb, c, Record{At: time.Now().UTC(), Dst: dst, Reason: "limit"})
 		return
 	}
 	defer sb.untrack(c)
-	dst, err := OriginalDst(c)
+	dst, err := p.origDst(c)
 	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
 	if err != nil || dst == local {
 		reset(c) // not redirected: someone dialled the listener itself
@@ -261,9 +339,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	d := rules.Decide(dst.Addr(), name)
 	rec := Record{At: time.Now().UTC(), Dst: dst, Domain: name, Allowed: d.Allow, Reason: d.Reason, Rule: d.Rule}
 	if !d.Allow {
-		sb.log.add(rec)
-		p.audit(sb, rec)
-		reset(c)
+		p.refuse(sb, c, rec)
 		return
 	}
 	up := dst
@@ -275,9 +351,7 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		switch {
 		case err != nil || len(addrs) == 0:
 			rec.Allowed, rec.Reason = false, "resolve"
-			sb.log.add(rec)
-			p.audit(sb, rec)
-			reset(c)
+			p.refuse(sb, c, rec)
 			return
 		case !slices.Contains(addrs, dst.Addr()):
 			// The sandbox asked for a name at an address that is not
@@ -289,34 +363,37 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 	}
 	rec.Upstream = up
 	seq := sb.log.add(rec)
+	final := func(f func(r *Record)) {
+		sb.log.update(seq, f)
+		f(&rec)
+		p.audit(sb, rec)
+	}
 	if in := injectionFor(rules.Inject, name); in != nil && rules.CA != nil && isHTTPS(dst.Port(), head) {
 		// Headers to inject: the proxy speaks TLS with the sandbox
 		// itself (the sandbox trusts its CA) and with the upstream.
-		out, inb, reason := p.intercept(sb, c, head, name, up, in, rules.CA)
-		sb.log.update(seq, func(r *Record) {
+		out, inb, reason := p.intercept(sb, c, head, name, dst.Port(), up, in, rules.CA)
+		final(func(r *Record) {
 			r.BytesOut, r.BytesIn, r.Injected = out, inb, true
 			if reason != "" {
 				r.Reason = reason
 			}
 		})
-		rec.BytesOut, rec.BytesIn, rec.Injected = out, inb, true
-		if reason != "" {
-			rec.Reason = reason
-		}
-		p.audit(sb, rec)
 		return
 	}
 	u, err := net.DialTimeout("tcp", up.String(), 10*time.Second)
 	if err != nil {
-		sb.log.update(seq, func(r *Record) { r.Allowed, r.Reason = false, "dial" })
-		rec.Allowed, rec.Reason = false, "dial"
-		p.audit(sb, rec)
+		final(func(r *Record) { r.Allowed, r.Reason = false, "dial" })
 		reset(c)
 		return
 	}
-	if !sb.track(u) {
+	if err := sb.track(u, true, p.cfg.MaxConnsPerSandbox); err != nil {
 		u.Close()
-		c.Close()
+		if !errors.Is(err, errLimit) {
+			c.Close() // the sandbox stopped
+			return
+		}
+		final(func(r *Record) { r.Allowed, r.Reason = false, "limit" })
+		reset(c)
 		return
 	}
 	defer sb.untrack(u)
@@ -327,10 +404,21 @@ func (p *Proxy) handle(sb *sandbox, c *net.TCPConn) {
 		return
 	}
 	out.Add(int64(len(head)))
-	relay(c, u.(*net.TCPConn), &out, &in)
-	sb.log.update(seq, func(r *Record) { r.BytesOut, r.BytesIn = out.Load(), in.Load() })
-	rec.BytesOut, rec.BytesIn = out.Load(), in.Load()
+	idled := relay(c, u.(*net.TCPConn), &out, &in, p.cfg.IdleTimeout)
+	final(func(r *Record) {
+		r.BytesOut, r.BytesIn = out.Load(), in.Load()
+		if idled {
+			r.Reason = "idle"
+		}
+	})
+}
+
+// refuse logs and audits a refused connection and resets it.
+func (p *Proxy) refuse(sb *sandbox, c *net.TCPConn, rec Record) {
+	rec.Allowed = false
+	sb.log.add(rec)
 	p.audit(sb, rec)
+	reset(c)
 }
 
 func (p *Proxy) audit(sb *sandbox, r Record) {
@@ -371,8 +459,16 @@ func (p *Proxy) peek(c *net.TCPConn, port uint16) ([]byte, string) {
 	return buf, ""
 }
 
-// relay copies both ways until both are done, passing half-closes on.
-func relay(c, u *net.TCPConn, out, in *atomic.Int64) {
+// relay copies both ways until both are done, passing half-closes on, or
+// until no byte moved either way for idle: then it closes both and
+// reports it. io.Copy between the two sockets splices (no copy through
+// user space), so the bytes are counted by the kernel's TCP_INFO of the
+// sandbox's side, read once per idle period.
+func relay(c, u *net.TCPConn, out, in *atomic.Int64, idle time.Duration) (idled bool) {
+	w := watchIdle(idle, tcpProgress(c), func() {
+		c.Close()
+		u.Close()
+	})
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -390,6 +486,7 @@ func relay(c, u *net.TCPConn, out, in *atomic.Int64) {
 	wg.Wait()
 	c.Close()
 	u.Close()
+	return w.stop()
 }
 
 // pickFamily returns the first of addrs in IPv6 (six) or IPv4, or the

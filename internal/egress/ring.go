@@ -16,14 +16,20 @@ type Record struct {
 	Upstream netip.AddrPort // where the proxy connected (allowed only)
 	Domain   string         // the SNI or Host ("" when none was sent)
 	Allowed  bool
-	Reason   string // Decision.Reason, or why an allowed one failed ("resolve", "dial", "peek")
+	// Reason is Decision.Reason, or why the proxy refused or ended one:
+	// "limit" (the sandbox's connection cap), "resolve" (the name has no
+	// address outside the floor), "dial", "idle" (closed after
+	// Config.IdleTimeout without a byte either way).
+	Reason   string
 	Rule     string
 	BytesOut int64 // sandbox -> upstream, the replayed peek included
 	BytesIn  int64 // upstream -> sandbox
 	// Injected: the connection's requests got an injection's headers (the
 	// proxy terminated its TLS); Reason then says "tls" when the sandbox
 	// refused the proxy's certificate, "upstream-tls" when the upstream's
-	// did not verify.
+	// did not verify, "host-mismatch" when a request named another host
+	// than the TLS server name (refused with 421), "limit" when an
+	// upstream connection was over the cap (503).
 	Injected bool
 }
 

@@ -16,27 +16,78 @@ const MaxPolicyEntries = 256
 // defaultFloor is what no sandbox reaches, whatever its policy: the host's
 // LAN (private ranges), carrier-grade NAT, link-local (the cloud metadata
 // address 169.254.169.254), loopback, "this network", IETF protocol
-// assignments, multicast and reserved space; in IPv6 the unspecified and
-// loopback addresses, IPv4-mapped and IPv4-translated addresses (a way
-// around the IPv4 floor), discard-only, the local-use NAT64 prefix, unique
-// local (the LAN's and the cloud metadata's fd00:ec2::254), site-local,
-// link-local and multicast. The benchmarking ranges 198.18.0.0/15 and
-// 2001:2::/48 are deliberately not here: the tests' outside hosts live
-// there.
+// assignments, multicast and reserved space; in IPv6 ::/96 (the
+// unspecified and loopback addresses, and the deprecated IPv4-compatible
+// ones), IPv4-mapped and IPv4-translated addresses, Teredo (2001::/32: it
+// tunnels to an IPv4 address it embeds), discard-only, the local-use
+// NAT64 prefix, unique local (the LAN's and the cloud metadata's
+// fd00:ec2::254), site-local, link-local and multicast. DefaultFloor adds
+// each IPv4 entry's forms under the well-known NAT64 prefix and 6to4
+// (ipv6Forms). The benchmarking ranges 198.18.0.0/15 and 2001:2::/48 are
+// deliberately not here: the tests' outside hosts live there.
 var defaultFloor = []string{
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-	"::/128", "::1/128", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b:1::/48", "100::/64",
+	"::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "2001::/32", "64:ff9b:1::/48", "100::/64",
 	"fc00::/7", "fec0::/10", "fe80::/10", "ff00::/8",
 }
 
-// DefaultFloor returns the default operator floor (see Config.Floor).
+// DefaultFloor returns the default operator floor (see Config.Floor),
+// the IPv6 forms of its IPv4 entries included.
 func DefaultFloor() []netip.Prefix {
 	out := make([]netip.Prefix, len(defaultFloor))
 	for i, s := range defaultFloor {
 		out[i] = netip.MustParsePrefix(s)
 	}
+	return withIPv6Forms(out)
+}
+
+// nat64Prefix is NAT64's well-known prefix (RFC 6052): 64:ff9b::a.b.c.d
+// is translated to the IPv4 address a.b.c.d, private ones included when a
+// NAT64 on the path does not refuse them (RFC 6052 says it must; not all
+// do). The prefix as a whole is not floored: on an IPv6-only host it is
+// the way to the IPv4 internet.
+var nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
+
+// ipv6Forms returns the IPv6 prefixes that reach the IPv4 prefix p by
+// another road: its translation under the NAT64 well-known prefix
+// (64:ff9b::a.b.c.d/96+n) and its 6to4 prefix (2002:aabb:ccdd::/16+n,
+// routed by a 6to4 relay to the IPv4 address). IPv4-mapped addresses
+// need no entry per prefix: the floor holds ::ffff:0:0/96 whole.
+func ipv6Forms(p netip.Prefix) []netip.Prefix {
+	if !p.Addr().Is4() {
+		return nil
+	}
+	p = p.Masked()
+	v4 := p.Addr().As4()
+	nat64 := nat64Prefix.Addr().As16()
+	copy(nat64[12:], v4[:])
+	var sixToFour [16]byte
+	sixToFour[0], sixToFour[1] = 0x20, 0x02
+	copy(sixToFour[2:], v4[:])
+	return []netip.Prefix{
+		netip.PrefixFrom(netip.AddrFrom16(nat64), 96+p.Bits()),
+		netip.PrefixFrom(netip.AddrFrom16(sixToFour), 16+p.Bits()),
+	}
+}
+
+// withIPv6Forms returns list with the IPv6 forms (ipv6Forms) of its IPv4
+// prefixes that list does not cover already.
+func withIPv6Forms(list []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(list)
+	for _, p := range list {
+		for _, f := range ipv6Forms(p) {
+			if !covers(out, f) {
+				out = append(out, f)
+			}
+		}
+	}
 	return out
+}
+
+// covers says whether one prefix of list holds all of p.
+func covers(list []netip.Prefix, p netip.Prefix) bool {
+	return slices.ContainsFunc(list, func(q netip.Prefix) bool { return q.Bits() <= p.Bits() && q.Contains(p.Addr()) })
 }
 
 // ParsePrefixes parses CIDRs or single addresses (an operator's list).
@@ -108,7 +159,9 @@ func (p Policy) Validate() error {
 // buildFloor returns the floor the gateways enforce (IPv4 and IPv6): the
 // configured prefixes (DefaultFloor when nil) and the host's own
 // addresses, outside the sandbox spaces (which the floor's 10.0.0.0/8 and
-// fc00::/7 cover by default and the root namespace's rules cover anyway).
+// fc00::/7 cover by default and the root namespace's rules cover anyway),
+// with the NAT64 and 6to4 forms of every IPv4 entry (an operator's own
+// and the host's included: a floored address is floored by any name).
 func buildFloor(cfg []netip.Prefix, host map[netip.Addr]bool) []netip.Prefix {
 	if cfg == nil {
 		cfg = DefaultFloor()
@@ -125,6 +178,7 @@ func buildFloor(cfg []netip.Prefix, host map[netip.Addr]bool) []netip.Prefix {
 			out = append(out, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
+	out = withIPv6Forms(out)
 	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return out
 }

@@ -101,14 +101,16 @@ func TestFloorContents(t *testing.T) {
 	}
 	for _, a := range []string{"10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.169.254", "127.0.0.1", "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255",
 		// IPv6: cloud metadata (unique local), loopback, unspecified,
-		// link-local, multicast, site-local, IPv4-mapped and -translated
-		// (a way around the IPv4 floor), local-use NAT64, discard.
-		"fd00:ec2::254", "::1", "::", "fe80::1", "ff02::1", "fec0::1", "::ffff:10.0.0.1", "::ffff:0:a00:1", "64:ff9b:1::a00:1", "100::1"} {
+		// link-local, multicast, site-local, IPv4-mapped, -translated and
+		// -compatible, the private IPv4 ranges under NAT64 and 6to4, Teredo
+		// (ways around the IPv4 floor), local-use NAT64, discard.
+		"fd00:ec2::254", "::1", "::", "fe80::1", "ff02::1", "fec0::1", "::ffff:10.0.0.1", "::ffff:0:a00:1", "::a00:1", "64:ff9b::a9fe:a9fe",
+		"64:ff9b::c0a8:101", "2002:a9fe:a9fe::1", "2002:a00:1::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "64:ff9b:1::a00:1", "100::1"} {
 		if !covered(netip.MustParseAddr(a)) {
 			t.Errorf("default floor lets %s through: %v", a, floor)
 		}
 	}
-	for _, a := range []string{"198.18.0.2", "1.1.1.1", "2001:2::1", "2606:4700:4700::1111", "64:ff9b::101:101"} {
+	for _, a := range []string{"198.18.0.2", "1.1.1.1", "2001:2::1", "2606:4700:4700::1111", "64:ff9b::101:101", "2002:101:101::1", "2001:db8::1"} {
 		if covered(netip.MustParseAddr(a)) {
 			t.Errorf("default floor blocks public or benchmarking space (%s): %v", a, floor)
 		}
@@ -128,8 +130,111 @@ func TestFloorContents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer custom.RemoveHostRules()
-	if f := custom.Floor(); !strings.Contains(fmt.Sprint(f), "203.0.113.0/24") || strings.Contains(fmt.Sprint(f), "10.0.0.0/8") {
+	// An operator's IPv4 entries are floored under NAT64 and 6to4 too.
+	if f := fmt.Sprint(custom.Floor()); !strings.Contains(f, "203.0.113.0/24") || strings.Contains(f, "10.0.0.0/8") ||
+		!strings.Contains(f, "64:ff9b::cb00:7100/120") || !strings.Contains(f, "2002:cb00:7100::/40") {
 		t.Errorf("operator floor %v", f)
+	}
+}
+
+// Every IPv4 prefix of the default floor is floored in the IPv6 forms
+// that reach it: under NAT64's well-known prefix (RFC 6052), as 6to4
+// (2002:aabb:ccdd::/16+n, RFC 3056) and IPv4-mapped; so are Teredo and
+// IPv4-compatible addresses. A public IPv4 address stays reachable by
+// NAT64 and 6to4 (an IPv6-only host's way to the IPv4 internet). Each
+// form is computed here from its text notation, apart from floor.go.
+func TestDefaultFloorIPv6Forms(t *testing.T) {
+	floor := netns.DefaultFloor()
+	coversPrefix := func(p netip.Prefix) bool {
+		for _, q := range floor {
+			if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+				return true
+			}
+		}
+		return false
+	}
+	forms := func(p netip.Prefix) map[string]netip.Prefix {
+		a := p.Addr().As4()
+		return map[string]netip.Prefix{
+			"NAT64":  netip.MustParsePrefix(fmt.Sprintf("64:ff9b::%s/%d", p.Addr(), 96+p.Bits())),
+			"6to4":   netip.MustParsePrefix(fmt.Sprintf("2002:%02x%02x:%02x%02x::/%d", a[0], a[1], a[2], a[3], 16+p.Bits())),
+			"mapped": netip.MustParsePrefix(fmt.Sprintf("::ffff:%s/%d", p.Addr(), 96+p.Bits())),
+		}
+	}
+	var v4 []netip.Prefix
+	for _, p := range floor {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		}
+	}
+	if len(v4) < 10 {
+		t.Fatalf("the default floor has %d IPv4 prefixes: %v", len(v4), floor)
+	}
+	for _, p := range v4 {
+		for kind, f := range forms(p) {
+			if !coversPrefix(f) {
+				t.Errorf("%s form %v of floor prefix %v not covered", kind, f, p)
+			}
+		}
+	}
+	for _, p := range []string{"2001::/32", "::/96", "64:ff9b::a00:0/104", "2002:a00::/24", "2002:e000::/20", "64:ff9b::f000:0/100"} {
+		if !coversPrefix(netip.MustParsePrefix(p)) {
+			t.Errorf("%s not covered", p)
+		}
+	}
+
+	// Addresses: random ones inside each IPv4 floor prefix, and random
+	// IPv4 addresses anywhere, in each IPv6 form (random low bits under
+	// 6to4 and Teredo).
+	rng := testenv.Rand(t)
+	inFloor4 := func(a netip.Addr) bool {
+		for _, p := range v4 {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	covered := func(a netip.Addr) bool { return coversPrefix(netip.PrefixFrom(a, 128)) }
+	random4 := func(p netip.Prefix) netip.Addr {
+		b := p.Addr().As4()
+		r := rng.Uint32() >> p.Bits()
+		n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) | r
+		return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+	}
+	six := func(a netip.Addr) map[string]netip.Addr {
+		b := a.As4()
+		return map[string]netip.Addr{
+			"NAT64":      netip.MustParseAddr("64:ff9b::" + a.String()),
+			"6to4":       netip.MustParseAddr(fmt.Sprintf("2002:%02x%02x:%02x%02x:%x:%x:%x:%x:%x", b[0], b[1], b[2], b[3], rng.IntN(1<<16), rng.IntN(1<<16), rng.IntN(1<<16), rng.IntN(1<<16), rng.IntN(1<<16))),
+			"mapped":     netip.MustParseAddr("::ffff:" + a.String()),
+			"compatible": netip.MustParseAddr("::" + a.String()),
+			"Teredo":     netip.MustParseAddr(fmt.Sprintf("2001:0:%02x%02x:%02x%02x:%x:%x:%x:%x", b[0], b[1], b[2], b[3], rng.IntN(1<<16), rng.IntN(1<<16), rng.IntN(1<<16), rng.IntN(1<<16))),
+		}
+	}
+	public := 0
+	for i := 0; i < 2000; i++ {
+		var a netip.Addr
+		if i%2 == 0 {
+			a = random4(v4[rng.IntN(len(v4))])
+		} else {
+			a = random4(netip.MustParsePrefix("0.0.0.0/0"))
+		}
+		floored := inFloor4(a)
+		for kind, x := range six(a) {
+			switch always := kind == "mapped" || kind == "compatible" || kind == "Teredo"; {
+			case (floored || always) && !covered(x):
+				t.Fatalf("%s form %s of %s (IPv4 floored: %v) not covered", kind, x, a, floored)
+			case !floored && !always && covered(x):
+				t.Fatalf("%s form %s of the public %s covered: NAT64 and 6to4 to the internet must pass", kind, x, a)
+			}
+		}
+		if !floored {
+			public++
+		}
+	}
+	if public < 500 {
+		t.Fatalf("only %d public addresses drawn", public)
 	}
 }
 
