@@ -49,8 +49,10 @@ type Sandbox interface {
 	// default working directory, sending output lines to out, and
 	// returns its exit code.
 	Run(ctx context.Context, argv []string, user string, out func(line string)) (int, error)
-	// Background starts argv as user and leaves it running.
-	Background(ctx context.Context, argv []string, user string) error
+	// Background starts argv as user and leaves it running. The channel
+	// receives the process's Exit if it ends before ctx does; ending ctx
+	// stops the watch, never the process.
+	Background(ctx context.Context, argv []string, user string) (<-chan Exit, error)
 	// WriteFile writes r to path, as root; Remove removes path.
 	WriteFile(ctx context.Context, path string, r io.Reader) error
 	Remove(ctx context.Context, path string) error
@@ -62,6 +64,12 @@ type Sandbox interface {
 	// default user and working directory ("" keeps them): they are in the
 	// daemon's memory, so in every snapshot taken after.
 	Init(ctx context.Context, env map[string]string, user, workdir string) error
+}
+
+// Exit is how a background process ended.
+type Exit struct {
+	Code int      // its exit code; -1 when a signal ended it
+	Tail []string // its last lines of output, stdout and stderr
 }
 
 // Log is one build log entry.
@@ -304,13 +312,20 @@ func (b *Builder) step(ctx context.Context, template string, sb Sandbox, st Step
 	return nil
 }
 
-// finalize starts the start command and waits for the ready command.
+// finalize starts the start command and waits for the ready command. A
+// ready or start command that cannot run at all (cannotRun: a program the
+// image lacks) fails the build at once instead of at the ready timeout.
 func (b *Builder) finalize(ctx context.Context, sb Sandbox, spec Spec, info func(step, format string, a ...any)) error {
+	wctx, stop := context.WithCancel(ctx)
+	defer stop() // stops watching the start command, which runs on
+	var started <-chan Exit
 	if spec.StartCmd != "" {
 		info(StepFinalize, "start: %s", spec.StartCmd)
-		if err := sb.Background(ctx, shell(spec.StartCmd), ""); err != nil {
+		ch, err := sb.Background(wctx, shell(spec.StartCmd), "")
+		if err != nil {
 			return fmt.Errorf("start command: %w", err)
 		}
+		started = ch
 	}
 	if spec.ReadyCmd == "" {
 		return nil
@@ -322,19 +337,29 @@ func (b *Builder) finalize(ctx context.Context, sb Sandbox, spec Spec, info func
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var last string
 	for {
-		code, err := sb.Run(rctx, shell(spec.ReadyCmd), "", func(l string) { last = l })
+		var out output
+		code, err := sb.Run(rctx, shell(spec.ReadyCmd), "", out.add)
 		if err == nil && code == 0 {
 			info(StepFinalize, "ready")
 			return nil
 		}
+		if err == nil {
+			if why := cannotRun(code, out); why != "" {
+				return failed("the ready command cannot run: %s", why)
+			}
+		}
 		select {
+		case ex := <-started:
+			started = nil // ends once
+			if err := startEnded(ex, info); err != nil {
+				return err
+			}
 		case <-rctx.Done():
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("%w: the ready command did not pass within %v (last exit %d, %v): %s", errdefs.ErrUnavailable, timeout, code, err, last)
+			return fmt.Errorf("%w: the ready command did not pass within %v (last exit %d, %v): %s", errdefs.ErrUnavailable, timeout, code, err, out.last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

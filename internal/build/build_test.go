@@ -15,27 +15,31 @@ import (
 
 // fakePlatform keeps snapshots as the list of things done to reach them.
 type fakePlatform struct {
-	mu        sync.Mutex
-	snaps     map[string][]string // name -> history
-	ids       map[string]string   // name -> snapshot ID
-	n         int
-	ran       []string // every command run, in order
-	images    int
-	started   []string // refs sandboxes started from
-	killed    int
-	live      int
-	failOn    string // a RUN script that exits 1
-	block     string // a RUN script that runs until its ctx ends
-	sizes     []Size // of the sandboxes started
-	files     map[string]string
-	templates map[string]string
+	mu      sync.Mutex
+	snaps   map[string][]string // name -> history
+	ids     map[string]string   // name -> snapshot ID
+	n       int
+	ran     []string // every command run, in order
+	images  int
+	started []string // refs sandboxes started from
+	killed  int
+	live    int
+	failOn  string // a RUN script that exits 1
+	block   string // a RUN script that runs until its ctx ends
+	// scripted are the runs of a command, in turn (the last one repeats),
+	// and startExits how a background command ends (none: it runs on).
+	scripted   map[string][]fakeRun
+	startExits map[string]Exit
+	sizes      []Size // of the sandboxes started
+	files      map[string]string
+	templates  map[string]string
 
 	resolvedCache int // cache entries looked up through Resolve (should be none)
 }
 
 func newFake() *fakePlatform {
 	return &fakePlatform{snaps: map[string][]string{"base": nil}, ids: map[string]string{"base": "s-base"},
-		files: map[string]string{}, templates: map[string]string{}}
+		files: map[string]string{}, templates: map[string]string{}, scripted: map[string][]fakeRun{}, startExits: map[string]Exit{}}
 }
 
 func (f *fakePlatform) ImageBase(_ context.Context, ref string, _ *Registry, force bool) (string, error) {
@@ -146,7 +150,18 @@ func (s *fakeSandbox) Run(ctx context.Context, argv []string, user string, out f
 	s.f.mu.Lock()
 	s.f.ran = append(s.f.ran, cmd)
 	fail := s.f.failOn != "" && cmd == s.f.failOn
+	runs, scripted := s.f.scripted[cmd]
+	if len(runs) > 1 {
+		s.f.scripted[cmd] = runs[1:]
+	}
 	s.f.mu.Unlock()
+	if scripted {
+		s.hist = append(s.hist, "run "+user+" "+cmd)
+		for _, l := range runs[0].out {
+			out(l)
+		}
+		return runs[0].code, nil
+	}
 	if cmd == "pwd" {
 		out("/wd")
 		return 0, nil
@@ -159,10 +174,24 @@ func (s *fakeSandbox) Run(ctx context.Context, argv []string, user string, out f
 	}
 	return 0, nil
 }
-func (s *fakeSandbox) Background(_ context.Context, argv []string, _ string) error {
-	s.hist = append(s.hist, "start "+argv[len(argv)-1])
-	return nil
+func (s *fakeSandbox) Background(_ context.Context, argv []string, _ string) (<-chan Exit, error) {
+	cmd := argv[len(argv)-1]
+	s.hist = append(s.hist, "start "+cmd)
+	exited := make(chan Exit, 1)
+	s.f.mu.Lock()
+	if ex, ok := s.f.startExits[cmd]; ok {
+		exited <- ex
+	}
+	s.f.mu.Unlock()
+	return exited, nil
 }
+
+// fakeRun is one scripted run of a command: its output lines and exit code.
+type fakeRun struct {
+	out  []string
+	code int
+}
+
 func (s *fakeSandbox) WriteFile(_ context.Context, p string, r io.Reader) error {
 	b, _ := io.ReadAll(r)
 	s.hist = append(s.hist, "write "+p+" "+string(b))

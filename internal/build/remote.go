@@ -89,27 +89,75 @@ func (r *Remote) Run(ctx context.Context, argv []string, user string, out func(s
 	return code, nil
 }
 
-// Background starts argv and leaves it to the daemon once it started.
-func (r *Remote) Background(ctx context.Context, argv []string, user string) error {
+// Background starts argv and leaves it to the daemon once it started. The
+// start stream stays open while ctx lasts, so the process's end (its exit
+// code and last lines) is seen: a start command the image cannot run ends
+// at once with 127.
+func (r *Remote) Background(ctx context.Context, argv []string, user string) (<-chan Exit, error) {
 	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	req := connect.NewRequest(&processpb.StartRequest{Process: &processpb.ProcessConfig{Cmd: argv[0], Args: argv[1:]}})
 	r.header(req.Header(), user)
 	st, err := r.proc().Start(sctx, req)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+		cancel()
+		return nil, fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
 	}
-	defer st.Close()
+	closeStream := func() {
+		cancel() // first: Close drains what is left of a live stream
+		st.Close()
+	}
 	if !st.Receive() {
-		if err := st.Err(); err != nil {
-			return errdefs.Invalidf("%v", err)
+		err := st.Err()
+		closeStream()
+		if err != nil {
+			return nil, errdefs.Invalidf("%v", err)
 		}
-		return errdefs.Invalidf("the process did not start")
+		return nil, errdefs.Invalidf("the process did not start")
 	}
 	if st.Msg().GetEvent().GetStart() == nil {
-		return errdefs.Invalidf("the process did not start")
+		closeStream()
+		return nil, errdefs.Invalidf("the process did not start")
 	}
-	return nil
+	exited := make(chan Exit, 1)
+	go func() {
+		defer closeStream()
+		tail := &tailLines{max: maxTailLines}
+		lw := &lineWriter{out: tail.add}
+		for st.Receive() {
+			ev := st.Msg().GetEvent()
+			if d := ev.GetData(); d != nil {
+				lw.Write(d.GetStdout())
+				lw.Write(d.GetStderr())
+			}
+			if e := ev.GetEnd(); e != nil {
+				lw.flush()
+				code := int(e.GetExitCode())
+				if !e.GetExited() {
+					code = -1
+				}
+				exited <- Exit{Code: code, Tail: tail.lines}
+				return
+			}
+		}
+	}()
+	return exited, nil
+}
+
+// maxTailLines is how many last lines of a background process's output
+// its Exit keeps.
+const maxTailLines = 20
+
+// tailLines keeps the last max lines.
+type tailLines struct {
+	max   int
+	lines []string
+}
+
+func (t *tailLines) add(l string) {
+	if len(t.lines) == t.max {
+		t.lines = t.lines[1:]
+	}
+	t.lines = append(t.lines, l)
 }
 
 // WriteFile uploads body to path as root (envd's POST /files).

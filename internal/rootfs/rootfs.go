@@ -115,13 +115,25 @@ func etcFiles() map[string]string {
 const TmpKeepFile = "tmp/.spore-tmp-on-disk"
 
 // BaseSpec is the `base` root filesystem: Debian bookworm minbase plus the
-// tools agents expect.
+// tools agents expect, and every program the stock E2B SDK's ready helpers
+// run inside a template's build sandbox (TestBaseHasWhatTheStockReadyHelpersRun
+// pins that list against the SDK's own command strings).
 func BaseSpec() Spec {
 	return Spec{
-		Name:     "base",
-		Suite:    "bookworm",
-		Variant:  "minbase",
-		Packages: []string{"bash", "coreutils", "python3", "procps", "ca-certificates", "curl", "git"},
+		Name:    "base",
+		Suite:   "bookworm",
+		Variant: "minbase",
+		Packages: []string{
+			"bash",            // the shell of RUN steps, start and ready commands, and SDK commands (`bash -l -c`)
+			"coreutils",       // sleep (waitForTimeout, and a Dockerfile's CMD as a start command), rm, mv, mkdir, ln
+			"python3",         // the code interpreter's kernel (envd/interp)
+			"procps",          // pgrep (waitForProcess), ps, kill
+			"ca-certificates", // HTTPS for curl, git and apt-get in RUN steps
+			"curl",            // waitForURL
+			"git",             // gitClone
+			"iproute2",        // ss (waitForPort)
+			"grep",            // waitForURL pipes curl into grep (essential, so in every tree: named for the list above)
+		},
 		Revision: treeRevision,
 	}
 }

@@ -1,9 +1,9 @@
 package rootfs
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -35,11 +35,27 @@ func TestLookupAndUpToDate(t *testing.T) {
 	}
 	spec := BaseSpec()
 	os.MkdirAll(filepath.Join(dir, "base"), 0o755)
-	os.WriteFile(filepath.Join(dir, "base.json"), []byte(`{"id":"r1","suite":"bookworm","variant":"minbase","packages":["bash","coreutils","python3","procps","ca-certificates","curl","git"],"revision":`+strconv.Itoa(treeRevision-1)+`}`), 0o644)
+	stamp := func(packages []string, revision int) {
+		t.Helper()
+		b, err := json.Marshal(Stamp{ID: "r1", Suite: "bookworm", Variant: "minbase", Packages: packages, Revision: revision})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "base.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stamp(spec.Packages, treeRevision-1)
 	if UpToDate(dir, spec) {
 		t.Fatal("an older revision counts as up to date")
 	}
-	os.WriteFile(filepath.Join(dir, "base.json"), []byte(`{"id":"r1","suite":"bookworm","variant":"minbase","packages":["bash","coreutils","python3","procps","ca-certificates","curl","git"],"revision":`+strconv.Itoa(treeRevision)+`}`), 0o644)
+	// A tree built before a package joined the list (iproute2 for the SDK's
+	// waitForPort) is rebuilt.
+	stamp([]string{"bash", "coreutils", "python3", "procps", "ca-certificates", "curl", "git"}, treeRevision)
+	if UpToDate(dir, spec) {
+		t.Fatal("a tree built from another package list counts as up to date")
+	}
+	stamp(spec.Packages, treeRevision)
 	if !UpToDate(dir, spec) {
 		t.Fatal("the current build is not up to date")
 	}
