@@ -11,7 +11,7 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test test-fast up bench bench-fleet bench-go clean proto sdk-deps fuzz fresh-check k8s-tools s3-tools
+.PHONY: build setup test test-fast up bench bench-fleet bench-go readme-table clean proto sdk-deps fuzz fresh-check k8s-tools s3-tools
 
 ## build: compile the binaries into bin/
 build:
@@ -85,6 +85,10 @@ bench-fleet: setup
 ## bench-go: the Go benchmarks of the engine, node and API side by side with bare runsc
 bench-go: setup
 	$(GO) test -run '^$$' -bench . -benchtime 10x -timeout 30m ./internal/engine/ ./internal/node/ ./internal/api/
+
+## readme-table: rewrite README.md's speed table from the reports docs/benchmarks/LATEST names (TestREADMESpeedTable checks it)
+readme-table:
+	$(GO) run ./cmd/spore bench readme
 
 clean:
 	rm -rf bin/

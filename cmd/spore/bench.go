@@ -119,7 +119,45 @@ Writes report.json, report.md and PNG plots to --out.`,
 	fl.StringVar(&cgroupParent, "cgroup-parent", "/spore", "the server's cgroup parent (per-sandbox memory in the density section)")
 	fl.StringVar(&rootfsDir, "rootfs-dir", "", "root filesystems of the --local server (default <data-dir>/rootfs)")
 	fl.StringVar(&runsc, "runsc", "", "runsc binary (default <data-dir>/bin/runsc)")
-	cmd.AddCommand(newBenchCompareCmd())
+	cmd.AddCommand(newBenchCompareCmd(), newBenchReadmeCmd())
+	return cmd
+}
+
+func newBenchReadmeCmd() *cobra.Command {
+	var (
+		root  string
+		check bool
+	)
+	cmd := &cobra.Command{
+		Use:   "readme",
+		Short: "Rewrite README.md's speed table from the reports docs/benchmarks/LATEST names",
+		Long: `Render README.md's speed table (between its speed-table markers) from the
+committed reports docs/benchmarks/LATEST names, and write it into README.md.
+With --check, write nothing: print the difference and fail when it differs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if check {
+				diff, err := bench.ReadmeDiff(root)
+				if err != nil || diff == "" {
+					return err
+				}
+				fmt.Fprint(cmd.OutOrStdout(), diff)
+				return errors.New("README.md's speed table is stale")
+			}
+			changed, err := bench.UpdateReadme(root)
+			if err != nil {
+				return err
+			}
+			state := "already up to date"
+			if changed {
+				state = "rewritten"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "spore bench readme: %s's speed table %s\n", filepath.Join(root, bench.ReadmeFile), state)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&root, "root", ".", "the repository's root (holding README.md and docs/benchmarks)")
+	cmd.Flags().BoolVar(&check, "check", false, "write nothing; print the difference and fail when the table is stale")
 	return cmd
 }
 
