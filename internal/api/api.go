@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -22,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
@@ -54,9 +54,9 @@ type Config struct {
 	// {port}-{sandboxID}.{Domain}, which the proxy routes (with wildcard
 	// DNS for *.Domain pointing at the API). Empty: none is announced.
 	Domain string
-	// Keys checks API keys (nil: NewKeys(Store)); share it with the proxy's
-	// key check so both remember the same keys.
-	Keys *Keys
+	// Keys checks API keys (nil: apikey.NewChecker(Store)); share it with
+	// the proxy's key check so both keep one copy of the keys.
+	Keys *apikey.Checker
 	// Builds runs template builds (E2B's template build API); nil: the
 	// build routes answer 409.
 	Builds *build.Service
@@ -85,7 +85,7 @@ type Server struct {
 	mux    *http.ServeMux
 	node   func() NodeReport
 	domain string
-	keys   *Keys
+	keys   *apikey.Checker
 	builds *build.Service
 	blobs  blob.Store
 }
@@ -100,7 +100,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs}
 	if s.keys == nil {
-		s.keys = NewKeys(cfg.Store)
+		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
 	s.routes()
 	return s
@@ -134,8 +134,23 @@ func isSandboxTraffic(r *http.Request) bool {
 type route struct {
 	pattern string
 	h       http.HandlerFunc
-	public  bool
+	access  access
 }
+
+// access is who may call a route.
+type access int
+
+const (
+	// user: any valid API key.
+	user access = iota
+	// public: anyone (health, the OpenAPI document, signed URLs that
+	// carry their own proof).
+	public
+	// admin: an admin key only. These routes act on the fleet itself
+	// (its nodes, its blob store, the server's internals, the keys), not
+	// on a user's sandboxes.
+	admin
+)
 
 // muxPattern is the pattern registered for a route whose own one overlaps
 // another's for ServeMux (see templateSub).
@@ -144,44 +159,44 @@ var muxPattern = map[string]string{"GET /templates/aliases/{alias}": "GET /templ
 // table is every route of the API.
 func (s *Server) table() []route {
 	routes := []route{
-		{"GET /health", s.health, true},
-		{"GET /openapi.yaml", s.openapi, true},
-		{"POST /sandboxes", s.create, false},
-		{"POST /v2/sandboxes", s.create, false},
-		{"GET /sandboxes", s.list, false},
-		{"GET /v2/sandboxes", s.list, false},
-		{"GET /sandboxes/{sandboxID}", s.get, false},
-		{"DELETE /sandboxes/{sandboxID}", s.kill, false},
-		{"POST /sandboxes/{sandboxID}/connect", s.connect, false},
-		{"POST /v2/sandboxes/{sandboxID}/connect", s.connect, false},
-		{"POST /sandboxes/{sandboxID}/resume", s.resume, false},
-		{"POST /sandboxes/{sandboxID}/pause", s.pause, false},
-		{"POST /sandboxes/{sandboxID}/hibernate", s.hibernate, false},
-		{"POST /sandboxes/{sandboxID}/timeout", s.timeout, false},
-		{"PUT /sandboxes/{sandboxID}/network", s.network, false},
-		{"GET /sandboxes/{sandboxID}/metrics", s.metrics, false},
-		{"GET /sandboxes/{sandboxID}/egress", s.egressAudit, false},
-		{"POST /sandboxes/{sandboxID}/snapshots", s.snapshot, false},
-		{"POST /sandboxes/{sandboxID}/fork", s.fork, false},
-		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, false},
-		{"GET /snapshots", s.listSnapshots, false},
-		{"GET /snapshots/{snapshotID}", s.getSnapshot, false},
-		{"GET /templates", s.templates, false},
-		{"DELETE /templates/{templateID}", s.deleteTemplate, false},
+		{"GET /health", s.health, public},
+		{"GET /openapi.yaml", s.openapi, public},
+		{"POST /sandboxes", s.create, user},
+		{"POST /v2/sandboxes", s.create, user},
+		{"GET /sandboxes", s.list, user},
+		{"GET /v2/sandboxes", s.list, user},
+		{"GET /sandboxes/{sandboxID}", s.get, user},
+		{"DELETE /sandboxes/{sandboxID}", s.kill, user},
+		{"POST /sandboxes/{sandboxID}/connect", s.connect, user},
+		{"POST /v2/sandboxes/{sandboxID}/connect", s.connect, user},
+		{"POST /sandboxes/{sandboxID}/resume", s.resume, user},
+		{"POST /sandboxes/{sandboxID}/pause", s.pause, user},
+		{"POST /sandboxes/{sandboxID}/hibernate", s.hibernate, user},
+		{"POST /sandboxes/{sandboxID}/timeout", s.timeout, user},
+		{"PUT /sandboxes/{sandboxID}/network", s.network, user},
+		{"GET /sandboxes/{sandboxID}/metrics", s.metrics, user},
+		{"GET /sandboxes/{sandboxID}/egress", s.egressAudit, user},
+		{"POST /sandboxes/{sandboxID}/snapshots", s.snapshot, user},
+		{"POST /sandboxes/{sandboxID}/fork", s.fork, user},
+		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, user},
+		{"GET /snapshots", s.listSnapshots, user},
+		{"GET /snapshots/{snapshotID}", s.getSnapshot, user},
+		{"GET /templates", s.templates, user},
+		{"DELETE /templates/{templateID}", s.deleteTemplate, user},
 		// It and E2B's GET /templates/{templateID}/tags
 		// overlap for ServeMux: both are served by one pattern.
-		{"GET /templates/aliases/{alias}", s.templateSub, false},
-		{"GET /nodes", s.listNodes, false},
-		{"POST /nodes/{nodeID}/drain", s.drainNode, false},
-		{"POST /nodes/{nodeID}/undrain", s.undrainNode, false},
-		{"POST /blobs/gc", s.collectGarbage, false},
-		{"GET /debug/stats", s.stats, false},
-		{"GET /debug/pprof/", pprof.Index, false},
-		{"GET /debug/pprof/profile", pprof.Profile, false},
-		{"GET /debug/pprof/trace", pprof.Trace, false},
-		{"GET /debug/pprof/symbol", pprof.Symbol, false},
+		{"GET /templates/aliases/{alias}", s.templateSub, user},
+		{"GET /nodes", s.listNodes, admin},
+		{"POST /nodes/{nodeID}/drain", s.drainNode, admin},
+		{"POST /nodes/{nodeID}/undrain", s.undrainNode, admin},
+		{"POST /blobs/gc", s.collectGarbage, admin},
+		{"GET /debug/stats", s.stats, admin},
+		{"GET /debug/pprof/", pprof.Index, admin},
+		{"GET /debug/pprof/profile", pprof.Profile, admin},
+		{"GET /debug/pprof/trace", pprof.Trace, admin},
+		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
-	return append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...)
+	return append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).
@@ -208,8 +223,11 @@ func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) routes() {
 	for _, r := range s.table() {
 		h := r.h
-		if !r.public {
-			h = s.auth(h)
+		switch r.access {
+		case user:
+			h = s.auth(h, false)
+		case admin:
+			h = s.auth(h, true)
 		}
 		p := r.pattern
 		if mp, ok := muxPattern[p]; ok {
@@ -218,7 +236,7 @@ func (s *Server) routes() {
 		s.mux.HandleFunc(p, withTiming(h))
 	}
 	for _, p := range e2bUnimplemented {
-		s.mux.HandleFunc(p, s.auth(notImplemented(p)))
+		s.mux.HandleFunc(p, s.auth(notImplemented(p), false))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
@@ -230,22 +248,29 @@ func (s *Server) routes() {
 func Routes() map[string]bool {
 	out := map[string]bool{}
 	for _, r := range (&Server{}).table() {
-		out[r.pattern] = !r.public
+		out[r.pattern] = r.access != public
 	}
 	out[templateTagsRoute] = true // served by templateSub, as the alias route
 	return out
 }
 
-// HashKey is how API keys are stored.
-func HashKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:])
+// AdminRoutes lists the routes that need an admin key.
+func AdminRoutes() []string {
+	var out []string
+	for _, r := range (&Server{}).table() {
+		if r.access == admin {
+			out = append(out, r.pattern)
+		}
+	}
+	return out
 }
 
-// auth requires a valid X-API-KEY (or Authorization: Bearer). Keys are
-// accepted nowhere else (no query parameter, no cookie), which is why the
-// proxy strips only these two headers.
-func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+// auth requires a valid X-API-KEY (or Authorization: Bearer), of the
+// admin role for an admin route. Keys are accepted nowhere else (no query
+// parameter, no cookie), which is why the proxy strips only these two
+// headers. A key the store cannot check answers 503, not 401: it may well
+// be valid, and the client should retry rather than give up.
+func (s *Server) auth(next http.HandlerFunc, adminOnly bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("X-API-KEY")
 		if key == "" {
@@ -255,17 +280,32 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
 			return
 		}
-		if ok, _ := s.keys.Valid(r.Context(), key); !ok {
+		rec, err := s.keys.Lookup(r.Context(), key)
+		switch {
+		case errdefs.IsNotFound(err):
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
+		case err != nil:
+			s.fail(w, r, err)
+			return
+		case adminOnly && rec.Role != store.RoleAdmin:
+			writeError(w, http.StatusForbidden, "this route needs an admin key (this key's role is "+rec.Role+")")
+			return
 		}
-		next(w, r)
+		next(w, r.WithContext(withKey(r.Context(), rec)))
 	}
 }
 
-// KeyCheck is NewKeys(st).Check, for a proxy without an API of its own.
-func KeyCheck(st store.Store) func(ctx context.Context, key string) bool {
-	return NewKeys(st).Check
+type keyCtx struct{}
+
+func withKey(ctx context.Context, k store.APIKey) context.Context {
+	return context.WithValue(ctx, keyCtx{}, k)
+}
+
+// KeyOf returns the API key a request was authenticated with.
+func KeyOf(ctx context.Context) (store.APIKey, bool) {
+	k, ok := ctx.Value(keyCtx{}).(store.APIKey)
+	return k, ok
 }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -75,7 +76,7 @@ func openStore(t testing.TB) store.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: api.HashKey(key), CreatedAt: time.Now()})
+	st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()})
 	return st
 }
 
@@ -161,7 +162,7 @@ func newHarness(t testing.TB) *harness {
 	t.Cleanup(h.ctl.Close)
 	h.apiLog = &syncBuffer{}
 	apiLog := slog.New(slog.NewMultiHandler(log.Handler(), slog.NewJSONHandler(h.apiLog, nil)))
-	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, api.KeyCheck(st), apiLog), Logger: apiLog}))
+	srv := httptest.NewServer(api.New(api.Config{Control: h.ctl, Store: st, Proxy: proxy.New(h.ctl, apikey.NewChecker(st).Check, apiLog), Logger: apiLog}))
 	t.Cleanup(srv.Close)
 	h.url = srv.URL
 	return h

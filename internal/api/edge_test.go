@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -314,16 +315,24 @@ func (brokenKeys) APIKeyByHash(context.Context, string) (store.APIKey, error) {
 	return store.APIKey{}, errors.New("database is locked")
 }
 
+func (brokenKeys) APIKeysVersion(context.Context) (int64, error) {
+	return 0, errors.New("database is locked")
+}
+
+func (brokenKeys) ListAPIKeys(context.Context, bool) ([]store.APIKey, error) {
+	return nil, errors.New("database is locked")
+}
+
 // The proxy's key check knows the keys, and when the store cannot answer
 // it holds the credential back rather than let a key into a sandbox.
 func TestKeyCheck(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
-	check := api.KeyCheck(st)
+	check := apikey.NewChecker(st).Check
 	if !check(ctx, key) || check(ctx, "not-a-key") {
 		t.Fatalf("KeyCheck: key %v, non-key %v", check(ctx, key), check(ctx, "not-a-key"))
 	}
-	if !api.KeyCheck(brokenKeys{st})(ctx, "anything") {
+	if !apikey.NewChecker(brokenKeys{st}).Check(ctx, "anything") {
 		t.Fatal("a store failure let a credential through")
 	}
 }

@@ -45,8 +45,8 @@ type ExportResponse struct {
 
 func (s *Server) exportRoutes() []route {
 	return []route{
-		{"POST /sandboxes/{sandboxID}/export", s.exportSandbox, false},
-		{"POST /snapshots/{snapshotID}/export", s.exportSnapshot, false},
+		{"POST /sandboxes/{sandboxID}/export", s.exportSandbox, user},
+		{"POST /snapshots/{snapshotID}/export", s.exportSnapshot, user},
 	}
 }
 

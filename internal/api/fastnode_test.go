@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/proxy"
@@ -42,7 +43,7 @@ func newFnode(t *testing.T, opts ...func(*control.Config)) *fnode {
 	t.Helper()
 	c := controltest.ConfigOf(t)
 	st := c.Store(t)
-	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: api.HashKey(key), CreatedAt: time.Now()}); err != nil {
+	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	f := &fnode{t: t, n: controltest.New(t), st: st}
@@ -52,7 +53,7 @@ func newFnode(t *testing.T, opts ...func(*control.Config)) *fnode {
 	}
 	f.ctl = control.New(cfg)
 	t.Cleanup(f.ctl.Close)
-	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, api.KeyCheck(st), nil)}))
+	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, apikey.NewChecker(st).Check, nil)}))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f

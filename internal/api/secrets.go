@@ -38,11 +38,11 @@ func secretOf(s store.Secret) Secret {
 
 func (s *Server) secretRoutes() []route {
 	return []route{
-		{"GET /secrets", s.listSecrets, false},
-		{"POST /secrets", s.createSecret, false},
-		{"GET /secrets/{secretID}", s.getSecret, false},
-		{"POST /secrets/{secretID}", s.updateSecret, false},
-		{"DELETE /secrets/{secretID}", s.deleteSecret, false},
+		{"GET /secrets", s.listSecrets, user},
+		{"POST /secrets", s.createSecret, user},
+		{"GET /secrets/{secretID}", s.getSecret, user},
+		{"POST /secrets/{secretID}", s.updateSecret, user},
+		{"DELETE /secrets/{secretID}", s.deleteSecret, user},
 	}
 }
 

@@ -105,17 +105,17 @@ type TemplateWithBuilds struct {
 
 func (s *Server) buildRoutes() []route {
 	return []route{
-		{"POST /v3/templates", s.requestBuild, false},
-		{"GET /templates/{templateID}/files/{hash}", s.fileUploadLink, false},
-		{"PUT /templates/{templateID}/files/{hash}", s.uploadFiles, false},
-		{"POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild, false},
-		{"GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus, false},
-		{"POST /templates/tags", s.assignTags, false},
-		{"DELETE /templates/tags", s.removeTags, false},
-		{"GET /templates/{templateID}", s.getTemplate, false},
-		{"PATCH /templates/{templateID}", s.templateUpdateV1, false}, // e2bcli.go
-		{SignedUploadRoute, s.signedUpload, true},
-		{"PATCH /v2/templates/{templateID}", s.templateUpdateV2, false},
+		{"POST /v3/templates", s.requestBuild, user},
+		{"GET /templates/{templateID}/files/{hash}", s.fileUploadLink, user},
+		{"PUT /templates/{templateID}/files/{hash}", s.uploadFiles, user},
+		{"POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild, user},
+		{"GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus, user},
+		{"POST /templates/tags", s.assignTags, user},
+		{"DELETE /templates/tags", s.removeTags, user},
+		{"GET /templates/{templateID}", s.getTemplate, user},
+		{"PATCH /templates/{templateID}", s.templateUpdateV1, user}, // e2bcli.go
+		{SignedUploadRoute, s.signedUpload, public},
+		{"PATCH /v2/templates/{templateID}", s.templateUpdateV2, user},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/ids"
@@ -124,7 +125,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 				return err
 			}
 		}
-		if key, err = ensureKey(ctx, st, Config{APIKey: cfg.APIKey, DataDir: cfg.DataDir}); err != nil {
+		if key, err = ensureKey(ctx, st, Config{APIKey: cfg.APIKey, DataDir: cfg.DataDir}, log); err != nil {
 			return err
 		}
 	} else if n, err := st.CountAPIKeys(ctx); err != nil {
@@ -182,7 +183,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		return err
 	}
 	defer bs.Close()
-	keys := api.NewKeys(st)
+	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(cfg.ClusterToken)
 	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
 	mux := http.NewServeMux()

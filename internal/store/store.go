@@ -188,10 +188,45 @@ type Node struct {
 
 // APIKey is a stored API key: only its hash is kept.
 type APIKey struct {
-	ID        string    `json:"id"`
-	Hash      string    `json:"hash"` // hex sha256 of the key
+	ID   string `json:"id"`
+	Hash string `json:"hash"` // hex sha256 of the key
+	// Name is the operator's label for the key (not unique).
+	Name string `json:"name"`
+	// Role is what the key may do: RoleAdmin (everything, the operator
+	// routes too) or RoleUser (everything but the operator routes).
+	Role string `json:"role"`
+	// Source says where the key came from: SourceConfig (the deployment's
+	// configured key, --api-key-file: a newer one revokes the older),
+	// SourceGenerated (made by `spore up`), SourceAPI (POST /api-keys).
+	Source string `json:"source"`
+	// Mask shows the key's first and last characters, never enough to
+	// use it ("spore_3f2a…91c0").
+	Mask      string    `json:"mask"`
 	CreatedAt time.Time `json:"createdAt"`
+	// RevokedAt is when the key was revoked; zero while it is valid. A
+	// revoked key stays listed (who had access, and until when) and is
+	// never valid again.
+	RevokedAt time.Time `json:"revokedAt,omitzero"`
 }
+
+// API key roles.
+const (
+	RoleAdmin = "admin"
+	RoleUser  = "user"
+)
+
+// API key sources.
+const (
+	SourceConfig    = "config"
+	SourceGenerated = "generated"
+	SourceAPI       = "api"
+)
+
+// ValidRole reports whether r is a role a key can have.
+func ValidRole(r string) bool { return r == RoleAdmin || r == RoleUser }
+
+// Revoked reports whether the key was revoked.
+func (k APIKey) Revoked() bool { return !k.RevokedAt.IsZero() }
 
 // SandboxFilter selects sandboxes. Metadata matches every pair given.
 type SandboxFilter struct {
@@ -327,9 +362,25 @@ type Leases interface {
 	ReleaseLease(ctx context.Context, name, holder string) error
 }
 
-// APIKeys are the stored API keys.
+// APIKeys are the stored API keys. Every change (an add, a revocation)
+// increments one counter, APIKeysVersion, in the same transaction: a
+// replica that keeps the keys in memory reads that one number to know
+// whether its copy is current.
 type APIKeys interface {
+	// AddAPIKey stores a new key (valid; an empty Role is RoleAdmin).
+	// The same hash or ID again is ErrAlreadyExists, also when that key
+	// was revoked: a revoked key never comes back.
 	AddAPIKey(ctx context.Context, k APIKey) error
 	APIKeyByHash(ctx context.Context, hash string) (APIKey, error)
+	// CountAPIKeys counts the valid (not revoked) keys.
 	CountAPIKeys(ctx context.Context) (int, error)
+	// ListAPIKeys returns the keys, oldest first; revoked ones only with
+	// revoked.
+	ListAPIKeys(ctx context.Context, revoked bool) ([]APIKey, error)
+	// RevokeAPIKey revokes a key at the given time and returns it; a key
+	// already revoked keeps its first revocation time. Unknown:
+	// ErrNotFound.
+	RevokeAPIKey(ctx context.Context, id string, at time.Time) (APIKey, error)
+	// APIKeysVersion is the change counter (see above).
+	APIKeysVersion(ctx context.Context) (int64, error)
 }

@@ -167,6 +167,21 @@ func (x timed) CountAPIKeys(ctx context.Context) (int, error) {
 	return x.st.CountAPIKeys(ctx)
 }
 
+func (x timed) ListAPIKeys(ctx context.Context, revoked bool) ([]APIKey, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListAPIKeys(ctx, revoked)
+}
+
+func (x timed) RevokeAPIKey(ctx context.Context, id string, at time.Time) (APIKey, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.RevokeAPIKey(ctx, id, at)
+}
+
+func (x timed) APIKeysVersion(ctx context.Context) (int64, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.APIKeysVersion(ctx)
+}
+
 func (x timed) CreateBuild(ctx context.Context, b Build) error {
 	defer timing.Track(ctx, "store")()
 	return x.st.CreateBuild(ctx, b)

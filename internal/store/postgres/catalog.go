@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -218,39 +217,6 @@ func (s *DB) ReleaseLease(ctx context.Context, name, holder string) error {
 		return fmt.Errorf("lease %s: %w", name, err)
 	}
 	return nil
-}
-
-// AddAPIKey implements store.Store.
-func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys(id, hash, created_at) VALUES ($1, $2, $3)`, k.ID, k.Hash, k.CreatedAt)
-	if isUnique(err) {
-		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
-	}
-	if err != nil {
-		return fmt.Errorf("api key %s: %w", k.ID, err)
-	}
-	return nil
-}
-
-// APIKeyByHash implements store.Store.
-func (s *DB) APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error) {
-	var k store.APIKey
-	err := s.pool.QueryRow(ctx, `SELECT id, hash, created_at FROM api_keys WHERE hash = $1`, hash).Scan(&k.ID, &k.Hash, &k.CreatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return store.APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return store.APIKey{}, fmt.Errorf("api key: %w", err)
-	}
-	k.CreatedAt = k.CreatedAt.UTC()
-	return k, nil
-}
-
-// CountAPIKeys implements store.Store.
-func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
-	return n, err
 }
 
 // ResolveRef implements store.Store: the three lookups in one statement,

@@ -56,3 +56,37 @@ func TestMigrateFromV2(t *testing.T) {
 		t.Fatalf("schema version %d, %v; want %d", v, err, len(migrations))
 	}
 }
+
+// A fleet database at schema version 4 (keys without roles) opens with its
+// keys valid and administrators, as every key was before roles.
+func TestMigrateKeysFromV4(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.Postgres(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)`,
+		migrations[0], migrations[1], migrations[2], migrations[3],
+		`INSERT INTO schema_migrations(version) VALUES (1), (2), (3), (4)`,
+		`INSERT INTO api_keys(id, hash, created_at) VALUES ('k1', 'abc', now())`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	conn.Close(ctx)
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k, err := s.APIKeyByHash(ctx, "abc")
+	if err != nil || k.ID != "k1" || k.Role != store.RoleAdmin || k.Revoked() {
+		t.Fatalf("old key = %+v, %v", k, err)
+	}
+	if n, err := s.CountAPIKeys(ctx); err != nil || n != 1 {
+		t.Fatalf("count = %d, %v", n, err)
+	}
+}

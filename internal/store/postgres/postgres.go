@@ -118,6 +118,18 @@ var migrations = []string{
 		name TEXT NOT NULL UNIQUE,
 		data JSONB NOT NULL
 	);`,
+	// 5: revocable API keys with a role (the keys before it were all
+	// administrators, and stay so) and the keys' change counter.
+	`ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'admin';
+	ALTER TABLE api_keys ADD COLUMN source TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN mask TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN revoked_at TIMESTAMPTZ;
+	CREATE TABLE api_key_version (
+		id INTEGER PRIMARY KEY CHECK (id = 1),
+		version BIGINT NOT NULL
+	);
+	INSERT INTO api_key_version(id, version) VALUES (1, 1);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

@@ -90,3 +90,40 @@ func TestMigrateFromV2(t *testing.T) {
 		t.Fatalf("logs after the migration = %v, %v", l, err)
 	}
 }
+
+// A database at schema version 4 (keys without roles) opens with its keys
+// valid and administrators, as every key was before roles.
+func TestMigrateKeysFromV4(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "spore.db")
+	raw, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY)`,
+		migrations[0], migrations[1], migrations[2], migrations[3],
+		`INSERT INTO schema_migrations(version) VALUES (1), (2), (3), (4)`,
+		`INSERT INTO api_keys(id, hash, created_at) VALUES ('k1', 'abc', 1700000000000)`,
+	} {
+		if _, err := raw.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	raw.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k, err := s.APIKeyByHash(ctx, "abc")
+	if err != nil || k.ID != "k1" || k.Role != store.RoleAdmin || k.Revoked() || k.CreatedAt.UnixMilli() != 1700000000000 {
+		t.Fatalf("old key = %+v, %v", k, err)
+	}
+	if n, err := s.CountAPIKeys(ctx); err != nil || n != 1 {
+		t.Fatalf("count = %d, %v", n, err)
+	}
+	if _, err := s.APIKeysVersion(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

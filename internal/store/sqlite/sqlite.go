@@ -116,6 +116,18 @@ var migrations = []string{
 		name TEXT NOT NULL UNIQUE,
 		data TEXT NOT NULL
 	);`,
+	// 5: revocable API keys with a role (the keys before it were all
+	// administrators, and stay so) and the keys' change counter.
+	`ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'admin';
+	ALTER TABLE api_keys ADD COLUMN source TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN mask TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN revoked_at INTEGER NOT NULL DEFAULT 0;
+	CREATE TABLE api_key_version (
+		id INTEGER PRIMARY KEY CHECK (id = 1),
+		version INTEGER NOT NULL
+	);
+	INSERT INTO api_key_version(id, version) VALUES (1, 1);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with
@@ -547,32 +559,4 @@ func (s *DB) DeleteSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
 	}
 	return nil
-}
-
-// AddAPIKey implements store.Store.
-func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, hash, created_at) VALUES (?, ?, ?)`, k.ID, k.Hash, k.CreatedAt.UnixMilli())
-	if isUnique(err) {
-		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
-	}
-	return err
-}
-
-// APIKeyByHash implements store.Store.
-func (s *DB) APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error) {
-	var k store.APIKey
-	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id, hash, created_at FROM api_keys WHERE hash = ?`, hash).Scan(&k.ID, &k.Hash, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return store.APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
-	}
-	k.CreatedAt = time.UnixMilli(created).UTC()
-	return k, err
-}
-
-// CountAPIKeys implements store.Store.
-func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
-	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n)
-	return n, err
 }

@@ -39,6 +39,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("ConcurrentUpdates", func(t *testing.T) { testConcurrent(t, open(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
+	t.Run("TwoHandles/APIKeyChangesAreSeen", func(t *testing.T) { testKeysTwoHandles(t, two) })
 
 	t.Run("VersionAndCompareAndSwap", func(t *testing.T) { testCAS(t, open(t)) })
 	t.Run("DeleteIfVersion", func(t *testing.T) { testDeleteIf(t, open(t)) })
@@ -416,6 +417,66 @@ func testKeys(t *testing.T, s store.Store) {
 	if n, _ := s.CountAPIKeys(ctx); n != 1 {
 		t.Fatalf("count = %d", n)
 	}
+	if got.Role != store.RoleAdmin {
+		t.Fatalf("a key added without a role has role %q, want admin", got.Role)
+	}
+
+	// Roles, names, sources and masks are kept; every change moves the
+	// version; a revoked key stays listed (with revoked) and never
+	// comes back.
+	v0, err := s.APIKeysVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := store.APIKey{ID: "k3", Hash: "def", Name: "ci", Role: store.RoleUser, Source: store.SourceAPI, Mask: "spore_de…ef",
+		CreatedAt: k.CreatedAt.Add(time.Second)}
+	if err := s.AddAPIKey(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	v1, _ := s.APIKeysVersion(ctx)
+	if v1 <= v0 {
+		t.Fatalf("version after an add = %d, before %d", v1, v0)
+	}
+	if got, err := s.APIKeyByHash(ctx, "def"); err != nil || got != u {
+		t.Fatalf("by hash = %+v %v, want %+v", got, err, u)
+	}
+	list, err := s.ListAPIKeys(ctx, false)
+	if err != nil || len(list) != 2 || list[0].ID != "k1" || list[1].ID != "k3" {
+		t.Fatalf("list = %+v %v", list, err)
+	}
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	r, err := s.RevokeAPIKey(ctx, "k3", at)
+	if err != nil || !r.RevokedAt.Equal(at) || r.ID != "k3" {
+		t.Fatalf("revoke = %+v %v", r, err)
+	}
+	v2, _ := s.APIKeysVersion(ctx)
+	if v2 <= v1 {
+		t.Fatalf("version after a revoke = %d, before %d", v2, v1)
+	}
+	if r, err := s.RevokeAPIKey(ctx, "k3", at.Add(time.Hour)); err != nil || !r.RevokedAt.Equal(at) {
+		t.Fatalf("revoke again = %+v %v (keeps the first time)", r, err)
+	}
+	if got, err := s.APIKeyByHash(ctx, "def"); err != nil || !got.Revoked() {
+		t.Fatalf("a revoked key by hash = %+v %v", got, err)
+	}
+	if err := s.AddAPIKey(ctx, store.APIKey{ID: "k4", Hash: "def"}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a revoked key added again = %v", err)
+	}
+	if got, _ := s.APIKeyByHash(ctx, "def"); !got.Revoked() {
+		t.Fatalf("a revoked key came back: %+v", got)
+	}
+	if list, _ := s.ListAPIKeys(ctx, false); len(list) != 1 || list[0].ID != "k1" {
+		t.Fatalf("valid keys = %+v", list)
+	}
+	if list, _ := s.ListAPIKeys(ctx, true); len(list) != 2 || !list[1].Revoked() {
+		t.Fatalf("all keys = %+v", list)
+	}
+	if n, _ := s.CountAPIKeys(ctx); n != 1 {
+		t.Fatalf("count with one revoked = %d", n)
+	}
+	if _, err := s.RevokeAPIKey(ctx, "nope", at); !errdefs.IsNotFound(err) {
+		t.Fatalf("revoke an unknown key = %v", err)
+	}
 }
 
 // testDeleteIf: a conditional delete loses to any change made since the
@@ -447,5 +508,44 @@ func testDeleteIf(t *testing.T, s store.Store) {
 	}
 	if l, _, _ := s.ListSandboxes(ctx, store.SandboxFilter{Metadata: map[string]string{"k": "v"}}); len(l) != 0 {
 		t.Fatalf("metadata of a deleted sandbox still matches: %v", l)
+	}
+}
+
+// testKeysTwoHandles: a key added or revoked through one handle changes
+// the version the other reads (how replicas learn of revocations), and
+// concurrent changes each count.
+func testKeysTwoHandles(t *testing.T, two func(*testing.T) (store.Store, store.Store)) {
+	ctx := context.Background()
+	a, b := two(t)
+	v0, err := b.APIKeysVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			h := a
+			if i%2 == 1 {
+				h = b
+			}
+			if err := h.AddAPIKey(ctx, store.APIKey{ID: fmt.Sprintf("c%d", i), Hash: fmt.Sprintf("h%d", i), CreatedAt: time.Now().UTC()}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	v1, _ := b.APIKeysVersion(ctx)
+	if v1 != v0+n {
+		t.Fatalf("version after %d adds on two handles = %d, want %d", n, v1, v0+n)
+	}
+	if _, err := a.RevokeAPIKey(ctx, "c3", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if v2, _ := b.APIKeysVersion(ctx); v2 != v1+1 {
+		t.Fatalf("version after a revoke on the other handle = %d, want %d", v2, v1+1)
+	}
+	if k, err := b.APIKeyByHash(ctx, "h3"); err != nil || !k.Revoked() {
+		t.Fatalf("the other handle reads %+v %v", k, err)
 	}
 }

@@ -1,0 +1,134 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+const keyColumns = `id, hash, name, role, source, mask, created_at, revoked_at`
+
+func scanKey(sc interface{ Scan(...any) error }) (store.APIKey, error) {
+	var k store.APIKey
+	var created, revoked int64
+	if err := sc.Scan(&k.ID, &k.Hash, &k.Name, &k.Role, &k.Source, &k.Mask, &created, &revoked); err != nil {
+		return store.APIKey{}, err
+	}
+	k.CreatedAt = time.UnixMilli(created).UTC()
+	if revoked != 0 {
+		k.RevokedAt = time.UnixMilli(revoked).UTC()
+	}
+	return k, nil
+}
+
+// bumpKeys increments the keys' change counter inside tx.
+func bumpKeys(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `UPDATE api_key_version SET version = version + 1 WHERE id = 1`)
+	return err
+}
+
+// AddAPIKey implements store.Store.
+func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
+	if k.Role == "" {
+		k.Role = store.RoleAdmin
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `INSERT INTO api_keys(`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, 0)`,
+		k.ID, k.Hash, k.Name, k.Role, k.Source, k.Mask, k.CreatedAt.UnixMilli())
+	if isUnique(err) {
+		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("api key %s: %w", k.ID, err)
+	}
+	if err := bumpKeys(ctx, tx); err != nil {
+		return fmt.Errorf("api key %s: %w", k.ID, err)
+	}
+	return tx.Commit()
+}
+
+// APIKeyByHash implements store.Store.
+func (s *DB) APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE hash = ?`, hash))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.APIKey{}, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("api key: %w", err)
+	}
+	return k, nil
+}
+
+// CountAPIKeys implements store.Store.
+func (s *DB) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys WHERE revoked_at = 0`).Scan(&n)
+	return n, err
+}
+
+// ListAPIKeys implements store.Store.
+func (s *DB) ListAPIKeys(ctx context.Context, revoked bool) ([]store.APIKey, error) {
+	q := `SELECT ` + keyColumns + ` FROM api_keys`
+	if !revoked {
+		q += ` WHERE revoked_at = 0`
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("api keys: %w", err)
+	}
+	defer rows.Close()
+	out := []store.APIKey{}
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("api keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeAPIKey implements store.Store.
+func (s *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) (store.APIKey, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return store.APIKey{}, err
+	}
+	defer tx.Rollback()
+	k, err := scanKey(tx.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.APIKey{}, errdefs.NotFoundf("api key %s not found", id)
+	}
+	if err != nil {
+		return store.APIKey{}, fmt.Errorf("api key %s: %w", id, err)
+	}
+	if k.Revoked() {
+		return k, nil
+	}
+	k.RevokedAt = at.UTC().Truncate(time.Millisecond)
+	if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ?`, k.RevokedAt.UnixMilli(), id); err != nil {
+		return store.APIKey{}, fmt.Errorf("api key %s: %w", id, err)
+	}
+	if err := bumpKeys(ctx, tx); err != nil {
+		return store.APIKey{}, fmt.Errorf("api key %s: %w", id, err)
+	}
+	return k, tx.Commit()
+}
+
+// APIKeysVersion implements store.Store.
+func (s *DB) APIKeysVersion(ctx context.Context) (int64, error) {
+	var v int64
+	if err := s.db.QueryRowContext(ctx, `SELECT version FROM api_key_version WHERE id = 1`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("api keys version: %w", err)
+	}
+	return v, nil
+}
