@@ -64,6 +64,19 @@ type Config struct {
 	// Secrets seals and opens the values of the secrets API; nil: the
 	// secrets API answers unavailable.
 	Secrets *secrets.Box
+	// ReapTimeout bounds the reaper's work on one expired sandbox (its
+	// lock, its row, its node calls), so a node that hangs on one does
+	// not stall the pass (default 90 s: a hibernation's node call).
+	ReapTimeout time.Duration
+	// PresignSearchRate bounds this replica's searches for the sandbox
+	// of a presigned URL that does not name it (presign.go), a second
+	// (default PresignSearchRate; negative: no bound, for benchmarks).
+	PresignSearchRate float64
+	// CleanupTimeout bounds a delete made on the side of an operation
+	// (a failed create's kill, a snapshot's or a durable copy's removal,
+	// in the background or after the answer), so a node or blob store
+	// that hangs holds no goroutine, nor Close, for ever (default 1 min).
+	CleanupTimeout time.Duration
 }
 
 // Service is the sandbox lifecycle.
@@ -87,6 +100,7 @@ type Service struct {
 	mu      sync.RWMutex
 	targets map[string]Target
 	gates   map[string]gate // what the proxy checks, per sandbox routed to (resolve.go)
+	presign *presignIndex   // running sandboxes' tokens, for presigned URLs (presign.go)
 	// poolWake wakes this instance's pool filler (RunPool), if any.
 	poolWake chan struct{}
 	view     viewCache
@@ -128,7 +142,13 @@ func New(cfg Config) *Service {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = leaseTTL
 	}
-	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, gates: map[string]gate{}, following: map[string]bool{},
+	if cfg.ReapTimeout <= 0 {
+		cfg.ReapTimeout = defaultReapTimeout
+	}
+	if cfg.CleanupTimeout <= 0 {
+		cfg.CleanupTimeout = defaultCleanupTimeout
+	}
+	s := &Service{st: cfg.Store, nodes: cfg.Nodes, cfg: cfg, log: cfg.Logger, targets: map[string]Target{}, gates: map[string]gate{}, presign: newPresignIndex(cfg.PresignSearchRate), following: map[string]bool{},
 		uploadSem: make(chan struct{}, uploadWorkers)}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.ctx, s.stop = ctx, cancel
@@ -395,26 +415,65 @@ func (s *Service) commitCreated(ctx context.Context, rec store.Sandbox, ns nodea
 		return Sandbox{}, fmt.Errorf("sandbox %s changed while it was created: %w", rec.ID, err)
 	}
 	s.setTarget(got.ID, got.Addr, got.State)
+	s.presign.note(got.ID, got.EnvdAccessToken)
 	return Sandbox{got}, nil
 }
 
+// defaultCleanupTimeout is Config.CleanupTimeout's default.
+const defaultCleanupTimeout = time.Minute
+
+// cleanupContext is the context of a delete made on the side of an
+// operation: it outlives the operation's cancellation (a create is
+// undone even when its client went away) but not CleanupTimeout. Before,
+// such deletes ran without any deadline: a node that never answered held
+// their goroutine (and Close, which waits for background work) for ever.
+func (s *Service) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
+}
+
+// inBackgroundCleanup runs a delete after the answer, in the background,
+// until it is done, CleanupTimeout passed or Close (which waits for it);
+// f logs its own failure, with the IDs.
+func (s *Service) inBackgroundCleanup(f func(ctx context.Context)) {
+	if s.ctx.Err() != nil {
+		return // closing: what it would remove stays, as after a crash
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.CleanupTimeout)
+		defer cancel()
+		f(ctx)
+	}()
+}
+
 // abandon undoes a create that failed (or whose answer was lost): the
-// node's sandbox by that ID, if any, and the row.
+// node's sandbox by that ID, if any, and the row; each within
+// CleanupTimeout. A kill that fails leaves a sandbox no row names, which
+// the node's periodic reconcile kills (ReconcileNode); a row that
+// cannot be deleted stays creating, and the reaper undoes it again once
+// CreateGrace has passed.
 func (s *Service) abandon(ctx context.Context, rec store.Sandbox) {
 	s.killOnNode(ctx, rec.NodeID, rec.ID)
-	if err := s.st.DeleteSandbox(context.WithoutCancel(ctx), rec.ID); err != nil && !errdefs.IsNotFound(err) {
-		s.log.Error("drop row of failed create (the reaper retries)", "sandbox_id", rec.ID, "err", err)
+	dctx, cancel := s.cleanupContext(ctx)
+	defer cancel()
+	if err := s.st.DeleteSandbox(dctx, rec.ID); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Error("drop row of failed create (the reaper retries)", "sandbox_id", rec.ID, "node_id", rec.NodeID, "err", err)
 	}
 }
 
-// killOnNode kills a sandbox by ID on a node, ignoring "not there".
+// killOnNode kills a sandbox by ID on a node, ignoring "not there",
+// within CleanupTimeout. One that fails leaves a sandbox its row no longer
+// names: the node's periodic reconcile kills it.
 func (s *Service) killOnNode(ctx context.Context, nodeID, id string) {
 	n, err := s.node(nodeID)
 	if err == nil {
-		err = n.Kill(context.WithoutCancel(ctx), id)
+		kctx, cancel := s.cleanupContext(ctx)
+		err = n.Kill(kctx, id)
+		cancel()
 	}
 	if err != nil && !errdefs.IsNotFound(err) {
-		s.log.Error("kill sandbox on node", "sandbox_id", id, "node_id", nodeID, "err", err)
+		s.log.Error("kill sandbox on node (its reconcile kills it)", "sandbox_id", id, "node_id", nodeID, "err", err)
 	}
 }
 
@@ -509,6 +568,7 @@ func (s *Service) setTarget(id, addr, state string) {
 }
 
 func (s *Service) dropTarget(id string) {
+	s.presign.forget(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.gates, id)

@@ -111,9 +111,15 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 	}
 	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) { x.StoredBytes = info.StoredBytes })
 	if errdefs.IsNotFound(err) {
-		// Deleted while it uploaded: what the upload stored goes too.
-		if derr := n.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil && !errdefs.IsNotFound(derr) {
-			s.log.Warn("remove the upload of a deleted snapshot (GC frees its chunks once its manifest goes)", "snapshot_id", id, "err", derr)
+		// Deleted while it uploaded: what the upload stored goes too,
+		// within CleanupTimeout. If that fails, the node's copy is
+		// catalogued again by its reconcile (reconcileSnapshots: a
+		// snapshot the node holds that no row names), to be deleted
+		// again; the durable copy goes with that delete.
+		dctx, cancel := s.cleanupContext(ctx)
+		defer cancel()
+		if derr := n.DeleteSnapshot(dctx, id); derr != nil && !errdefs.IsNotFound(derr) {
+			s.log.Warn("remove the upload of a deleted snapshot (its node's reconcile catalogs it again)", "snapshot_id", id, "node_id", sn.NodeID, "err", derr)
 		}
 		return nil
 	}
@@ -306,8 +312,14 @@ func (s *Service) uploadHibernation(ctx context.Context, id, hib string) error {
 }
 
 // dropDurable removes a snapshot's durable copy from the blob store,
-// through the first node that can.
+// through the first node that can, within CleanupTimeout (and ctx). A
+// copy that could not be removed stays in the blob store: no reconcile
+// or GC finds a manifest that no row names yet (its chunks stay with it;
+// docs/reliability.md, "Reliability fixes of issue 30, item 10"); the
+// failure is logged with the snapshot's ID.
 func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CleanupTimeout)
+	defer cancel()
 	for _, id := range s.nodes.IDs() {
 		if nr, err := s.st.GetNode(ctx, id); err == nil && nr.State != store.NodeReady {
 			continue

@@ -44,8 +44,12 @@ func (s *Service) EgressAudit(ctx context.Context, id string, since time.Time, l
 		}
 		if nr, err := s.st.GetNode(ctx, nodeID); err == nil && nr.State == store.NodeLost {
 			// Not asked (it would only time out): its journal is out
-			// of reach, so the answer is partial.
+			// of reach, so the answer is partial. Under mu: the
+			// goroutines of the nodes before it append to failed too
+			// (without it, a data race: TestEgressAuditLostNodeRace).
+			mu.Lock()
 			failed = append(failed, fmt.Errorf("node %s is lost", nodeID))
+			mu.Unlock()
 			continue
 		}
 		wg.Go(func() {

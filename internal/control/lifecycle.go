@@ -153,15 +153,13 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	}
 	if resumed && durable && hib != "" {
 		// The image's durable copy is of no more use: removed after the
-		// answer (a crash first leaves it in the store, as one between
-		// the row's write and the removal always could).
-		s.bg.Add(1)
-		go func() {
-			defer s.bg.Done()
-			s.dropDurable(s.ctx, hib)
-		}()
+		// answer, within CleanupTimeout (a crash first leaves it in the
+		// store, as one between the row's write and the removal always
+		// could; dropDurable says what finds it then).
+		s.inBackgroundCleanup(func(ctx context.Context) { s.dropDurable(ctx, hib) })
 	}
 	s.setTarget(id, rec.Addr, rec.State)
+	s.presign.note(id, rec.EnvdAccessToken)
 	return Sandbox{rec}, resumed, nil
 }
 
@@ -221,105 +219,6 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, internet *bool, 
 		return nil
 	})
 	return err
-}
-
-// ReapExpired acts on every sandbox whose timeout passed: running ones are
-// killed, or hibernated when autoPause was asked; paused ones are
-// hibernated (they keep their state but give back their memory); rows of
-// creates abandoned longer than CreateGrace ago are undone. With several
-// control plane instances on one store, only the holder of the "reaper"
-// lease reaps, so each piece of work is done once. A kill or hibernation
-// happens only at the row version judged expired (reapKill,
-// reapHibernate), so a connect through another replica that commits
-// first wins.
-func (s *Service) ReapExpired(ctx context.Context) {
-	if !s.lease(ctx, leaseReaper) {
-		return
-	}
-	expired, err := s.st.Expired(ctx, s.now(), store.StateRunning, store.StatePaused, store.StateError, store.StateCreating)
-	if err != nil {
-		s.log.Error("list expired sandboxes", "err", err)
-		return
-	}
-	for _, listed := range expired {
-		unlock, err := s.life.lock(ctx, listed.ID)
-		if err != nil {
-			return
-		}
-		// Decide again under the sandbox's lock: a connect or a new
-		// timeout may have extended it since the list was read.
-		sb, err := s.st.GetSandbox(ctx, listed.ID)
-		if err != nil || sb.EndAt.After(s.now()) || sb.State == store.StateHibernated || s.claimedElsewhere(sb) {
-			unlock()
-			continue
-		}
-		switch {
-		case sb.State == store.StateCreating:
-			if s.now().Sub(sb.StartedAt) < s.cfg.CreateGrace {
-				break // its create may still be running
-			}
-			s.log.Info("timeout: undoing an abandoned create", "sandbox_id", sb.ID)
-			s.abandon(ctx, sb)
-		case sb.State == store.StateError:
-			s.log.Info("timeout: removing dead sandbox", "sandbox_id", sb.ID)
-			err = s.reapKill(ctx, sb)
-		case sb.State == store.StatePaused || sb.AutoPause:
-			s.log.Info("timeout: hibernating", "sandbox_id", sb.ID)
-			err = s.reapHibernate(ctx, sb)
-		default:
-			s.log.Info("timeout: killing", "sandbox_id", sb.ID)
-			err = s.reapKill(ctx, sb)
-		}
-		unlock()
-		if err != nil && !errdefs.IsNotFound(err) {
-			s.log.Error("timeout action", "sandbox_id", sb.ID, "err", err)
-		}
-	}
-}
-
-// reapKill kills an expired sandbox unless its row changed since it was
-// judged expired. The per-sandbox lock above only serializes this process;
-// a connect or a new timeout through another replica changes the row, so
-// the row goes first and only at the version that was judged: that change
-// wins (the sandbox lives), and a connect after the delete finds no
-// sandbox, as it would after the kill. The instance goes next; one that
-// survives a failed kill is an instance no row names, which the periodic
-// reconcile removes.
-func (s *Service) reapKill(ctx context.Context, sb store.Sandbox) error {
-	if err := s.st.DeleteSandboxIf(ctx, sb.ID, sb.Version); err != nil {
-		if errdefs.IsConflict(err) {
-			s.log.Info("timeout: the sandbox changed meanwhile (connect or new timeout); not killed", "sandbox_id", sb.ID)
-			return nil
-		}
-		return err
-	}
-	s.dropTarget(sb.ID)
-	if sb.HibernationDurable && sb.Hibernation != "" {
-		s.dropDurable(ctx, sb.Hibernation)
-	}
-	n, err := s.nodeOf(sb)
-	if err != nil {
-		return err
-	}
-	if err := n.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("kill expired sandbox %s (its row is gone; reconcile frees it): %w", sb.ID, err)
-	}
-	return nil
-}
-
-// Run reaps expired sandboxes every interval until ctx ends.
-func (s *Service) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	defer s.st.ReleaseLease(context.WithoutCancel(ctx), leaseReaper, s.cfg.Holder)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.ReapExpired(ctx)
-		}
-	}
 }
 
 // Reconcile brings the store in line with every node of the registry
@@ -458,7 +357,8 @@ const ReconcileEvery = 30 * time.Second
 
 // RunReconcile reconciles every node of the registry every interval until
 // ctx ends, so a sandbox that vanished from its node, or one its node
-// runs that no row names, is handled without a restart. Each node's pass
+// runs that no row names, is handled without a restart; and prunes this
+// process's proxy targets (PruneTargets). Each node's pass
 // runs under the store lease "reconcile/<node>", held for two intervals
 // and renewed each pass, so one instance reconciles a node and another
 // takes over within two intervals when it stops.
@@ -480,6 +380,13 @@ func (s *Service) RunReconcile(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			s.ReconcilePass(ctx, 2*interval)
+			// Each replica its own: the proxy targets of sandboxes gone
+			// through another replica.
+			if n, err := s.PruneTargets(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("prune proxy targets", "err", err)
+			} else if n > 0 {
+				s.log.Info("proxy targets of sandboxes gone elsewhere dropped", "count", n)
+			}
 			if _, err := s.RetryUploads(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("retry snapshot uploads", "err", err)
 			}

@@ -132,9 +132,10 @@ const (
 // older than viewTTL starts a refresh too; one older than viewMaxAge, or
 // invalidated (a drain, a node lost), is rebuilt before the placement.
 const (
-	viewTTL    = time.Second
-	viewMaxAge = 5 * time.Second
-	viewIdle   = time.Minute
+	viewTTL            = time.Second
+	viewMaxAge         = 5 * time.Second
+	viewIdle           = time.Minute
+	viewRefreshTimeout = 30 * time.Second
 )
 
 type viewCache struct {
@@ -191,9 +192,13 @@ func (s *Service) refreshViewLocked() {
 	go func() {
 		defer s.bg.Done()
 		// Dated when its reads began: a drain committed during them may
-		// be missing, so its age counts from then.
+		// be missing, so its age counts from then. Bounded: a store or
+		// node (registering) that hangs would leave refreshing set, and
+		// the view unrefreshed, for good.
 		began := s.now()
-		v, rows, err := s.buildView(s.ctx)
+		ctx, cancel := context.WithTimeout(s.ctx, viewRefreshTimeout)
+		defer cancel()
+		v, rows, err := s.buildView(ctx)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.refreshing = false
@@ -455,4 +460,55 @@ func (s *Service) leaseFor(ctx context.Context, name string, ttl time.Duration) 
 		return false
 	}
 	return ok
+}
+
+// holdLease keeps a lease this process took (asked for at began) while the
+// work it guards runs, and returns the work's context and its stop (which
+// waits for the renewals to end). The lease is renewed every ttl/3; the
+// context ends when stop is called or ctx ends, when another holder has
+// the lease, or when no renewal succeeded in time: a tenth of the ttl
+// before the lease, as last renewed, may expire. That time is counted on
+// this process's monotonic clock from before each renewal was asked for,
+// so the store (which dates the renewal when it gets it, by its own clock)
+// never lets the lease go earlier. A failed renewal is tried again until
+// then; work that outlives its lease would run beside the next holder's.
+func (s *Service) holdLease(ctx context.Context, name string, ttl time.Duration, began time.Time) (context.Context, func()) {
+	work, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	margin := ttl / 10
+	go func() {
+		defer close(done)
+		validUntil := began.Add(ttl - margin)
+		for {
+			t := time.NewTimer(min(ttl/3, time.Until(validUntil)))
+			select {
+			case <-work.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if !time.Now().Before(validUntil) {
+				s.log.Warn("lease not renewed in time: its work stops", "lease", name)
+				cancel()
+				return
+			}
+			asked := time.Now()
+			rctx, rcancel := context.WithDeadline(work, validUntil)
+			ok, err := s.st.AcquireLease(rctx, name, s.cfg.Holder, ttl)
+			rcancel()
+			switch {
+			case err == nil && ok:
+				validUntil = asked.Add(ttl - margin)
+			case err == nil:
+				s.log.Warn("lease taken by another instance: its work stops", "lease", name)
+				cancel()
+				return
+			case work.Err() != nil:
+				return
+			default:
+				s.log.Warn("renew lease (tried again until it may expire)", "lease", name, "err", err)
+			}
+		}
+	}()
+	return work, func() { cancel(); <-done }
 }

@@ -5,12 +5,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
+	"maps"
 	"net/netip"
-	"net/url"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -38,9 +35,12 @@ func (s *Service) LookupVia(id string) (via string, addr netip.Addr, running, fo
 		s.log.Warn("proxy: read the sandbox's row", "sandbox_id", id, "err", err)
 	}
 	if err != nil || (rec.State != store.StateRunning && rec.State != store.StatePaused) {
-		// Being created, hibernated (no instance) or dead: nothing to reach.
-		if errdefs.IsNotFound(err) {
-			s.forgetGate(id)
+		// Being created, hibernated (no instance) or dead: nothing to
+		// reach. A target this process kept for a sandbox that is gone,
+		// hibernated or dead (killed or hibernated through another
+		// replica, which this one did not see) is dropped: its streams end.
+		if errdefs.IsNotFound(err) || rec.State == store.StateHibernated || rec.State == store.StateError {
+			s.dropTarget(id)
 		}
 		return "", netip.Addr{}, false, false, nil
 	}
@@ -73,49 +73,57 @@ func (s *Service) target(id, addr, state string) Target {
 	return t
 }
 
-// SignedBy finds the running sandbox whose access token signed a
-// presigned /files URL (v1_ signatures, as envd verifies them), among the
-// store's rows of running sandboxes: no node is asked.
-func (s *Service) SignedBy(q url.Values, op string) (string, bool) {
-	sig := q.Get("signature")
-	if !strings.HasPrefix(sig, "v1_") {
-		return "", false
+// PruneTargets drops the proxy targets whose sandbox is no longer where
+// this process routed it: its row is gone (killed), or neither running nor
+// paused (hibernated, dead), or names another address; their Gone channels
+// close, so the streams through them end. A replica closes Gone on its own
+// operations and its nodes' death events only: before, a sandbox killed
+// through another replica kept its entry, and a hop stream to it, for the
+// life of the process. RunReconcile prunes every period, and a lookup
+// that finds the row gone drops its target at once. It reads the rows of
+// running and paused sandboxes page by page and reports how many targets
+// it dropped (TestTargetsPrunedAfterAKillThroughAnotherReplica).
+func (s *Service) PruneTargets(ctx context.Context) (int, error) {
+	// Only the targets set before the rows are read are judged, and each
+	// only if it is still the same one then: one set meanwhile (a create
+	// or resume that committed after the read) is newer than the rows.
+	s.mu.RLock()
+	before := maps.Clone(s.targets)
+	s.mu.RUnlock()
+	if len(before) == 0 {
+		return 0, nil
 	}
-	exp := q.Get("signature_expiration")
-	if exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil || time.Now().Unix() > n {
-			return "", false
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cursor := ""
-	for {
-		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning}, Limit: 1000, Cursor: cursor})
+	live := map[string]netip.Addr{}
+	for cursor := ""; ; {
+		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{States: []string{store.StateRunning, store.StatePaused}, Limit: 1000, Cursor: cursor})
 		if err != nil {
-			s.log.Warn("presigned URL: list running sandboxes", "err", err)
-			return "", false
+			return 0, err
 		}
 		for _, rec := range page {
-			if rec.EnvdAccessToken == "" {
-				continue
-			}
-			raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + rec.EnvdAccessToken
-			if exp != "" {
-				raw += ":" + exp
-			}
-			sum := sha256.Sum256([]byte(raw))
-			want := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
-			if subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1 {
-				return rec.ID, true
+			if _, ok := before[rec.ID]; ok {
+				live[rec.ID], _ = netip.ParseAddr(rec.Addr)
 			}
 		}
 		if next == "" {
-			return "", false
+			break
 		}
 		cursor = next
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dropped := 0
+	for id, t := range before {
+		if addr, ok := live[id]; ok && addr == t.Addr {
+			continue
+		}
+		if cur, ok := s.targets[id]; ok && cur.Gone == t.Gone {
+			close(cur.Gone)
+			delete(s.targets, id)
+			delete(s.gates, id)
+			dropped++
+		}
+	}
+	return dropped, nil
 }
 
 // Wake resumes a paused or hibernated sandbox that was created with
@@ -196,6 +204,7 @@ type gate struct {
 }
 
 func (s *Service) noteGate(id string, g gate) {
+	s.presign.note(id, g.accessToken)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.gates) >= maxGates {
@@ -209,12 +218,6 @@ func (s *Service) gateOf(id string) (gate, bool) {
 	defer s.mu.RUnlock()
 	g, ok := s.gates[id]
 	return g, ok
-}
-
-func (s *Service) forgetGate(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.gates, id)
 }
 
 // maxGates bounds the remembered gates (one per sandbox routed to).

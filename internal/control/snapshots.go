@@ -56,8 +56,8 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		}
 		if oerr == nil && old.SnapshotID != "" && old.SnapshotID != info.ID {
 			// The template it replaces goes (its node deleted it; copies
-			// elsewhere and the durable one go too).
-			go s.dropEverywhere(context.WithoutCancel(ctx), old.SnapshotID)
+			// elsewhere and the durable one go too), after the answer.
+			s.inBackgroundCleanup(func(ctx context.Context) { s.dropEverywhere(ctx, old.SnapshotID) })
 		}
 		s.startTemplateUpload(name, info.ID)
 		return sn, nil // templates are listed from the nodes, not the snapshot catalog
@@ -295,7 +295,7 @@ func (s *Service) forkElsewhere(ctx context.Context, parent store.Sandbox, origi
 		fail(err)
 		return
 	}
-	defer s.dropForkImage(context.WithoutCancel(ctx), snapID)
+	defer s.dropForkImage(ctx, snapID)
 	if _, err := origin.Upload(ctx, snapID); err != nil {
 		if !errdefs.IsConflict(err) { // Conflict: no blob store; the parent's node makes them
 			fail(err)
@@ -380,8 +380,13 @@ func (s *Service) nodeReady(ctx context.Context, id string) bool {
 }
 
 // dropEverywhere removes a snapshot from every node that holds it and
-// from the blob store (a node with the store removes the durable copy).
+// from the blob store (a node with the store removes the durable copy),
+// within CleanupTimeout (and ctx). A node that fails keeps its copy,
+// which it still lists (GET /templates shows it): delete it again; the
+// failure is logged with the IDs.
 func (s *Service) dropEverywhere(ctx context.Context, snapID string) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CleanupTimeout)
+	defer cancel()
 	for _, id := range s.nodes.IDs() {
 		n, _ := s.nodes.Node(id)
 		if err := n.DeleteSnapshot(ctx, snapID); err != nil && !errdefs.IsNotFound(err) {
@@ -391,8 +396,10 @@ func (s *Service) dropEverywhere(ctx context.Context, snapID string) {
 }
 
 // dropForkImage removes the snapshot a spilled fork was made from: on
-// every node holding it and in the blob store.
+// every node holding it and in the blob store, within CleanupTimeout.
 func (s *Service) dropForkImage(ctx context.Context, snapID string) {
+	ctx, cancel := s.cleanupContext(ctx)
+	defer cancel()
 	if err := s.DeleteSnapshot(ctx, snapID); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Warn("remove a fork's image (reconcile catalogs it as a snapshot; delete it by hand)", "snapshot_id", snapID, "err", err)
 	}

@@ -14,10 +14,15 @@
 //   - connections to ports 80 and 443 under domain rules: the egress proxy
 //     (which sees the name) reports them, and their redirected flows are
 //     left out of the tracking's.
+//
+// Each sandbox's journal is bounded on disk (JournalConfig.MaxBytes): an
+// append that would pass the bound first rewrites the file without its
+// oldest half, under a first entry saying how many entries went
+// (DroppedRule). A query reads the file line by line and keeps only the
+// entries it returns.
 package netaudit
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -25,6 +30,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,49 +51,81 @@ type Entry struct {
 	BytesOut int64      `json:"bytesOut"` // sandbox -> destination
 	BytesIn  int64      `json:"bytesIn"`  // destination -> sandbox
 	Open     bool       `json:"open,omitempty"`
+	// Dropped, on the first line of a journal that reached its bound
+	// (Rule DroppedRule), is how many older entries were dropped.
+	Dropped int64 `json:"dropped,omitempty"`
 }
+
+// DroppedRule is the Rule of the entry a journal that reached its bound
+// starts with: its Reason says how many older entries were dropped (the
+// API shows it as any other entry), its Dropped counts them.
+const DroppedRule = "dropped"
 
 // DefaultRetention is how long a sandbox's journal is kept after its
 // last entry.
 const DefaultRetention = 7 * 24 * time.Hour
 
+// DefaultMaxBytes bounds one sandbox's journal on disk: an append that
+// would take it past the bound first drops its oldest entries
+// (compact). A sandbox opening connections all day writes a few hundred
+// bytes per attempt, so 16 MiB holds tens of thousands of them.
+const DefaultMaxBytes = 16 << 20
+
+// MinMaxBytes is the smallest bound a journal takes: room for the
+// first line saying what was dropped and some entries.
+const MinMaxBytes = 4 << 10
+
 // MaxQuery bounds the entries one query returns.
 const MaxQuery = 10000
+
+// JournalConfig tunes a journal.
+type JournalConfig struct {
+	// Retention is how long a sandbox's journal is kept after its last
+	// entry; <= 0 is DefaultRetention.
+	Retention time.Duration
+	// MaxBytes bounds each sandbox's journal file; <= 0 is
+	// DefaultMaxBytes, under MinMaxBytes is refused.
+	MaxBytes int64
+}
 
 // Journal is a directory of per-sandbox JSON-lines files.
 type Journal struct {
 	dir       string
 	retention time.Duration
+	maxBytes  int64
 	now       func() time.Time
 
-	mu    sync.Mutex                // guards open and locks
+	mu    sync.Mutex                // guards open
 	open  map[string]func() []Entry // live sources of open entries, by sandbox
-	locks map[string]*sync.Mutex    // one per sandbox: its file's appends, reads and removal
-}
-
-// lockOf is a sandbox's file lock: appends to different sandboxes'
-// journals do not wait for each other.
-func (j *Journal) lockOf(sandboxID string) *sync.Mutex {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	l := j.locks[sandboxID]
-	if l == nil {
-		l = &sync.Mutex{}
-		j.locks[sandboxID] = l
-	}
-	return l
+	locks keyedLocks                // one per sandbox: its file's appends, rewrites and removal
 }
 
 // OpenJournal opens (creating) the journal in dir; retention <= 0 is
-// DefaultRetention.
+// DefaultRetention; each sandbox's file is bounded by DefaultMaxBytes.
 func OpenJournal(dir string, retention time.Duration) (*Journal, error) {
-	if retention <= 0 {
-		retention = DefaultRetention
+	return OpenJournalConfig(dir, JournalConfig{Retention: retention})
+}
+
+// OpenJournalConfig opens (creating) the journal in dir with cfg. A
+// temporary file a crash left in the middle of a rewrite (compact) is
+// removed: the journal it was to replace is still whole.
+func OpenJournalConfig(dir string, cfg JournalConfig) (*Journal, error) {
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.MaxBytes < MinMaxBytes {
+		return nil, errdefs.Invalidf("egress journal: a bound of %d bytes per sandbox is under the minimum of %d", cfg.MaxBytes, MinMaxBytes)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("egress journal: %w", err)
 	}
-	return &Journal{dir: dir, retention: retention, now: time.Now, open: map[string]func() []Entry{}, locks: map[string]*sync.Mutex{}}, nil
+	if err := removeTemps(dir); err != nil {
+		return nil, fmt.Errorf("egress journal: %w", err)
+	}
+	return &Journal{dir: dir, retention: cfg.Retention, maxBytes: cfg.MaxBytes, now: time.Now, open: map[string]func() []Entry{}}, nil
 }
 
 // Retention is how long a journal outlives its last entry.
@@ -95,7 +133,8 @@ func (j *Journal) Retention() time.Duration { return j.retention }
 
 func (j *Journal) path(sandboxID string) string { return filepath.Join(j.dir, sandboxID+".jsonl") }
 
-// Append adds entries to a sandbox's journal.
+// Append adds entries to a sandbox's journal. One that would take the
+// file past its bound drops the oldest entries first (compact).
 func (j *Journal) Append(sandboxID string, es ...Entry) error {
 	if len(es) == 0 {
 		return nil
@@ -111,15 +150,41 @@ func (j *Journal) Append(sandboxID string, es ...Entry) error {
 			return err
 		}
 	}
-	l := j.lockOf(sandboxID)
-	l.Lock()
-	defer l.Unlock()
-	f, err := os.OpenFile(j.path(sandboxID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	unlock := j.locks.lock(sandboxID)
+	defer unlock()
+	f, err := os.OpenFile(j.path(sandboxID), os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("egress journal: %w", err)
 	}
-	_, err = f.Write(buf.Bytes())
-	return errors.Join(err, f.Close())
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("egress journal: %w", err)
+	}
+	if fi.Size()+int64(buf.Len()) > j.maxBytes {
+		return j.compact(sandboxID, f, fi.Size(), buf.Bytes())
+	}
+	if torn(f, fi.Size()) {
+		// A crash mid-write left a torn last line: it ends here, or it
+		// would swallow the first new entry.
+		if _, err := f.Write([]byte{'\n'}); err != nil {
+			return fmt.Errorf("egress journal: %w", err)
+		}
+	}
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("egress journal: %w", err)
+	}
+	return nil
+}
+
+// torn says whether a journal of size bytes does not end with a newline.
+func torn(f *os.File, size int64) bool {
+	if size == 0 {
+		return false
+	}
+	var last [1]byte
+	_, err := f.ReadAt(last[:], size-1)
+	return err == nil && last[0] != '\n'
 }
 
 // Live registers a source of a sandbox's open connections (shown by
@@ -137,8 +202,12 @@ func (j *Journal) Live(sandboxID string, src func() []Entry) (remove func()) {
 
 // Query returns a sandbox's entries at or after since, oldest first, at
 // most limit (the newest limit when there are more; limit <= 0 or over
-// MaxQuery: MaxQuery), connections still open last. A sandbox with no
-// journal (never connected anywhere, or expired) is ErrNotFound.
+// MaxQuery: MaxQuery), connections still open last. A journal that
+// reached its bound starts with an entry of Rule DroppedRule saying how
+// many older entries went. A sandbox with no journal (never connected
+// anywhere, or expired) is ErrNotFound. The journal is read line by line
+// and only the newest limit entries are kept (read): memory is bounded by
+// limit, not by the journal's size.
 func (j *Journal) Query(sandboxID string, since time.Time, limit int) ([]Entry, error) {
 	if err := ids.Validate("sandbox ID", sandboxID); err != nil {
 		return nil, err
@@ -149,10 +218,7 @@ func (j *Journal) Query(sandboxID string, since time.Time, limit int) ([]Entry, 
 	j.mu.Lock()
 	live := j.open[sandboxID]
 	j.mu.Unlock()
-	l := j.lockOf(sandboxID)
-	l.Lock()
-	b, err := os.ReadFile(j.path(sandboxID))
-	l.Unlock()
+	out, err := j.read(sandboxID, since, limit)
 	if errors.Is(err, fs.ErrNotExist) {
 		if live == nil {
 			return nil, errdefs.NotFoundf("no egress journal for sandbox %s", sandboxID)
@@ -161,18 +227,6 @@ func (j *Journal) Query(sandboxID string, since time.Time, limit int) ([]Entry, 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("egress journal: %w", err)
-	}
-	var out []Entry
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		var e Entry
-		if json.Unmarshal(sc.Bytes(), &e) != nil {
-			continue // a torn last line (a crash mid-write)
-		}
-		if !e.At.Before(since) {
-			out = append(out, e)
-		}
 	}
 	if live != nil {
 		for _, e := range live() {
@@ -198,30 +252,27 @@ func (j *Journal) Sweep() (int, error) {
 	n := 0
 	for _, e := range ents {
 		fi, err := e.Info()
-		if err != nil || !fi.Mode().IsRegular() || filepath.Ext(e.Name()) != ".jsonl" {
+		if err != nil || !fi.Mode().IsRegular() || filepath.Ext(e.Name()) != ".jsonl" || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if fi.ModTime().Before(cutoff) {
-			id := e.Name()[:len(e.Name())-len(".jsonl")]
-			j.mu.Lock()
-			_, live := j.open[id]
-			j.mu.Unlock()
-			if live {
-				continue
-			}
-			l := j.lockOf(id)
-			l.Lock()
-			// Still old under its lock (an append meanwhile keeps it).
-			if fi, err := os.Stat(filepath.Join(j.dir, e.Name())); err == nil && fi.ModTime().Before(cutoff) {
-				if os.Remove(filepath.Join(j.dir, e.Name())) == nil {
-					n++
-				}
-			}
-			l.Unlock()
-			j.mu.Lock()
-			delete(j.locks, id)
-			j.mu.Unlock()
+		if !fi.ModTime().Before(cutoff) {
+			continue
 		}
+		id := strings.TrimSuffix(e.Name(), ".jsonl")
+		j.mu.Lock()
+		_, live := j.open[id]
+		j.mu.Unlock()
+		if live {
+			continue
+		}
+		unlock := j.locks.lock(id)
+		// Still old under its lock (an append meanwhile keeps it).
+		if fi, err := os.Stat(filepath.Join(j.dir, e.Name())); err == nil && fi.ModTime().Before(cutoff) {
+			if os.Remove(filepath.Join(j.dir, e.Name())) == nil {
+				n++
+			}
+		}
+		unlock()
 	}
 	return n, nil
 }

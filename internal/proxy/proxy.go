@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 )
 
@@ -34,8 +35,10 @@ type Resolver interface {
 	// now (running), and a channel closed when that instance goes away.
 	Lookup(id string) (addr netip.Addr, running, found bool, gone <-chan struct{})
 	// SignedBy returns the sandbox whose access token signed a presigned
-	// /files URL.
-	SignedBy(q url.Values, op string) (string, bool)
+	// /files URL: an errdefs.ErrNotFound when none did,
+	// ErrResourceLimit when the caller should retry later; bounded, and
+	// cancelled with ctx (the request's).
+	SignedBy(ctx context.Context, q url.Values, op string) (string, error)
 	// TrafficAllowed checks a sandbox's traffic access token (E2B's
 	// E2B-Traffic-Access-Token) and returns its envd access token.
 	TrafficAllowed(ctx context.Context, id, trafficToken string) (accessToken string, ok bool)
@@ -327,9 +330,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			op = "write"
 		}
-		var ok bool
-		if id, ok = p.res.SignedBy(r.URL.Query(), op); !ok {
-			writeError(w, http.StatusUnauthorized, "the signature matches no sandbox")
+		var serr error
+		if id, serr = p.res.SignedBy(r.Context(), r.URL.Query(), op); serr != nil {
+			switch {
+			case errors.Is(serr, errdefs.ErrResourceLimit):
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusTooManyRequests, serr.Error())
+			case errors.Is(serr, errdefs.ErrUnavailable):
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, "presigned URL check: temporarily unavailable, retry later")
+			default:
+				writeError(w, http.StatusUnauthorized, "the signature matches no sandbox")
+			}
 			return
 		}
 		port = DefaultPort

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/proxy"
 )
 
@@ -25,7 +26,9 @@ type loopback struct{}
 func (loopback) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
 	return netip.MustParseAddr("127.0.0.1"), true, true, make(chan struct{})
 }
-func (loopback) SignedBy(url.Values, string) (string, bool) { return "", false }
+func (loopback) SignedBy(context.Context, url.Values, string) (string, error) {
+	return "", errdefs.ErrNotFound
+}
 func (loopback) TrafficAllowed(_ context.Context, id, tt string) (string, bool) {
 	return "envd-token-of-" + id, tt == "traffic-token-of-"+id
 }
@@ -233,9 +236,9 @@ func (c *countingResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan str
 	return c.loopback.Lookup(id)
 }
 
-func (c *countingResolver) SignedBy(url.Values, string) (string, bool) {
+func (c *countingResolver) SignedBy(context.Context, url.Values, string) (string, error) {
 	c.signed++
-	return "i0000000000000000002", true
+	return "i0000000000000000002", nil
 }
 
 // A presigned /files URL whose Host names its sandbox (the stock SDK's

@@ -93,7 +93,9 @@ func (r *nodeResolver) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{
 	return a, true, true, r.target(id, a)
 }
 
-func (*nodeResolver) SignedBy(url.Values, string) (string, bool) { return "", false }
+func (*nodeResolver) SignedBy(context.Context, url.Values, string) (string, error) {
+	return "", errdefs.NotFoundf("presigned URLs are resolved by the API replicas")
+}
 
 func (*nodeResolver) TrafficAllowed(context.Context, string, string) (string, bool) { return "", false }
 

@@ -1,0 +1,21 @@
+package control
+
+import "context"
+
+// Accessors for the tests of internal/control (package control_test).
+
+// LifetimeLocks is how many sandboxes have a lifetime lock entry.
+func (s *Service) LifetimeLocks() int { return s.life.len() }
+
+// LockLifetime takes a sandbox's lifetime lock, as connect and the
+// reaper do.
+func (s *Service) LockLifetime(ctx context.Context, id string) (func(), error) {
+	return s.life.lock(ctx, id)
+}
+
+// TargetCount is how many proxy targets this process keeps.
+func (s *Service) TargetCount() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.targets)
+}
