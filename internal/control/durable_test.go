@@ -196,6 +196,18 @@ func testSnapshotDurableAndRestoredElsewhere(t *testing.T, c controltest.Config)
 	if row, err := f.st.GetSnapshot(ctx, sn.ID); err != nil || row.NodeID != "na" {
 		t.Fatalf("after nb's reconcile the row is %+v, %v", row, err)
 	}
+	// The drain's hibernation of src becomes durable in the background:
+	// its chunks must be in before they are counted (counted while its
+	// upload ran, one more chunk appeared after: a CI failure).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		row, err := f.st.GetSandbox(ctx, src.ID)
+		if err == nil && row.HibernationDurable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("src's hibernation never became durable: %+v %v", row, err)
+		}
+	}
 	chunksBefore := len(f.blobKeys("chunks/"))
 	if err := f.ctl.DeleteSnapshot(ctx, sn.ID); err != nil {
 		t.Fatal(err)
