@@ -13,15 +13,22 @@ import (
 
 func newAPICmd() *cobra.Command {
 	var cfg server.APIConfig
-	var tokenFile, keyFile string
+	var keyFile, dbFile string
+	var ff *fleetFlags
 	cmd := &cobra.Command{
 		Use:   "api",
 		Short: "Run a stateless API replica of a fleet: REST API, proxy, lifecycle, placement",
 		Long: `Run an API replica: the E2B-compatible API and the in-sandbox traffic proxy on
 --listen, over a shared metadata store (--database-url: postgres://..., or
 sqlite:///path / a path for one replica) and the node agents that registered
-with it (spore node). Any number of replicas may share one PostgreSQL; node
-agents register on PUT /internal/nodes/{id} with the cluster token.
+with it (spore node). Any number of replicas may share one PostgreSQL.
+
+Replicas and nodes authenticate each other with certificates of a fleet CA
+(--fleet-ca, --fleet-ca-key: spore fleet ca init): nodes enroll and register on
+the fleet listener (--fleet-listen, TLS) with the join token
+(--join-token-file) the first time, with their certificate after; every call
+inside the fleet is mutual TLS. --insecure-fleet --cluster-token-file keeps the
+old cleartext and shared token, for trusted test networks only.
 
 The API key: --api-key-file (or SPORE_API_KEY) adds one (stored hashed);
 without either, keys already in the store are used, or with --data-dir one
@@ -29,8 +36,20 @@ is generated as spore up does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if cfg.ClusterToken, err = server.ReadToken(tokenFile); err != nil {
+			if cfg.Fleet, err = ff.config(); err != nil {
 				return err
+			}
+			if dbFile != "" {
+				b, err := os.ReadFile(dbFile)
+				if err != nil {
+					return fmt.Errorf("--database-url-file: %w", err)
+				}
+				if cfg.DatabaseURL = strings.TrimSpace(string(b)); cfg.DatabaseURL == "" {
+					return fmt.Errorf("--database-url-file %s is empty", dbFile)
+				}
+			}
+			if cfg.DatabaseURL == "" {
+				return fmt.Errorf("no database: give --database-url-file (or SPORE_DATABASE_URL; --database-url shows the URL, and any password in it, to every user of the host)")
 			}
 			cfg.APIKey = os.Getenv("SPORE_API_KEY")
 			if keyFile != "" {
@@ -54,15 +73,14 @@ is generated as spore up does.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API, the proxy and node registration on")
-	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL)")
-	f.StringVar(&tokenFile, "cluster-token-file", "", "file holding the cluster token node agents and replicas share (at least 16 characters)")
+	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL; a URL with a password: --database-url-file)")
+	f.StringVar(&dbFile, "database-url-file", "", "a file holding the database URL (keeps its password off the command line)")
+	ff = addFleetFlags(f, true)
 	f.StringVar(&keyFile, "api-key-file", "", "file holding an API key to accept")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "where a generated API key is kept (none: keys must exist or be given)")
 	f.IntVar(&cfg.PoolSize, "pool", 2, "warm-pool sandboxes per default template across the fleet (every replica serves from it; give all replicas the same)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "the nodes' shared blob store (as spore node --blob-store), where files uploaded for template builds go; none: such uploads are refused (env SPORE_BLOB_STORE)")
 	f.StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "file holding the key secrets are sealed with in the store (32 bytes in base64: head -c 32 /dev/urandom | base64); every replica needs the same one (default: <data-dir>/secrets-key, generated on first start)")
-	cmd.MarkFlagRequired("database-url")
-	cmd.MarkFlagRequired("cluster-token-file")
 	return cmd
 }

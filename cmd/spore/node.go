@@ -14,7 +14,7 @@ import (
 
 func newNodeCmd(g *globalFlags) *cobra.Command {
 	var cfg server.NodeConfig
-	var tokenFile string
+	var ff *fleetFlags
 	var labels []string
 	var checkHost func() error
 	cmd := &cobra.Command{
@@ -22,17 +22,21 @@ func newNodeCmd(g *globalFlags) *cobra.Command {
 		Short: "Run a node agent of a fleet (or drain/undrain one)",
 		Long: `Run a node agent: this host's engine, networks, envd and templates, serving the
 node contract (Connect-RPC) and the node's side of the traffic proxy on
---listen, both only to callers holding the cluster token. It registers with
-the API (--api-url) and heartbeats every 2 s; control planes reach it at
---advertise-addr. Its ID is --node-id, or the one kept in <data-dir>/node-id
-(minted on first start).`,
+--listen (TLS), both only to API replicas of its fleet (their certificates).
+It registers with the replicas' fleet listener (--api-url https://...) and
+heartbeats every 2 s; control planes reach it at --advertise-addr. Its
+certificate is kept in <data-dir>/fleet: the first start enrolls for one with
+the join token (--join-token-file) and the fleet CA (--fleet-ca); it renews
+itself. Its ID is --node-id, or the one kept in <data-dir>/node-id (minted on
+first start). --insecure-fleet --cluster-token-file: cleartext and a shared
+token instead, for trusted test networks only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkHost(); err != nil {
 				return err
 			}
 			var err error
-			if cfg.ClusterToken, err = server.ReadToken(tokenFile); err != nil {
+			if cfg.Fleet, err = ff.config(); err != nil {
 				return err
 			}
 			if cfg.Labels, err = parseKV("label", labels); err != nil {
@@ -49,12 +53,12 @@ the API (--api-url) and heartbeats every 2 s; control planes reach it at
 	f := cmd.Flags()
 	f.StringVar(&cfg.Host.Listen, "listen", "127.0.0.1:3001", "address to serve the node RPC and proxy on")
 	f.StringVar(&cfg.APIURL, "api-url", "", "URL of the API (a replica or the load balancer) to register with; several replicas: comma-separated, tried in turn")
-	f.StringVar(&tokenFile, "cluster-token-file", "", "file holding the cluster token (at least 16 characters)")
+	ff = addFleetFlags(f, false)
 	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port control planes reach --listen at")
 	f.StringSliceVar(&labels, "labels", nil, "node labels for placement selectors, k=v,...")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node ID (default: kept in <data-dir>/node-id)")
 	checkHost = addHostFlags(f, &cfg.Host)
-	for _, name := range []string{"api-url", "cluster-token-file", "advertise-addr"} {
+	for _, name := range []string{"api-url", "advertise-addr"} {
 		cmd.MarkFlagRequired(name)
 	}
 	cf := &cliFlags{g: g}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/fleetauth"
 )
 
 func TestPolynomialIrreducible(t *testing.T) {
@@ -335,15 +336,21 @@ func TestPeerHandler(t *testing.T) {
 	if _, err := Unpack(ctx, m, filepath.Join(t.TempDir(), "warm"), &Tiered{Cache: cache, Store: store}, UnpackOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewHandler(cache, "", nil); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("handler without a token: %v", err)
+	if _, err := NewHandler(nil, nil); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("handler without a cache: %v", err)
 	}
-	h, err := NewHandler(cache, "s3cret", nil)
+	h, err := NewHandler(cache, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As a node serves it: behind its fleet's guard (here an insecure
+	// fleet: the token).
+	fleet, err := fleetauth.Insecure("s3cret-cluster-token", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(PeerPath, h)
+	mux.Handle(PeerPath, fleet.Guard(h, false, fleetauth.Roles(fleetauth.RoleNode)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	id := m.Entries[0].Chunks[0].ID
@@ -365,16 +372,16 @@ func TestPeerHandler(t *testing.T) {
 		want             int
 	}{
 		{"no token", PeerPath + id.String(), "", http.StatusUnauthorized},
-		{"wrong token", PeerPath + id.String(), "Bearer s3cres", http.StatusUnauthorized},
-		{"longer token", PeerPath + id.String(), "Bearer s3cret2", http.StatusUnauthorized},
-		{"not bearer", PeerPath + id.String(), "Basic s3cret", http.StatusUnauthorized},
-		{"ok", PeerPath + id.String(), "Bearer s3cret", http.StatusOK},
-		{"not cached", PeerPath + Sum([]byte("nope")).String(), "Bearer s3cret", http.StatusNotFound},
-		{"short id", PeerPath + id.String()[:10], "Bearer s3cret", http.StatusBadRequest},
-		{"upper id", PeerPath + string(bytes.ToUpper([]byte(id.String()))), "Bearer s3cret", http.StatusBadRequest},
-		{"dotdot", PeerPath + "..%2f..%2fetc%2fpasswd", "Bearer s3cret", http.StatusBadRequest},
-		{"escaped id", PeerPath + "%36" + id.String()[1:], "Bearer s3cret", http.StatusBadRequest},
-		{"nested", PeerPath + id.String()[:2] + "/" + id.String(), "Bearer s3cret", http.StatusBadRequest},
+		{"wrong token", PeerPath + id.String(), "Bearer s3cret-cluster-tokeN", http.StatusUnauthorized},
+		{"longer token", PeerPath + id.String(), "Bearer s3cret-cluster-token2", http.StatusUnauthorized},
+		{"not bearer", PeerPath + id.String(), "Basic s3cret-cluster-token", http.StatusUnauthorized},
+		{"ok", PeerPath + id.String(), "Bearer s3cret-cluster-token", http.StatusOK},
+		{"not cached", PeerPath + Sum([]byte("nope")).String(), "Bearer s3cret-cluster-token", http.StatusNotFound},
+		{"short id", PeerPath + id.String()[:10], "Bearer s3cret-cluster-token", http.StatusBadRequest},
+		{"upper id", PeerPath + string(bytes.ToUpper([]byte(id.String()))), "Bearer s3cret-cluster-token", http.StatusBadRequest},
+		{"dotdot", PeerPath + "..%2f..%2fetc%2fpasswd", "Bearer s3cret-cluster-token", http.StatusBadRequest},
+		{"escaped id", PeerPath + "%36" + id.String()[1:], "Bearer s3cret-cluster-token", http.StatusBadRequest},
+		{"nested", PeerPath + id.String()[:2] + "/" + id.String(), "Bearer s3cret-cluster-token", http.StatusBadRequest},
 	} {
 		if got := get(tc.path, tc.auth); got != tc.want {
 			t.Errorf("%s: GET %s = %d, want %d", tc.name, tc.path, got, tc.want)
@@ -389,7 +396,7 @@ func TestPeerHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peers := &Peers{URLs: []string{dead.URL, srv.URL}, Token: "s3cret"}
+	peers := &Peers{URLs: []string{dead.URL, srv.URL}, Client: fleet.Client(nil, 0)}
 	st, err := Unpack(ctx, m, filepath.Join(t.TempDir(), "out"), &Tiered{Cache: other, Peers: peers}, UnpackOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +405,8 @@ func TestPeerHandler(t *testing.T) {
 		t.Fatalf("fetch %+v: want every chunk from the peer", st.Fetch)
 	}
 	// With the wrong token the peer tier yields nothing and the store serves.
-	bad := &Peers{URLs: []string{srv.URL}, Token: "wrong"}
+	wrong, _ := fleetauth.Insecure("wrong-cluster-token", nil)
+	bad := &Peers{URLs: []string{srv.URL}, Client: wrong.Client(nil, 0)}
 	st, err = Unpack(ctx, m, filepath.Join(t.TempDir(), "out2"), &Tiered{Peers: bad, Store: store}, UnpackOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/pgcluster"
 	"github.com/spore-run/spore/internal/s3server"
@@ -115,8 +116,8 @@ func (c *Config) validate() error {
 	if c.BasePort == 0 {
 		c.BasePort = DefaultBasePort
 	}
-	if c.BasePort < 1024 || c.BasePort+c.Replicas > 65535 {
-		return errdefs.Invalidf("fleet: --base-port %d: want 1024-%d", c.BasePort, 65535-c.Replicas)
+	if c.BasePort < 1024 || c.BasePort+FleetPortOffset+c.Replicas > 65535 {
+		return errdefs.Invalidf("fleet: --base-port %d: want 1024-%d", c.BasePort, 65535-FleetPortOffset-c.Replicas)
 	}
 	if c.NodePort == 0 {
 		c.NodePort = DefaultNodePort
@@ -170,13 +171,14 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	}
 	var ports []uint16
 	for i := 0; i < cfg.Replicas; i++ {
-		port := cfg.BasePort + i
-		ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
-		if err != nil {
-			return nil, fmt.Errorf("API port %d is taken (choose --base-port): %w", port, errdefs.ErrAlreadyExists)
+		for _, port := range []int{cfg.BasePort + i, fleetPort(cfg, i)} {
+			ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+			if err != nil {
+				return nil, fmt.Errorf("port %d is taken (replica %d's API or fleet listener; choose --base-port): %w", port, i, errdefs.ErrAlreadyExists)
+			}
+			ln.Close()
+			ports = append(ports, uint16(port))
 		}
-		ln.Close()
-		ports = append(ports, uint16(port))
 	}
 	if cfg.BlobStore == "" && cfg.S3Server == "" {
 		if cfg.S3Server, err = s3server.Bin(); err != nil {
@@ -196,7 +198,7 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	}
 	os.Chmod(cfg.Dir, 0o711)
 	st = &State{Version: stateVersion, Dir: cfg.Dir, Prefix: cfg.Prefix, Started: time.Now().UTC(), Executable: cfg.Executable,
-		Dirs: []string{cfg.Dir}, KeyFile: filepath.Join(cfg.Dir, "api-key"), TokenFile: filepath.Join(cfg.Dir, "cluster-token")}
+		Dirs: []string{cfg.Dir}, KeyFile: filepath.Join(cfg.Dir, "api-key"), CADir: filepath.Join(cfg.Dir, "fleet-ca")}
 	if err := st.save(); err != nil {
 		os.RemoveAll(cfg.Dir)
 		return nil, err
@@ -210,11 +212,13 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 			st = nil
 		}
 	}()
-	key, token := "spore_"+randHex(20), randHex(32)
+	key := "spore_" + randHex(20)
 	if err := os.WriteFile(st.KeyFile, []byte(key+"\n"), 0o600); err != nil {
 		return st, err
 	}
-	if err := os.WriteFile(st.TokenFile, []byte(token+"\n"), 0o600); err != nil {
+	// The fleet's CA: replicas and nodes authenticate each other with its
+	// certificates (the nodes enroll with its join token at their start).
+	if err := fleetauth.InitCA(st.CADir); err != nil {
 		return st, err
 	}
 	// One secrets key for every replica (each would otherwise generate
@@ -285,6 +289,13 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	return st, st.save()
 }
 
+// fleetPort is replica i's fleet listener (TLS: the nodes register and
+// enroll there), FleetPortOffset above its API port.
+func fleetPort(cfg Config, i int) int { return cfg.BasePort + FleetPortOffset + i }
+
+// FleetPortOffset puts the replicas' fleet listeners above their API ports.
+const FleetPortOffset = 100
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
@@ -354,7 +365,7 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 	// first: the heartbeats spread, and survive a replica's death.
 	var urls []string
 	for i := 0; i < cfg.Replicas; i++ {
-		urls = append(urls, fmt.Sprintf("http://%s:%d", host, cfg.BasePort+(k-1+i)%cfg.Replicas))
+		urls = append(urls, fmt.Sprintf("https://%s:%d", host, fleetPort(cfg, (k-1+i)%cfg.Replicas)))
 	}
 	apiURL := strings.Join(urls, ",")
 	n := Node{Index: k, ID: ids.New('n'), Netns: ns, Veth: veth, HostAddr: host.String(), Addr: addr.String(),
@@ -373,8 +384,11 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 func startAPI(cfg Config, st *State, i int) error {
 	port := cfg.BasePort + i
 	dataDir := filepath.Join(cfg.Dir, "api", strconv.Itoa(i))
+	caCert, caKey, join := fleetauth.CAFiles(st.CADir)
 	args := []string{"api", "--listen", "0.0.0.0:" + strconv.Itoa(port), "--database-url", st.Postgres.DSN,
-		"--cluster-token-file", st.TokenFile, "--api-key-file", st.KeyFile, "--data-dir", dataDir,
+		"--fleet-ca", caCert, "--fleet-ca-key", caKey, "--join-token-file", join,
+		"--fleet-listen", "0.0.0.0:" + strconv.Itoa(fleetPort(cfg, i)), "--fleet-name", fmt.Sprintf("api-%d", i),
+		"--api-key-file", st.KeyFile, "--data-dir", dataDir,
 		"--secrets-key-file", filepath.Join(cfg.Dir, "secrets-key")}
 	if cfg.BlobStore != "" && cfg.BlobStore != "none" {
 		// The nodes' store, reached from the host: files uploaded for a
@@ -394,8 +408,9 @@ func startAPI(cfg Config, st *State, i int) error {
 
 // NodeArgs are the flags the fleet gives node n's agent.
 func (n Node) args(st *State) []string {
+	caCert, _, join := fleetauth.CAFiles(st.CADir)
 	return append([]string{"node", "--listen", n.Listen, "--advertise-addr", n.Listen, "--api-url", n.APIURL,
-		"--cluster-token-file", st.TokenFile, "--node-id", n.ID, "--labels", "fleet=" + st.Prefix + ",index=" + strconv.Itoa(n.Index)},
+		"--fleet-ca", caCert, "--join-token-file", join, "--node-id", n.ID, "--labels", "fleet=" + st.Prefix + ",index=" + strconv.Itoa(n.Index)},
 		n.PurgeArgs...)
 }
 

@@ -44,12 +44,14 @@ type State struct {
 	// ("" when up left it as it was: already on).
 	IPForwardWas string `json:"ip_forward_was,omitempty"`
 
-	Postgres  *Postgres `json:"postgres,omitempty"`
-	S3        *S3       `json:"s3,omitempty"` // the default blob store's server`
-	APIURLs   []string  `json:"api_urls,omitempty"`
-	Nodes     []Node    `json:"nodes,omitempty"`
-	KeyFile   string    `json:"api_key_file"`
-	TokenFile string    `json:"cluster_token_file"`
+	Postgres *Postgres `json:"postgres,omitempty"`
+	S3       *S3       `json:"s3,omitempty"` // the default blob store's server`
+	APIURLs  []string  `json:"api_urls,omitempty"`
+	Nodes    []Node    `json:"nodes,omitempty"`
+	KeyFile  string    `json:"api_key_file"`
+	// CADir holds the fleet CA (fleetauth.CAFiles: ca.crt, ca.key,
+	// join-token).
+	CADir string `json:"ca_dir"`
 }
 
 // Proc is a process the fleet started, identified by PID and start time

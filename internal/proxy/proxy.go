@@ -3,7 +3,9 @@
 // sandbox: by the E2b-Sandbox-Id / E2b-Sandbox-Port headers, by Host
 // "{port}-{sandboxID}.{domain}", or, for a presigned /files URL, by the
 // sandbox whose token signed it. Responses stream as they come. Unknown,
-// paused or killed sandboxes get a JSON 502.
+// paused or killed sandboxes get a JSON 502; one being paused or
+// hibernated on its node, a 503 that the replica in front retries
+// (replay.go).
 package proxy
 
 import (
@@ -57,6 +59,13 @@ type Hopper interface {
 // a sandbox.
 const ClusterTokenHeader = "Spore-Cluster-Token"
 
+// TransitionHeader marks a node-side proxy's 503 for a sandbox being
+// paused or hibernated there: the request never entered the sandbox, so
+// the replica in front may send it again once the sandbox has moved
+// (forwardReplaying). The node's proxy removes it from what sandboxes
+// answer.
+const TransitionHeader = "Spore-Sandbox-Transition"
+
 // DefaultPort is envd's.
 const DefaultPort = 49983
 
@@ -85,9 +94,15 @@ type Proxy struct {
 	mu         sync.Mutex
 	transports map[netip.Addr]*http.Transport
 
-	// hop carries traffic to node-side proxies (see Hopper).
-	hopToken string
-	hop      *http.Transport
+	// nodeSide: this is a node's proxy behind an API replica (AsNodeSide).
+	nodeSide bool
+	// hop carries traffic to node-side proxies (see Hopper): the
+	// transport to the node behind a via address, and the scheme.
+	hop       func(via string) http.RoundTripper
+	hopScheme string
+	// replayFor bounds how long a request is sent again to a sandbox in
+	// transition on its node (forwardReplaying).
+	replayFor time.Duration
 }
 
 type ctxKey struct{}
@@ -110,7 +125,7 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 	if isKey == nil {
 		isKey = func(context.Context, string) bool { return true }
 	}
-	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}}
+	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}, replayFor: defaultReplayFor}
 	p.rp = &httputil.ReverseProxy{
 		Transport:     roundTripper{p},
 		FlushInterval: -1, // flush every write: streams must not wait in a buffer
@@ -125,11 +140,19 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 			if t.via != "" {
 				// The node's proxy routes by the same headers, to the
 				// sandbox's address on that node.
-				pr.Out.URL.Host = t.via
+				pr.Out.URL.Scheme, pr.Out.URL.Host = p.hopScheme, t.via
 				pr.Out.Header.Set("E2b-Sandbox-Id", t.id)
 				pr.Out.Header.Set("E2b-Sandbox-Port", strconv.Itoa(t.port))
-				pr.Out.Header.Set(ClusterTokenHeader, p.hopToken)
 			}
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if p.nodeSide {
+				// Only this proxy says a sandbox is in transition: a
+				// sandbox's own answer saying so would have the replica
+				// replay a request the sandbox already took.
+				resp.Header.Del(TransitionHeader)
+			}
+			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
@@ -268,24 +291,27 @@ type roundTripper struct{ p *Proxy }
 func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	t := r.Context().Value(ctxKey{}).(target)
 	if t.via != "" {
-		return rt.p.hop.RoundTrip(r)
+		return rt.p.hop(t.via).RoundTrip(r)
 	}
 	return rt.p.transport(t.addr, t.gone).RoundTrip(r)
 }
 
-// WithHop lets the proxy reach sandboxes on other hosts through their
-// node's proxy (when its Resolver is a Hopper), presenting the cluster
-// token there.
-func (p *Proxy) WithHop(clusterToken string) *Proxy {
-	p.hopToken = clusterToken
-	p.hop = &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     30 * time.Second,
-		ReadBufferSize:      64 << 10,
-		WriteBufferSize:     64 << 10,
-		DisableCompression:  true,
-	}
+// AsNodeSide marks the proxy as a node's, behind an API replica that
+// looked the sandbox up as running: one found here not running is in a
+// transition (pausing, hibernating), answered 503 with Retry-After, not
+// the 502 of a sandbox that is not there.
+func (p *Proxy) AsNodeSide() *Proxy {
+	p.nodeSide = true
+	return p
+}
+
+// WithHop lets the proxy reach sandboxes on other hosts (when its
+// Resolver is a Hopper) through their node's proxy at a via address, with
+// the transport hop gives for it (the fleet's: mutual TLS that checks it
+// reached that node, or, insecure, the cluster token in
+// ClusterTokenHeader) and scheme ("https", or "http" when insecure).
+func (p *Proxy) WithHop(hop func(via string) http.RoundTripper, scheme string) *Proxy {
+	p.hop, p.hopScheme = hop, scheme
 	return p
 }
 
@@ -321,65 +347,13 @@ func (p *Proxy) transport(addr netip.Addr, gone <-chan struct{}) *http.Transport
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var id string
-	var port int
-	var err error
-	if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" &&
-		!hostNamesSandbox(r.Host) {
-		op := "read"
-		if r.Method == http.MethodPost {
-			op = "write"
-		}
-		var serr error
-		if id, serr = p.res.SignedBy(r.Context(), r.URL.Query(), op); serr != nil {
-			switch {
-			case errors.Is(serr, errdefs.ErrResourceLimit):
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusTooManyRequests, serr.Error())
-			case errors.Is(serr, errdefs.ErrUnavailable):
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "presigned URL check: temporarily unavailable, retry later")
-			default:
-				writeError(w, http.StatusUnauthorized, "the signature matches no sandbox")
-			}
-			return
-		}
-		port = DefaultPort
-	} else if id, port, err = Route(r); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	id, port, ok := p.route(w, r)
+	if !ok {
 		return
 	}
-	var via string
-	var addr netip.Addr
-	var running, found bool
-	var gone <-chan struct{}
-	lookup := func() {
-		if h, ok := p.res.(Hopper); ok && p.hop != nil {
-			via, addr, running, found, gone = h.LookupVia(id)
-		} else {
-			addr, running, found, gone = p.res.Lookup(id)
-		}
-	}
-	lookup()
-	if !running {
-		if wk, ok := p.res.(Waker); ok {
-			// Traffic resumes a sandbox created with autoResume.
-			if woken, err := wk.Wake(r.Context(), id); err != nil {
-				eid := newErrorID()
-				p.log.Warn("proxy: resume on traffic failed", "error_id", eid, "sandbox_id", id, "err", err)
-				writeError(w, http.StatusBadGateway, "sandbox "+id+" could not be resumed (error id "+eid+")")
-				return
-			} else if woken {
-				lookup()
-			}
-		}
-	}
-	switch {
-	case !found:
-		p.refuse(w, id, port, "sandbox "+id+" not found")
-		return
-	case !running:
-		p.refuse(w, id, port, "sandbox "+id+" is paused: connect to it to resume it")
+	t, ref := p.resolve(r.Context(), id, port)
+	if ref != nil {
+		ref.write(p, w)
 		return
 	}
 	if !p.portOpen(r, id, port) {
@@ -398,13 +372,134 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// docs/reliability.md "Keep-alive through the proxy". (HTTP/2 is full
 	// duplex anyway: an error here changes nothing.)
 	http.NewResponseController(w).EnableFullDuplex()
-	// End the exchange when the instance goes away (killed, hibernated,
-	// rolled back): its network is gone and would never answer.
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, target{id: id, addr: addr, port: port, gone: gone, via: via}))
+	if t.via != "" {
+		body, ok, err := replayable(r)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+			return
+		}
+		if ok {
+			p.forwardReplaying(w, r, t, body)
+			return
+		}
+	}
+	p.forward(w, r, t)
+}
+
+// route finds the sandbox and port a request is for (a presigned /files
+// URL names its sandbox by its signature), or answers the request.
+func (p *Proxy) route(w http.ResponseWriter, r *http.Request) (id string, port int, ok bool) {
+	if r.Header.Get("E2b-Sandbox-Id") == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" &&
+		!hostNamesSandbox(r.Host) {
+		op := "read"
+		if r.Method == http.MethodPost {
+			op = "write"
+		}
+		id, err := p.res.SignedBy(r.Context(), r.URL.Query(), op)
+		if err != nil {
+			switch {
+			case errors.Is(err, errdefs.ErrResourceLimit):
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusTooManyRequests, err.Error())
+			case errors.Is(err, errdefs.ErrUnavailable):
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, "presigned URL check: temporarily unavailable, retry later")
+			default:
+				writeError(w, http.StatusUnauthorized, "the signature matches no sandbox")
+			}
+			return "", 0, false
+		}
+		return id, DefaultPort, true
+	}
+	id, port, err := Route(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", 0, false
+	}
+	return id, port, true
+}
+
+// refusal is the proxy's own answer to a request it does not forward.
+type refusal struct {
+	status int
+	msg    string
+	// transition: a node-side answer for a sandbox being paused or
+	// hibernated (503, Retry-After, TransitionHeader).
+	transition bool
+	// wakeErr: resuming the sandbox (autoResume) failed with this.
+	wakeErr error
+	id      string
+	port    int
+}
+
+func (f *refusal) write(p *Proxy, w http.ResponseWriter) {
+	switch {
+	case f.wakeErr != nil:
+		eid := newErrorID()
+		p.log.Warn("proxy: resume on traffic failed", "error_id", eid, "sandbox_id", f.id, "err", f.wakeErr)
+		writeError(w, http.StatusBadGateway, "sandbox "+f.id+" could not be resumed (error id "+eid+")")
+	case f.transition:
+		p.log.Info("proxy: sandbox in transition", "sandbox_id", f.id, "port", f.port, "status", http.StatusServiceUnavailable)
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set(TransitionHeader, "1")
+		writeError(w, http.StatusServiceUnavailable, f.msg)
+	default:
+		p.refuse(w, f.id, f.port, f.msg)
+	}
+}
+
+// resolve looks the sandbox up, resuming it first if it is paused or
+// hibernated with autoResume; a sandbox that cannot take the request now
+// gets a refusal instead of a target.
+func (p *Proxy) resolve(ctx context.Context, id string, port int) (target, *refusal) {
+	var t target
+	var running, found bool
+	lookup := func() {
+		t = target{id: id, port: port}
+		if h, ok := p.res.(Hopper); ok && p.hop != nil {
+			t.via, t.addr, running, found, t.gone = h.LookupVia(id)
+		} else {
+			t.addr, running, found, t.gone = p.res.Lookup(id)
+		}
+	}
+	lookup()
+	if !running {
+		if wk, ok := p.res.(Waker); ok {
+			// Traffic resumes a sandbox created with autoResume.
+			if woken, err := wk.Wake(ctx, id); err != nil {
+				return t, &refusal{id: id, port: port, wakeErr: err}
+			} else if woken {
+				lookup()
+			}
+		}
+	}
+	switch {
+	case !found:
+		return t, &refusal{id: id, port: port, status: http.StatusBadGateway, msg: "sandbox " + id + " not found"}
+	case !running && p.nodeSide:
+		// The replica in front found the sandbox running: here it is
+		// not, so it is being paused or hibernated (a drain, the reaper,
+		// memory pressure) or resumed. The request was not forwarded: the
+		// replica retries it (forwardReplaying), or the client does after
+		// Retry-After; a sandbox hibernated with autoResume wakes at the
+		// retry's lookup.
+		return t, &refusal{id: id, port: port, status: http.StatusServiceUnavailable, transition: true,
+			msg: "sandbox " + id + " is being paused or hibernated: retry"}
+	case !running:
+		return t, &refusal{id: id, port: port, status: http.StatusBadGateway, msg: "sandbox " + id + " is paused: connect to it to resume it"}
+	}
+	return t, nil
+}
+
+// forward sends the request to the sandbox (or its node's proxy) and the
+// answer back, ending the exchange when the instance goes away (killed,
+// hibernated, rolled back): its network is gone and would never answer.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t target) {
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, t))
 	defer cancel()
 	go func() {
 		select {
-		case <-gone:
+		case <-t.gone:
 			cancel()
 		case <-ctx.Done():
 		}

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/spore-run/spore/internal/fleetauth"
+
 	"context"
 	"io"
 	"log/slog"
@@ -38,8 +40,9 @@ func TestHeartbeatFailsOverToTheNextReplica(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		heartbeat(ctx, NodeConfig{APIURL: deadURL + "," + live.URL, ClusterToken: "0123456789abcdef0123", AdvertiseAddr: "10.0.0.1:1"},
-			"n1", infoNode{}, slog.New(slog.DiscardHandler))
+		f, _ := fleetauth.Insecure("0123456789abcdef0123", nil)
+		heartbeat(ctx, NodeConfig{APIURL: deadURL + "," + live.URL, AdvertiseAddr: "10.0.0.1:1"},
+			"n1", infoNode{}, f, slog.New(slog.DiscardHandler))
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for got.Load() < 2 && time.Now().Before(deadline) {

@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/nodeapi/rpc"
@@ -26,7 +25,9 @@ import (
 const HeartbeatEvery = 2 * time.Second
 
 // RegisterPath is the API role's internal route a node agent registers
-// and heartbeats on (cluster token, not an API key).
+// and heartbeats on: on the replica's fleet listener, with the node's
+// fleet certificate (or, in an insecure fleet, the cluster token on the
+// API listener); never an API key.
 const RegisterPath = "/internal/nodes/"
 
 // Registration is what a node agent sends on RegisterPath + its ID.
@@ -52,37 +53,26 @@ func ReadToken(path string) (string, error) {
 	return tok, nil
 }
 
-// tokenOK compares a presented token with the cluster token in constant
-// time (over digests: no length leak).
-func tokenOK(got, want string) bool {
-	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
-	return got != "" && subtle.ConstantTimeCompare(a[:], b[:]) == 1
-}
-
-func bearerOK(h http.Header, token string) bool {
-	got, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	return ok && tokenOK(got, token)
-}
-
 // registry is the API role's view of the fleet: an RPC client per node
 // row of the store, refreshed as nodes join, move and leave.
 type registry struct {
-	token string
+	fleet *fleetauth.Fleet
 	log   *slog.Logger
-	hc    *http.Client
 
 	mu    sync.RWMutex
 	nodes map[string]regNode
+	hops  map[string]http.RoundTripper // by node address: to that node's proxy
 }
 
 type regNode struct {
 	addr   string
 	state  string
 	client nodeapi.Node
+	hc     *http.Client
 }
 
-func newRegistry(token string, log *slog.Logger) *registry {
-	return &registry{token: token, log: log, hc: rpc.HTTPClient(nil), nodes: map[string]regNode{}}
+func newRegistry(f *fleetauth.Fleet, log *slog.Logger) *registry {
+	return &registry{fleet: f, log: log, nodes: map[string]regNode{}, hops: map[string]http.RoundTripper{}}
 }
 
 // Node implements control.Registry.
@@ -131,12 +121,18 @@ func (r *registry) refresh(ctx context.Context, st store.Store) ([]string, error
 		}
 		rn, ok := old[n.ID]
 		if !ok || rn.addr != n.Addr {
-			c, err := rpc.NewClient("http://"+n.Addr, r.token, r.hc)
+			// Each node its own client: its TLS checks that it reached
+			// that node (its certificate names n.ID), not just a member.
+			hc := rpc.HTTPClient(r.fleet.ClientTLS(fleetauth.IsNode(n.ID)))
+			c, err := rpc.NewClient(r.fleet.Scheme()+"://"+n.Addr, r.fleet.Token(), hc)
 			if err != nil {
 				r.log.Warn("node registry: bad node address", "node_id", n.ID, "addr", n.Addr, "err", err)
 				continue
 			}
-			rn = regNode{addr: n.Addr, client: c}
+			if ok {
+				rn.hc.CloseIdleConnections()
+			}
+			rn = regNode{addr: n.Addr, client: c, hc: hc}
 		}
 		rn.state = n.State
 		next[n.ID] = rn
@@ -146,23 +142,85 @@ func (r *registry) refresh(ctx context.Context, st store.Store) ([]string, error
 	}
 	r.mu.Lock()
 	r.nodes = next
+	for addr := range r.hops {
+		if !hasAddr(next, addr) {
+			delete(r.hops, addr)
+		}
+	}
 	r.mu.Unlock()
+	for id, rn := range old {
+		if cur, ok := next[id]; !ok || cur.hc != rn.hc {
+			rn.hc.CloseIdleConnections()
+		}
+	}
 	return ready, nil
 }
 
-// registerHandler serves RegisterPath{id} for node agents: the cluster
-// token as a Bearer credential, a Registration body. A node that is new,
-// was lost or left, or says it just started is reconciled (its rows
-// against its List) before the answer.
-func registerHandler(ctl *control.Service, st store.Store, reg *registry, token string, log *slog.Logger) http.HandlerFunc {
+func hasAddr(nodes map[string]regNode, addr string) bool {
+	for _, n := range nodes {
+		if n.addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// hopTransport is the transport to the proxy of the node at addr (the
+// proxy's WithHop): its TLS checks the node's identity, as the node's
+// RPC client does. An address no node has gets a transport that fails.
+func (r *registry) hopTransport(addr string) http.RoundTripper {
+	r.mu.RLock()
+	rt, ok := r.hops[addr]
+	r.mu.RUnlock()
+	if ok {
+		return rt
+	}
+	id := ""
+	r.mu.RLock()
+	for nid, n := range r.nodes {
+		if n.addr == addr {
+			id = nid
+		}
+	}
+	r.mu.RUnlock()
+	if id == "" {
+		return failingRT{fmt.Errorf("no node of this fleet is at %s", addr)}
+	}
+	rt = r.fleet.Transport(fleetauth.IsNode(id))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur, ok := r.hops[addr]; ok {
+		return cur
+	}
+	r.hops[addr] = rt
+	return rt
+}
+
+type failingRT struct{ err error }
+
+func (f failingRT) RoundTrip(*http.Request) (*http.Response, error) { return nil, f.err }
+
+// registerHandler serves RegisterPath{id} for node agents: the node's
+// fleet certificate, which must name node id (or, insecure, the cluster
+// token), and a Registration body. A node that is new, was lost or left,
+// or says it just started is reconciled (its rows against its List)
+// before the answer.
+func registerHandler(ctl *control.Service, st store.Store, reg *registry, f *fleetauth.Fleet, log *slog.Logger) http.HandlerFunc {
+	nodes := fleetauth.Roles(fleetauth.RoleNode)
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !bearerOK(r.Header, token) {
-			http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
+		who, ok := f.Admit(r, false, nodes)
+		if !ok {
+			http.Error(w, "registration: not a node of this fleet (no fleet certificate, or missing or wrong cluster token)", http.StatusUnauthorized)
 			return
 		}
 		id := r.PathValue("id")
 		if err := ids.Validate("node ID", id); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if who.Role == fleetauth.RoleNode && who.Name != id {
+			log.Warn("registration refused: a node registered under another node's ID", "node_id", id, "certificate", who.String())
+			http.Error(w, fmt.Sprintf("registration: the certificate names %s, not node %s", who, id), http.StatusForbidden)
 			return
 		}
 		var body Registration

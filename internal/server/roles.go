@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -40,8 +42,9 @@ type APIConfig struct {
 	Domain string
 	// DatabaseURL: postgres://... (or postgresql://), sqlite:///path, or
 	// a file path (SQLite).
-	DatabaseURL  string
-	ClusterToken string
+	DatabaseURL string
+	// Fleet is how the replica and the nodes authenticate each other.
+	Fleet FleetConfig
 	// APIKey, when set, is accepted (stored hashed). Otherwise keys must
 	// exist in the store, or DataDir is set and one is generated there
 	// as `spore up` does.
@@ -110,14 +113,20 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	log := cfg.Logger
-	if len(cfg.ClusterToken) < rpc.MinTokenLen {
-		return fmt.Errorf("cluster token: want at least %d characters", rpc.MinTokenLen)
-	}
 	st, err := OpenStore(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	fleet, enroller, err := cfg.Fleet.replicaFleet(st, log)
+	if err != nil {
+		return err
+	}
+	if m := fleet.Member(); m != nil {
+		if ca := enroller.CA; ca != nil {
+			go fleetauth.RenewReplica(ctx, m, ca, log)
+		}
+	}
 	var key string
 	if cfg.APIKey != "" || cfg.DataDir != "" {
 		if cfg.DataDir != "" {
@@ -138,9 +147,17 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		return err
 	}
 	if box == nil {
+		// Secrets in the store need the key to be of any use: a replica
+		// started without it would answer 503 to every secret, and create
+		// sandboxes whose credential injection is silently off.
+		if page, _, err := st.ListSecrets(ctx, 1, ""); err != nil {
+			return err
+		} else if len(page) > 0 {
+			return fmt.Errorf("the store holds secrets, but this replica has no secrets key: give it --secrets-key-file (every replica the same key: docs/deploy.md)")
+		}
 		log.Warn("no secrets key (--secrets-key-file or --data-dir): the secrets API answers 503")
 	}
-	reg := newRegistry(cfg.ClusterToken, log)
+	reg := newRegistry(fleet, log)
 	ready, err := reg.refresh(ctx, st)
 	if err != nil {
 		return err
@@ -184,10 +201,27 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	}
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
-	px := proxy.New(ctl, keys.Check, log).WithHop(cfg.ClusterToken)
+	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
 	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
 	mux := http.NewServeMux()
-	mux.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, cfg.ClusterToken, log))
+	register := registerHandler(ctl, st, reg, fleet, log)
+	if fleet.IsSecure() {
+		// Nodes register and enroll on the fleet listener (TLS; a
+		// client certificate when they have one), never on the API's.
+		fm := http.NewServeMux()
+		fm.Handle("PUT "+RegisterPath+"{id}", register)
+		fm.Handle("POST "+fleetauth.EnrollPath, enroller.Handler(fleet))
+		fln, err := net.Listen("tcp", cfg.Fleet.Listen)
+		if err != nil {
+			return fmt.Errorf("--fleet-listen: %w", err)
+		}
+		fs := rpc.Server(fm, fleet.ServerTLS(tls.VerifyClientCertIfGiven))
+		go fs.ServeTLS(fln, "", "")
+		defer fs.Close()
+		log.Info("fleet listener (TLS: node registration and enrollment)", "listen", fln.Addr().String(), "replica", fleet.Member().Identity().String())
+	} else {
+		mux.Handle("PUT "+RegisterPath+"{id}", register)
+	}
 	mux.Handle("/", apiH)
 	return serve(ctx, cfg.Listen, mux, log, func(addr string) {
 		bs.listening(addr)
@@ -204,9 +238,20 @@ func serve(ctx context.Context, listen string, h http.Handler, log *slog.Logger,
 	if err != nil {
 		return err
 	}
-	hs := rpc.Server(h, nil) // HTTP/1.1 and h2c (the node RPC), no write timeout (streams)
+	return serveOn(ctx, ln, rpc.Server(h, nil), log, ready) // HTTP/1.1 and h2c (the node RPC), no write timeout (streams)
+}
+
+// serveOn runs hs on ln until ctx ends: over TLS when hs has a TLS
+// configuration.
+func serveOn(ctx context.Context, ln net.Listener, hs *http.Server, log *slog.Logger, ready func(addr string)) error {
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() {
+		if hs.TLSConfig != nil {
+			errc <- hs.ServeTLS(ln, "", "")
+		} else {
+			errc <- hs.Serve(ln)
+		}
+	}()
 	ready(ln.Addr().String())
 	select {
 	case <-ctx.Done():
@@ -226,9 +271,11 @@ func serve(ctx context.Context, listen string, h http.Handler, log *slog.Logger,
 // for `spore up`); its Listen is where the node RPC and the node's proxy
 // answer.
 type NodeConfig struct {
-	Host          Config
-	APIURL        string
-	ClusterToken  string
+	Host   Config
+	APIURL string
+	// Fleet is how the node and the replicas authenticate each other
+	// (FleetConfig: a node uses CAFile, JoinToken, or Insecure and Token).
+	Fleet         FleetConfig
 	AdvertiseAddr string // host:port control planes reach Listen at
 	Labels        map[string]string
 	NodeID        string // "": the one kept in <data>/node-id, minted on first start
@@ -251,17 +298,16 @@ func nodeID(cfg NodeConfig) (string, error) {
 
 // RunNode runs a node agent until ctx ends: the node (engine, networks,
 // templates), its contract over Connect-RPC and its proxy on Listen (both
-// need the cluster token; nothing there answers without it), and a
-// registration with the API every HeartbeatEvery.
+// to API replicas of the fleet only: their certificates, or in an
+// insecure fleet the cluster token; nothing there answers anyone else),
+// its chunks to its peers, and a registration with the API every
+// HeartbeatEvery.
 func RunNode(ctx context.Context, cfg NodeConfig) error {
 	hc := cfg.Host
 	if hc.Logger == nil {
 		hc.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	log := hc.Logger
-	if len(cfg.ClusterToken) < rpc.MinTokenLen {
-		return fmt.Errorf("cluster token: want at least %d characters", rpc.MinTokenLen)
-	}
 	if _, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err != nil {
 		return fmt.Errorf("--advertise-addr %q: want host:port: %w", cfg.AdvertiseAddr, err)
 	}
@@ -278,79 +324,85 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if err != nil {
 		return err
 	}
-	hc.peerToken = cfg.ClusterToken
+	fleet, err := cfg.Fleet.nodeFleet(ctx, hc.DataDir, id, cfg.AdvertiseAddr, apiURLs(cfg.APIURL), log)
+	if err != nil {
+		return err
+	}
+	hc.peerClient, hc.peerScheme = fleet.Client(fleetauth.IsRole(fleetauth.RoleNode), 0), fleet.Scheme()
 	n, err := openNode(ctx, hc)
 	if err != nil {
 		return err
 	}
 	defer n.Close()
 	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit,
-		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n})
-	rpcPath, rpcH, err := rpc.NewHandler(ln0, cfg.ClusterToken)
+		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n, PeerScheme: fleet.Scheme()})
+	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, log)
 	if err != nil {
 		return err
 	}
-	h := NodeHandler(ctx, ln0, rpcPath, rpcH, cfg.ClusterToken, log)
-	if n.Sync != nil && n.Sync.Cache() != nil {
-		// Peers fetch chunks of durable snapshots from this node's cache.
-		ch, err := chunk.NewHandler(n.Sync.Cache(), cfg.ClusterToken, log)
-		if err != nil {
-			return err
-		}
-		// A request naming a sandbox goes to it, whatever its path.
-		manifests := n.Sync.ManifestHandler(cfg.ClusterToken)
-		node := h
-		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			switch {
-			case r.Header.Get("E2b-Sandbox-Id") != "":
-				node.ServeHTTP(w, r)
-			case strings.HasPrefix(r.URL.Path, chunk.PeerPath):
-				ch.ServeHTTP(w, r)
-			case strings.HasPrefix(r.URL.Path, snapsync.ManifestPath):
-				manifests.ServeHTTP(w, r)
-			default:
-				node.ServeHTTP(w, r)
-			}
-		})
-	}
-	return serve(ctx, hc.Listen, h, log, func(addr string) {
+	return serveFleet(ctx, hc.Listen, h, fleet, log, func(addr string) {
 		log.Info("spore node", "node_id", id, "listen", addr, "advertise", cfg.AdvertiseAddr, "api", cfg.APIURL,
-			"sandboxes", len(n.Engine.List(ctx)))
-		go heartbeat(ctx, cfg, id, ln0, log)
+			"sandboxes", len(n.Engine.List(ctx)), "fleet_tls", fleet.IsSecure())
+		go heartbeat(ctx, cfg, id, ln0, fleet, log)
 		if hc.Ready != nil {
 			hc.Ready(addr, "")
 		}
 	})
 }
 
-// NodeHandler is what a node agent serves: the node RPC (Authorization:
-// Bearer <cluster token>) and, for requests naming a sandbox
-// (E2b-Sandbox-Id), the node's proxy to that sandbox's local address
-// (proxy.ClusterTokenHeader; Authorization belongs to the sandbox).
-// Anything else, or a wrong token, is 401. The proxy ends its streams to
-// an instance when it goes, until ctx ends (see nodeResolver).
-func NodeHandler(ctx context.Context, n nodeapi.Node, rpcPath string, rpcH http.Handler, token string, log *slog.Logger) http.Handler {
-	px := proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log)
+// NodeHandler is what a node agent serves, each part to whom it is for:
+// the node RPC and, for requests naming a sandbox (E2b-Sandbox-Id), the
+// node's proxy to that sandbox's local address, to API replicas; its
+// cached chunks and its snapshots' manifests (sync, when given) to peer
+// nodes and replicas. Callers are fleet members by their certificates
+// (mutual TLS), or, in an insecure fleet, holders of the cluster token
+// (for the proxy only in proxy.ClusterTokenHeader: its Authorization
+// belongs to the sandbox). Anything else is 401. The proxy ends its
+// streams to an instance when it goes, until ctx ends (see nodeResolver).
+func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, log *slog.Logger) (http.Handler, error) {
+	rpcPath, rpcH, err := rpc.NewFleetHandler(n, fleet)
+	if err != nil {
+		return nil, err
+	}
+	replicas := fleetauth.Roles(fleetauth.RoleReplica)
+	members := fleetauth.Roles(fleetauth.RoleNode, fleetauth.RoleReplica)
+	px := fleet.Guard(proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log).AsNodeSide(), true, replicas)
+	var chunks, manifests http.Handler
+	if sync != nil && sync.Cache() != nil {
+		ch, err := chunk.NewHandler(sync.Cache(), log)
+		if err != nil {
+			return nil, err
+		}
+		chunks, manifests = fleet.Guard(ch, false, members), fleet.Guard(sync.ManifestHandler(), false, members)
+	}
+	refuse := fleet.Guard(http.NotFoundHandler(), false, members)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("E2b-Sandbox-Id") != "" {
-			if !tokenOK(r.Header.Get(proxy.ClusterTokenHeader), token) {
-				http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
-				return
-			}
-			r.Header.Del(proxy.ClusterTokenHeader)
-			px.ServeHTTP(w, r)
-			return
+		switch {
+		case r.Header.Get("E2b-Sandbox-Id") != "":
+			px.ServeHTTP(w, r) // a request naming a sandbox goes to it, whatever its path
+		case strings.HasPrefix(r.URL.Path, rpcPath):
+			rpcH.ServeHTTP(w, r) // checks the caller itself (Connect's Unauthenticated)
+		case chunks != nil && strings.HasPrefix(r.URL.Path, chunk.PeerPath):
+			chunks.ServeHTTP(w, r)
+		case manifests != nil && strings.HasPrefix(r.URL.Path, snapsync.ManifestPath):
+			manifests.ServeHTTP(w, r)
+		default:
+			refuse.ServeHTTP(w, r)
 		}
-		if strings.HasPrefix(r.URL.Path, rpcPath) {
-			rpcH.ServeHTTP(w, r) // checks the token itself (Connect's Unauthenticated)
-			return
-		}
-		if !bearerOK(r.Header, token) {
-			http.Error(w, "missing or wrong cluster token", http.StatusUnauthorized)
-			return
-		}
-		http.NotFound(w, r)
-	})
+	}), nil
+}
+
+// serveFleet is serve for a member's listener: TLS that requires a fleet
+// certificate, or cleartext (h2c) when the fleet is insecure.
+func serveFleet(ctx context.Context, listen string, h http.Handler, fleet *fleetauth.Fleet, log *slog.Logger, ready func(addr string)) error {
+	if !fleet.IsSecure() {
+		return serve(ctx, listen, h, log, ready)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	return serveOn(ctx, ln, rpc.Server(h, fleet.ServerTLS(tls.RequireAndVerifyClientCert)), log, ready)
 }
 
 // apiURLs splits --api-url: one URL, or several (API replicas without a
@@ -371,8 +423,8 @@ func apiURLs(s string) []string {
 // heartbeat registers the node with the API every HeartbeatEvery until
 // ctx ends; the first successful registration of this process says
 // Joined (the API reconciles the node then).
-func heartbeat(ctx context.Context, cfg NodeConfig, id string, n nodeapi.Node, log *slog.Logger) {
-	c := &http.Client{Timeout: 90 * time.Second}
+func heartbeat(ctx context.Context, cfg NodeConfig, id string, n nodeapi.Node, fleet *fleetauth.Fleet, log *slog.Logger) {
+	c := fleet.Client(fleetauth.IsRole(fleetauth.RoleReplica), 90*time.Second)
 	urls := apiURLs(cfg.APIURL)
 	cur := 0 // the replica that answered last
 	joined := true
@@ -418,7 +470,6 @@ func register(ctx context.Context, c *http.Client, target string, cfg NodeConfig
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+cfg.ClusterToken)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -20,6 +21,8 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/fleetauth"
+	"github.com/spore-run/spore/internal/fleetauth/fleettest"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/nodeapi/rpc"
@@ -39,26 +42,69 @@ func testCtx(t *testing.T) context.Context {
 // hops counts the proxied requests the node server received.
 var hops atomic.Int64
 
-// nodeServer serves a fake node as `spore node` does (NodeHandler).
-func nodeServer(t *testing.T) (*controltest.Node, *httptest.Server) {
-	t.Helper()
-	n := controltest.New(t)
-	ln := local.New(n.Engine, local.Config{ID: "na"})
-	path, h, err := rpc.NewHandler(ln, testToken)
+// pair is the two sides of a test fleet: node "na"'s and an API replica's.
+type pair struct {
+	node, replica *fleetauth.Fleet
+}
+
+// insecurePair is a fleet of the cluster token (--insecure-fleet).
+func insecurePair(t testing.TB) pair {
+	f, err := fleetauth.Insecure(testToken, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	nh := NodeHandler(testCtx(t), ln, path, h, testToken, slog.New(slog.DiscardHandler))
+	return pair{node: f, replica: f}
+}
+
+// securePair is a fleet of mutual TLS: node na (at 127.0.0.1) and
+// replica r1, both of one CA.
+func securePair(t testing.TB) pair {
+	ca := fleettest.New(t)
+	return pair{node: ca.Member(t, fleetauth.RoleNode, "na", "127.0.0.1"), replica: ca.Member(t, fleetauth.RoleReplica, "r1")}
+}
+
+// both runs a test in an insecure fleet and in one of mutual TLS.
+func both(t *testing.T, test func(t *testing.T, p pair)) {
+	t.Run("insecure", func(t *testing.T) { test(t, insecurePair(t)) })
+	t.Run("mtls", func(t *testing.T) { test(t, securePair(t)) })
+}
+
+// nodeServer serves a fake node as `spore node` does (NodeHandler), in
+// an insecure fleet.
+func nodeServer(t *testing.T) (*controltest.Node, *httptest.Server) {
+	return nodeServerIn(t, insecurePair(t))
+}
+
+// nodeServerIn serves a fake node "na" as `spore node` does in fleet p:
+// over TLS that requires a fleet certificate when p is secure.
+func nodeServerIn(t *testing.T, p pair) (*controltest.Node, *httptest.Server) {
+	t.Helper()
+	n := controltest.New(t)
+	ln := local.New(n.Engine, local.Config{ID: "na"})
+	nh, err := NodeHandler(testCtx(t), ln, p.node, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			hops.Add(1)
 		}
 		nh.ServeHTTP(w, r)
 	}))
-	srv.Config = rpc.Server(srv.Config.Handler, nil)
-	srv.Start()
+	srv.Config = rpc.Server(srv.Config.Handler, p.node.ServerTLS(tls.RequireAndVerifyClientCert))
+	if p.node.IsSecure() {
+		srv.TLS = srv.Config.TLSConfig
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
 	t.Cleanup(srv.Close)
 	return n, srv
+}
+
+// addrOf is the host:port of a test server.
+func addrOf(srv *httptest.Server) string {
+	return strings.TrimPrefix(strings.TrimPrefix(srv.URL, "http://"), "https://")
 }
 
 // Nothing a node agent serves answers without the cluster token: the RPC
@@ -106,15 +152,21 @@ func TestNodeRefusesUnauthenticated(t *testing.T) {
 	}
 }
 
-// apiSide is an API replica's control plane over one remote node.
+// apiSide is an API replica's control plane over one remote node, in an
+// insecure fleet.
 func apiSide(t *testing.T, srv *httptest.Server) (*control.Service, store.Store, *registry) {
+	return apiSideIn(t, insecurePair(t))
+}
+
+// apiSideIn is an API replica's control plane in fleet p.
+func apiSideIn(t *testing.T, p pair) (*control.Service, store.Store, *registry) {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	reg := newRegistry(testToken, slog.New(slog.DiscardHandler))
+	reg := newRegistry(p.replica, slog.New(slog.DiscardHandler))
 	ctl := control.New(control.Config{Store: st, Nodes: reg, Hop: reg.hop})
 	t.Cleanup(ctl.Close)
 	return ctl, st, reg
@@ -127,7 +179,7 @@ func TestRegisterRequiresClusterToken(t *testing.T) {
 	_, srv := nodeServer(t)
 	ctl, st, reg := apiSide(t, srv)
 	h := http.NewServeMux()
-	h.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, testToken, slog.New(slog.DiscardHandler)))
+	h.Handle("PUT "+RegisterPath+"{id}", registerHandler(ctl, st, reg, insecurePair(t).replica, slog.New(slog.DiscardHandler)))
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	body, _ := json.Marshal(Registration{Info: mustInfo(t, srv), Addr: addr, Joined: true})
 	for _, auth := range []string{"", "Bearer wrong-token-0123456789", testToken} {
@@ -166,12 +218,14 @@ func TestRegisterRequiresClusterToken(t *testing.T) {
 // An API replica's proxy reaches a sandbox on a remote node through that
 // node's proxy: the request arrives at the sandbox's address on the node
 // without the cluster token or the API key, streamed.
-func TestProxyHopToNode(t *testing.T) {
-	_, srv := nodeServer(t)
-	ctl, st, reg := apiSide(t, srv)
+func TestProxyHopToNode(t *testing.T) { both(t, testProxyHopToNode) }
+
+func testProxyHopToNode(t *testing.T, p pair) {
+	_, srv := nodeServerIn(t, p)
+	ctl, st, reg := apiSideIn(t, p)
 	ctx := testCtx(t)
-	addr := strings.TrimPrefix(srv.URL, "http://")
-	if _, err := ctl.Heartbeat(ctx, "na", addr, mustInfo(t, srv), true); err != nil {
+	addr := addrOf(srv)
+	if _, err := ctl.Heartbeat(ctx, "na", addr, mustInfoIn(t, srv, p), true); err != nil {
 		t.Fatal(err)
 	}
 	if err := ctl.Joined(ctx, "na"); err != nil {
@@ -201,7 +255,7 @@ func TestProxyHopToNode(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 
 	key := "spore_testkey"
-	px := proxy.New(ctl, func(_ context.Context, k string) bool { return k == key }, nil).WithHop(testToken)
+	px := proxy.New(ctl, func(_ context.Context, k string) bool { return k == key }, nil).WithHop(reg.hopTransport, p.replica.Scheme())
 	front := httptest.NewServer(api.New(api.Config{Control: ctl, Store: st, Proxy: px}))
 	t.Cleanup(front.Close)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+"/hello", nil)
@@ -231,8 +285,18 @@ func TestProxyHopToNode(t *testing.T) {
 }
 
 func mustInfo(t *testing.T, srv *httptest.Server) nodeapi.NodeInfo {
+	return mustInfoIn(t, srv, insecurePair(t))
+}
+
+// mustInfoIn asks node na for its info as replica of fleet p does.
+func mustInfoIn(t *testing.T, srv *httptest.Server, p pair) nodeapi.NodeInfo {
 	t.Helper()
-	c, _ := rpc.NewClient(srv.URL, testToken, nil)
+	hc := rpc.HTTPClient(p.replica.ClientTLS(fleetauth.IsNode("na")))
+	t.Cleanup(hc.CloseIdleConnections)
+	c, err := rpc.NewClient(srv.URL, p.replica.Token(), hc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	i, err := c.Info(testCtx(t))
 	if err != nil {
 		t.Fatal(err)

@@ -75,8 +75,11 @@ type Config struct {
 	BackgroundLoadMB int64
 	DNSUpstreams     []netip.AddrPort
 	DNSPort          uint16
-	// InsecureRegistries: see node.Config.
+	// InsecureRegistries, PrivateRegistries, RegistryAuthFile: see
+	// node.Config.
 	InsecureRegistries []string
+	PrivateRegistries  []string
+	RegistryAuthFile   string
 	// EgressRetention: see node.Config.
 	EgressRetention time.Duration
 	EgressCAFiles   []string
@@ -86,8 +89,10 @@ type Config struct {
 	BlobStore string
 	// ChunkCacheBytes bounds the node's chunk cache (0: the default).
 	ChunkCacheBytes int64
-	// peerToken authenticates the node to its peers' chunk handlers.
-	peerToken string
+	// peerClient reaches the node's peers as a member of the fleet
+	// (a node agent's); peerScheme is their URLs' scheme.
+	peerClient *http.Client
+	peerScheme string
 }
 
 // KeyFile is where a generated API key is kept (root-only).
@@ -189,16 +194,16 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		return nil, err
 	}
 	n, err := node.Open(ctx, node.Config{
-		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerToken: cfg.peerToken,
+		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerClient: cfg.peerClient,
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
 		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, RestoreTargetsBurst: cfg.RestoreTargetsBurst, ReservedNetworks: cfg.ReservedNetworks, BackgroundLoadMB: cfg.BackgroundLoadMB, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
-		InsecureRegistries: cfg.InsecureRegistries, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
+		InsecureRegistries: cfg.InsecureRegistries, PrivateRegistries: cfg.PrivateRegistries, RegistryAuthFile: cfg.RegistryAuthFile, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if cfg.peerToken != "" && n.Sync != nil {
+	if cfg.peerClient != nil && n.Sync != nil {
 		// A node agent of a fleet: snapshots restore across nodes only over
 		// one build of the root filesystem, the one the blob store holds.
 		if _, err := n.ShareRootFS(ctx, "base"); err != nil {

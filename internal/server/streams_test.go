@@ -36,7 +36,7 @@ func TestStreamEndsWhenAnotherReplicaActs(t *testing.T) {
 			_, srv := nodeServer(t)
 			ctx := testCtx(t)
 			ctlA, st, regA := apiSide(t, srv)
-			regB := newRegistry(testToken, regA.log)
+			regB := newRegistry(insecurePair(t).replica, regA.log)
 			ctlB := control.New(control.Config{Store: st, Nodes: regB, Hop: regB.hop})
 			t.Cleanup(ctlB.Close)
 			addr := strings.TrimPrefix(srv.URL, "http://")
@@ -72,7 +72,7 @@ func TestStreamEndsWhenAnotherReplicaActs(t *testing.T) {
 			t.Cleanup(func() { inner.Close() })
 			port := l.Addr().(*net.TCPAddr).Port
 
-			pxA := proxy.New(ctlA, nil, nil).WithHop(testToken)
+			pxA := proxy.New(ctlA, nil, nil).WithHop(regA.hopTransport, "http")
 			front := httptest.NewServer(api.New(api.Config{Control: ctlA, Store: st, Proxy: pxA}))
 			t.Cleanup(front.Close)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+"/stream", nil)

@@ -9,13 +9,13 @@
 // ID. The chunk manifest's metadata records what a restore needs of the
 // node (the runtime build, the root filesystem build, the CPU features);
 // Ensure refuses, before fetching anything, a snapshot this node cannot
-// restore.
+// restore. The root filesystem tree and runtime build a snapshot needs
+// travel beside it, kept by their identity (deps.go): a node that lacks
+// them gets them with the snapshot.
 package snapsync
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -55,14 +55,21 @@ type Config struct {
 	// Cache is the node's chunk cache (may be nil): packs fill it, so
 	// peers can fetch from this node; fetches read and fill it.
 	Cache *chunk.Cache
-	// PeerToken authenticates this node to its peers' chunk handlers.
-	PeerToken string
+	// PeerClient reaches this node's peers (their chunk and manifest
+	// handlers) as a member of the fleet (fleetauth); nil: no peers are
+	// asked.
+	PeerClient *http.Client
 	// Runtime is this node's runtime build; CPUFeatures its CPU's flags.
 	Runtime     string
 	CPUFeatures []string
 	// RootFSBuild returns the build ID of a root filesystem on this node
 	// (an error when it has none of that name).
 	RootFSBuild func(name string) (string, error)
+	// Deps, when set, holds the snapshots' dependencies on this node
+	// (deps.go): uploads publish them, fetches install the missing ones,
+	// and a snapshot of another root filesystem or runtime build than the
+	// node's current ones is fetched with them instead of refused.
+	Deps Deps
 	// Localize rewrites a fetched snapshot's node-local paths (the
 	// in-sandbox daemon's directory) for this node.
 	Localize func(*snapshot.Manifest)
@@ -154,7 +161,15 @@ func (s *Syncer) Upload(ctx context.Context, ref string) (Result, error) {
 			return fmt.Errorf("upload snapshot %s: %w", m.ID, err)
 		}
 		dir := filepath.Join(s.cfg.Repo.Dir(), m.ID)
-		_, st, err := chunk.Pack(ctx, dir, s.cfg.Store, chunk.PackOptions{ID: m.ID, Metadata: s.metadata(m), Cache: s.cfg.Cache, Log: s.log})
+		opts := chunk.PackOptions{ID: m.ID, Metadata: s.metadata(m), Cache: s.cfg.Cache, Log: s.log}
+		if s.cfg.Deps != nil {
+			deps := DepsOf(m)
+			for _, d := range deps {
+				opts.Refs = append(opts.Refs, d.ManifestID())
+			}
+			opts.EnsureRefs = func(ctx context.Context) error { return s.PublishDeps(ctx, deps) }
+		}
+		_, st, err := chunk.Pack(ctx, dir, s.cfg.Store, opts)
 		if err != nil {
 			return fmt.Errorf("upload snapshot %s: %w", m.ID, err)
 		}
@@ -167,13 +182,17 @@ func (s *Syncer) Upload(ctx context.Context, ref string) (Result, error) {
 }
 
 func (s *Syncer) metadata(m snapshot.Manifest) map[string]string {
-	return map[string]string{
+	meta := map[string]string{
 		MetaRuntime:  m.Runtime,
 		MetaRootFS:   m.RootFS + "@" + m.RootFSID,
 		MetaCPU:      strings.Join(s.cfg.CPUFeatures, ","),
 		MetaKind:     string(m.Kind),
 		MetaSnapshot: m.ID,
 	}
+	if m.RuntimeBuild != "" {
+		meta[MetaRuntimeBuild] = m.RuntimeBuild
+	}
+	return meta
 }
 
 // FetchResult describes a fetch.
@@ -186,10 +205,11 @@ type FetchResult struct {
 
 // Ensure makes the snapshot id present in the node's repository: held
 // already, or fetched (node cache, then peers, then the store) and
-// committed. A snapshot the store does not have is ErrNotFound; one this
-// node cannot restore (another runtime build or root filesystem build, or
-// CPU features this node lacks) is ErrConflict, before anything is
-// fetched.
+// committed, with the root filesystem tree and runtime build it needs if
+// the node lacks them (deps.go). A snapshot the store does not have is
+// ErrNotFound; one this node cannot restore (a runtime or root filesystem
+// build neither the node nor the store holds, or CPU features this node
+// lacks) is ErrConflict, before anything is fetched.
 func (s *Syncer) Ensure(ctx context.Context, id string, peers []string) (FetchResult, error) {
 	if err := ids.Validate("snapshot ID", id); err != nil {
 		return FetchResult{}, err
@@ -225,8 +245,15 @@ func (s *Syncer) fetch(ctx context.Context, id string, peers []string) (FetchRes
 	if err != nil {
 		return FetchResult{}, fmt.Errorf("fetch snapshot %s: %w", id, err)
 	}
-	if err := s.Compatible(cm.Metadata); err != nil {
+	if err := s.Compatible(ctx, cm.Metadata); err != nil {
 		return FetchResult{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if s.cfg.Deps != nil {
+		release := s.cfg.Deps.Hold() // until the snapshot that needs them is committed
+		defer release()
+		if err := s.installDeps(ctx, cm.Metadata); err != nil {
+			return FetchResult{}, fmt.Errorf("snapshot %s: %w", id, err)
+		}
 	}
 	parent := filepath.Join(s.cfg.Repo.Dir(), fetchDir)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
@@ -236,8 +263,8 @@ func (s *Syncer) fetch(ctx context.Context, id string, peers []string) (FetchRes
 	os.RemoveAll(tree) // a fetch of a previous try that failed
 	defer os.RemoveAll(tree)
 	src := &chunk.Tiered{Cache: s.cfg.Cache, Store: s.cfg.Store, Log: s.log}
-	if len(peers) > 0 && s.cfg.PeerToken != "" {
-		src.Peers = &chunk.Peers{URLs: peers, Token: s.cfg.PeerToken}
+	if len(peers) > 0 && s.cfg.PeerClient != nil {
+		src.Peers = &chunk.Peers{URLs: peers, Client: s.cfg.PeerClient}
 	}
 	st, err := chunk.Unpack(ctx, cm, tree, src, chunk.UnpackOptions{})
 	if err != nil {
@@ -301,13 +328,20 @@ func readSnapshotManifest(path string) (snapshot.Manifest, error) {
 }
 
 // Compatible says whether this node can restore a snapshot whose chunk
-// manifest carries meta: the same runtime build, the same root
-// filesystem build, and every CPU feature the origin had.
-func (s *Syncer) Compatible(meta map[string]string) error {
-	if rt := meta[MetaRuntime]; rt != "" && s.cfg.Runtime != "" && rt != s.cfg.Runtime {
+// manifest carries meta: every CPU feature the origin had, and the root
+// filesystem and runtime builds it was taken with, which with Deps are
+// on this node or in the store (they are fetched with it), and without
+// are this node's current ones. An image from before runtime builds were
+// kept needs the runtime (and version) this node runs.
+func (s *Syncer) Compatible(ctx context.Context, meta map[string]string) error {
+	if rt := meta[MetaRuntime]; rt != "" && s.cfg.Runtime != "" && rt != s.cfg.Runtime && (s.cfg.Deps == nil || meta[MetaRuntimeBuild] == "") {
 		return fmt.Errorf("%w: taken with runtime %s, this node runs %s", errdefs.ErrConflict, rt, s.cfg.Runtime)
 	}
-	if fsref := meta[MetaRootFS]; fsref != "" && s.cfg.RootFSBuild != nil {
+	if s.cfg.Deps != nil {
+		if err := s.depsAvailable(ctx, meta); err != nil {
+			return err
+		}
+	} else if fsref := meta[MetaRootFS]; fsref != "" && s.cfg.RootFSBuild != nil {
 		name, build, _ := strings.Cut(fsref, "@")
 		have, err := s.cfg.RootFSBuild(name)
 		if err != nil {
@@ -388,17 +422,10 @@ func (s *Syncer) Manifest(ctx context.Context, id string) (*chunk.Manifest, erro
 	return cm, err
 }
 
-// ManifestHandler serves Manifest to peers (token compared in constant
-// time, as the chunk handler does).
-func (s *Syncer) ManifestHandler(token string) http.Handler {
-	want := sha256.Sum256([]byte(token))
+// ManifestHandler serves Manifest to peers; it checks no caller: the
+// node serves it behind its fleet guard, as the chunk handler.
+func (s *Syncer) ManifestHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		g := sha256.Sum256([]byte(got))
-		if !ok || token == "" || subtle.ConstantTimeCompare(g[:], want[:]) != 1 {
-			http.Error(w, "unauthorized", http.StatusUnauthorized)
-			return
-		}
 		if r.Method != http.MethodGet {
 			http.Error(w, "GET only", http.StatusMethodNotAllowed)
 			return
@@ -447,8 +474,10 @@ func (s *Syncer) peerManifestFrom(ctx context.Context, url, id string) (*chunk.M
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+s.cfg.PeerToken)
-	resp, err := http.DefaultClient.Do(req)
+	if s.cfg.PeerClient == nil {
+		return nil, errdefs.Conflictf("no peer client")
+	}
+	resp, err := s.cfg.PeerClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}

@@ -177,8 +177,12 @@ type Node struct {
 	CPUFeatures []string   `json:"cpuFeatures,omitempty"`
 	// Durable: the node has a blob store (it uploads its snapshots, fetches
 	// others', and serves its own to peers).
-	Durable   bool      `json:"durable,omitempty"`
-	Heartbeat time.Time `json:"heartbeat"`
+	Durable bool `json:"durable,omitempty"`
+	// MemoryFreeMB is the memory the host really had for new sandboxes
+	// at its last heartbeat (nodeapi.NodeInfo.MemoryFreeMB; nil: none
+	// reported).
+	MemoryFreeMB *int64    `json:"memoryFreeMB,omitempty"`
+	Heartbeat    time.Time `json:"heartbeat"`
 	// Draining is an operator's decision: UpsertNode (a node registering
 	// or heart-beating) keeps the stored value; only UpdateNode changes it.
 	Draining bool      `json:"draining"`
@@ -347,6 +351,12 @@ type Nodes interface {
 	// UpdateNode is read-change-write in one transaction (drain, lost).
 	UpdateNode(ctx context.Context, id string, fn func(*Node) error) (Node, error)
 	DeleteNode(ctx context.Context, id string) error
+	// BindNodeKey binds a node ID to the public key (its fingerprint)
+	// its fleet certificate is issued for: the first binding of an ID
+	// stays, the same key again is nil, another key is ErrConflict. So
+	// whoever enrolls an ID first owns it: a join token cannot take over
+	// an existing node's identity.
+	BindNodeKey(ctx context.Context, nodeID, keyID string) error
 }
 
 // Leases make background work (the reaper, reconcile, warm pools) run

@@ -142,6 +142,11 @@ func (x timed) DeleteNode(ctx context.Context, id string) error {
 	return x.st.DeleteNode(ctx, id)
 }
 
+func (x timed) BindNodeKey(ctx context.Context, nodeID, keyID string) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.BindNodeKey(ctx, nodeID, keyID)
+}
+
 func (x timed) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
 	defer timing.Track(ctx, "store")()
 	return x.st.AcquireLease(ctx, name, holder, ttl)

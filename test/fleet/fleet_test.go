@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/fleet"
+	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -361,9 +363,33 @@ func TestFleet(t *testing.T) {
 	if h.st.S3 == nil || !strings.Contains(out, h.st.S3.Endpoint) {
 		t.Fatalf("fleet up did not start (or print) its S3 server: %+v", h.st.S3)
 	}
-	for _, f := range []string{h.st.KeyFile, h.st.TokenFile, filepath.Join(h.dir, fleet.StateFile), h.st.S3.CredentialsFile} {
+	_, caKey, joinToken := fleetauth.CAFiles(h.st.CADir)
+	for _, f := range []string{h.st.KeyFile, caKey, joinToken, filepath.Join(h.dir, fleet.StateFile), h.st.S3.CredentialsFile} {
 		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: mode %v %v, want 0600", f, fi.Mode().Perm(), err)
+		}
+	}
+	// Inside the fleet everything is mutual TLS: a node's listener
+	// answers neither cleartext nor TLS without a fleet certificate, and
+	// each node enrolled a certificate naming it (its key 0600).
+	for _, n := range h.st.Nodes {
+		if resp, err := http.Get("http://" + n.Listen + "/spore.node.v1.Node/Info"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest { // Go's answer to cleartext on a TLS port
+				t.Fatalf("node %d answered cleartext: %d", n.Index, resp.StatusCode)
+			}
+		}
+		noCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		if resp, err := noCert.Get("https://" + n.Listen + "/spore.node.v1.Node/Info"); err == nil {
+			resp.Body.Close()
+			t.Fatalf("node %d gave a TLS session to a client without a fleet certificate: %d", n.Index, resp.StatusCode)
+		}
+		cf, kf, _ := fleetauth.NodeFiles(filepath.Join(n.DataDir, "fleet"))
+		if fi, err := os.Stat(kf); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("node %d's fleet key: %v %v", n.Index, fi, err)
+		}
+		if b, err := os.ReadFile(cf); err != nil || !strings.Contains(string(b), "CERTIFICATE") {
+			t.Fatalf("node %d enrolled no certificate: %v", n.Index, err)
 		}
 	}
 	// up again over the running fleet: a clear error, nothing touched.

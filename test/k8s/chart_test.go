@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,13 +17,15 @@ import (
 const testDatabaseURL = "postgres://spore:secret@db.example.com:5432/spore?sslmode=require"
 
 // valueSets are the chart's values the tests render with: its defaults (plus the one value it
-// requires, the database URL) and testdata/values-full.yaml, which switches every optional branch.
+// requires, the database URL), testdata/values-full.yaml, which switches every optional branch, and
+// the defaults with fleet.insecure (the old cleartext form, the one branch full cannot switch too).
 var valueSets = []struct {
 	name string
 	args []string
 }{
 	{"default", []string{"--set", "database.url=" + testDatabaseURL}},
 	{"full", []string{"-f", "testdata/values-full.yaml"}},
+	{"insecure", []string{"--set", "database.url=" + testDatabaseURL, "--set", "fleet.insecure=true"}},
 }
 
 // helm runs the cached helm with its own state directories (nothing read from or left in $HOME).
@@ -84,7 +87,9 @@ func TestHelmTemplateRequiresDatabase(t *testing.T) {
 }
 
 // TestHelmTemplateDefaults checks what the default values render: the commands and flags each
-// workload runs with, where its secrets come from, and the host access the node agent gets.
+// workload runs with, where its secrets come from (fleet TLS: the CA key, the API key and the
+// secrets key in the API pods only, in a Secret no node pod names), the generated fleet material
+// working with the real enrollment code, and the host access the node agent gets.
 func TestHelmTemplateDefaults(t *testing.T) {
 	tl := needTools(t, "HELM")
 	objs := render(t, tl, valueSets[0].args...)
@@ -93,12 +98,12 @@ func TestHelmTemplateDefaults(t *testing.T) {
 		kinds[str(o, "kind")] = append(kinds[str(o, "kind")], str(o, "metadata", "name"))
 	}
 	want := map[string][]string{
-		"Secret":              {"spore"},
+		"Secret":              {"spore", "spore-node"},
 		"ConfigMap":           {"spore"},
 		"ServiceAccount":      {"spore-api", "spore-node"},
 		"Role":                {"spore-api"},
 		"RoleBinding":         {"spore-api"},
-		"Service":             {"spore-api", "spore-node"},
+		"Service":             {"spore-api", "spore-fleet", "spore-node"},
 		"Deployment":          {"spore-api"},
 		"DaemonSet":           {"spore-node"},
 		"PodDisruptionBudget": {"spore-api"},
@@ -114,15 +119,31 @@ func TestHelmTemplateDefaults(t *testing.T) {
 		t.Errorf("kinds rendered: %v", kinds)
 	}
 
-	secret := find(t, objs, "Secret", "spore")
+	// The API pods' Secret and the node pods' one: no cluster token (fleet TLS), and nothing in the
+	// nodes' that is the API's alone.
+	secret, nodeSecret := find(t, objs, "Secret", "spore"), find(t, objs, "Secret", "spore-node")
+	if got := dataKeys(secret); !slices.Equal(got, []string{"api-key", "database-url", "fleet-ca.crt", "fleet-ca.key", "join-token", "secrets-key"}) {
+		t.Errorf("Secret spore holds %v", got)
+	}
+	if got := dataKeys(nodeSecret); !slices.Equal(got, []string{"ca.crt", "join-token"}) {
+		t.Errorf("Secret spore-node holds %v, want the CA certificate and the join token alone", got)
+	}
 	if got := b64(t, str(secret, "data", "database-url")); got != testDatabaseURL {
 		t.Errorf("secret database-url = %q", got)
 	}
-	for _, k := range []string{"cluster-token", "api-key"} {
+	for _, k := range []string{"join-token", "api-key"} {
 		if v := b64(t, str(secret, "data", k)); len(v) != 48 {
 			t.Errorf("generated %s has %d characters, want 48", k, len(v))
 		}
 	}
+	for k, nk := range map[string]string{"fleet-ca.crt": "ca.crt", "join-token": "join-token"} {
+		if str(secret, "data", k) != str(nodeSecret, "data", nk) {
+			t.Errorf("the node Secret's %s is not the API Secret's %s", nk, k)
+		}
+	}
+	checkFleetMaterial(t, b64(t, str(secret, "data", "fleet-ca.crt")), b64(t, str(secret, "data", "fleet-ca.key")),
+		b64(t, str(secret, "data", "join-token")), b64(t, str(nodeSecret, "data", "ca.crt")), b64(t, str(nodeSecret, "data", "join-token")),
+		b64(t, str(secret, "data", "secrets-key")))
 
 	dep := find(t, objs, "Deployment", "spore-api")
 	if r := get(dep, "spec", "replicas"); r != 2 {
@@ -130,14 +151,24 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	}
 	pod := get(dep, "spec", "template", "spec").(map[string]any)
 	api := list(pod, "containers")[0].(map[string]any)
-	wantArgs := []string{"api", "--listen", ":3000", "--database-url", "$(DATABASE_URL)", "--cluster-token-file", "/etc/spore/token",
-		"--api-key-file", "/etc/spore/api-key", "--pool", "2"}
+	wantArgs := []string{"api", "--listen", ":3000", "--fleet-listen", ":3200", "--fleet-ca", "/etc/spore/ca.crt",
+		"--fleet-ca-key", "/etc/spore/ca.key", "--join-token-file", "/etc/spore/join-token",
+		"--secrets-key-file", "/etc/spore/secrets-key", "--api-key-file", "/etc/spore/api-key", "--pool", "2"}
 	if got := strs(api["args"]); !slices.Equal(got, wantArgs) {
 		t.Errorf("api args = %q, want %q", got, wantArgs)
 	}
-	dbEnv := envVar(t, api, "DATABASE_URL")
+	dbEnv := envVar(t, api, "SPORE_DATABASE_URL")
 	if str(dbEnv, "valueFrom", "secretKeyRef", "name") != "spore" || str(dbEnv, "valueFrom", "secretKeyRef", "key") != "database-url" {
-		t.Errorf("DATABASE_URL comes from %v", dbEnv["valueFrom"])
+		t.Errorf("SPORE_DATABASE_URL comes from %v", dbEnv["valueFrom"])
+	}
+	var fleetPort any
+	for _, p := range list(api, "ports") {
+		if str(p, "name") == "fleet" {
+			fleetPort = get(p, "containerPort")
+		}
+	}
+	if fleetPort != 3200 {
+		t.Errorf("api container fleet port = %v, want 3200", fleetPort)
 	}
 	if str(api, "readinessProbe", "httpGet", "path") != "/health" || str(api, "livenessProbe", "httpGet", "path") != "/health" {
 		t.Errorf("api probes: %v %v", api["readinessProbe"], api["livenessProbe"])
@@ -145,14 +176,19 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	if get(api, "securityContext", "privileged") == true || get(pod, "hostNetwork") == true {
 		t.Errorf("the api pod must not be privileged or on the host network")
 	}
-	checkSecretFile(t, pod, api, "token", "spore", "cluster-token")
-	checkSecretFile(t, pod, api, "api-key", "spore", "api-key")
+	if got, want := secretFiles(t, pod, api), map[string]string{"ca.crt": "spore/fleet-ca.crt", "ca.key": "spore/fleet-ca.key",
+		"join-token": "spore/join-token", "api-key": "spore/api-key", "secrets-key": "spore/secrets-key"}; !maps.Equal(got, want) {
+		t.Errorf("api files under /etc/spore: %v, want %v", got, want)
+	}
+	if m := fileMode(pod, "ca.key"); m != 0o400 {
+		t.Errorf("ca.key mode %v, want 0400", m)
+	}
 
 	ds := find(t, objs, "DaemonSet", "spore-node")
 	npod := get(ds, "spec", "template", "spec").(map[string]any)
 	node := list(npod, "containers")[0].(map[string]any)
 	wantNode := []string{"node", "--listen", ":3001", "--data-dir", "/var/lib/spore",
-		"--api-url", "http://spore-api.sandboxes:3000", "--cluster-token-file", "/etc/spore/token",
+		"--api-url", "https://spore-fleet.sandboxes:3200", "--fleet-ca", "/etc/spore/ca.crt", "--join-token-file", "/etc/spore/join-token",
 		"--advertise-addr", "$(POD_IP):3001"}
 	if got := strs(node["args"]); !slices.Equal(got, wantNode) {
 		t.Errorf("node args = %q, want %q", got, wantNode)
@@ -190,9 +226,13 @@ func TestHelmTemplateDefaults(t *testing.T) {
 			t.Errorf("node mount %s: host path %q, want %q", mount, hostPaths[mount], host)
 		}
 	}
-	checkSecretFile(t, npod, node, "token", "spore", "cluster-token")
-	if strings.Contains(fmt.Sprint(npod["volumes"]), "api-key") {
-		t.Errorf("the node agents get the clients' API key: %v", npod["volumes"])
+	// The node agents see the CA certificate and the join token, and no pod of theirs names the
+	// Secret holding the CA key, the API key, the secrets key and the database URL.
+	if got, want := secretFiles(t, npod, node), map[string]string{"ca.crt": "spore-node/ca.crt", "join-token": "spore-node/join-token"}; !maps.Equal(got, want) {
+		t.Errorf("node files under /etc/spore: %v, want %v", got, want)
+	}
+	if got := secretsNamed(npod); !slices.Equal(got, []string{"spore-node"}) {
+		t.Errorf("node pods name Secrets %v, want spore-node alone", got)
 	}
 	if inits := list(npod, "initContainers"); len(inits) != 1 ||
 		!slices.Equal(strs(get(inits[0], "args")), []string{"setup", "--data-dir", "/var/lib/spore", "--cache-dir", "/opt/spore/cache"}) {
@@ -207,6 +247,12 @@ func TestHelmTemplateDefaults(t *testing.T) {
 	}
 	if typ := str(find(t, objs, "Service", "spore-api"), "spec", "type"); typ != "ClusterIP" {
 		t.Errorf("api Service type = %q", typ)
+	}
+	fsvc := find(t, objs, "Service", "spore-fleet")
+	fp := list(fsvc, "spec", "ports")
+	if str(fsvc, "spec", "type") != "ClusterIP" || len(fp) != 1 || get(fp[0], "port") != 3200 || str(fp[0], "targetPort") != "fleet" ||
+		str(fsvc, "spec", "selector", "app.kubernetes.io/component") != "api" {
+		t.Errorf("fleet Service: %v", fsvc["spec"])
 	}
 	role := find(t, objs, "Role", "spore-api")
 	for _, r := range list(role, "rules") {
@@ -232,9 +278,18 @@ func TestHelmTemplateFullValues(t *testing.T) {
 			}
 		}
 	}
-	secret := find(t, objs, "Secret", "sandboxes")
-	if d := get(secret, "data").(map[string]any); len(d) != 2 || d["access-key-id"] == nil || d["secret-access-key"] == nil {
-		t.Errorf("with existing database and token secrets the chart's Secret holds only S3 keys: %v", d)
+	// Every secret is the user's own but the S3 keys: the chart's one Secret is the node one, with them.
+	var secretNames []string
+	for _, o := range objs {
+		if str(o, "kind") == "Secret" {
+			secretNames = append(secretNames, str(o, "metadata", "name"))
+		}
+	}
+	if !slices.Equal(secretNames, []string{"sandboxes-node"}) {
+		t.Errorf("Secrets rendered: %v, want sandboxes-node alone", secretNames)
+	}
+	if got := dataKeys(find(t, objs, "Secret", "sandboxes-node")); !slices.Equal(got, []string{"access-key-id", "secret-access-key"}) {
+		t.Errorf("with existing database, CA, join token, API key and secrets key Secrets the chart's Secret holds %v, want the S3 keys", got)
 	}
 	dep := find(t, objs, "Deployment", "sandboxes-api")
 	pod := get(dep, "spec", "template", "spec").(map[string]any)
@@ -242,18 +297,24 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	if get(dep, "spec", "replicas") != 3 || str(api, "image") != "registry.example.com/spore/spore:1.2.3" {
 		t.Errorf("api replicas/image: %v %v", get(dep, "spec", "replicas"), api["image"])
 	}
-	if got := strs(api["args"]); !slices.Equal(got[len(got)-4:], []string{"--pool", "2", "--pool", "4"}) || got[2] != ":8080" {
+	if got := strs(api["args"]); !slices.Equal(got[len(got)-4:], []string{"--pool", "2", "--pool", "4"}) || got[2] != ":8080" ||
+		got[3] != "--fleet-listen" || got[4] != ":4200" {
 		t.Errorf("api args = %q", got)
 	}
-	db := envVar(t, api, "DATABASE_URL")
+	db := envVar(t, api, "SPORE_DATABASE_URL")
 	if str(db, "valueFrom", "secretKeyRef", "name") != "spore-db" || str(db, "valueFrom", "secretKeyRef", "key") != "dsn" {
-		t.Errorf("DATABASE_URL from %v", db["valueFrom"])
+		t.Errorf("SPORE_DATABASE_URL from %v", db["valueFrom"])
 	}
-	if str(envVar(t, api, "AWS_ACCESS_KEY_ID"), "valueFrom", "secretKeyRef", "name") != "sandboxes" {
+	if str(envVar(t, api, "AWS_ACCESS_KEY_ID"), "valueFrom", "secretKeyRef", "name") != "sandboxes-node" {
 		t.Errorf("S3 credentials not wired to the api")
 	}
-	checkSecretFile(t, pod, api, "token", "spore-cluster-token", "tok")
-	checkSecretFile(t, pod, api, "api-key", "spore-api-key", "key")
+	if got, want := secretFiles(t, pod, api), map[string]string{"ca.crt": "spore-fleet-ca/tls.crt", "ca.key": "spore-fleet-ca/tls.key",
+		"join-token": "spore-join/join", "api-key": "spore-api-key/key", "secrets-key": "spore-secrets-key/sealing-key"}; !maps.Equal(got, want) {
+		t.Errorf("api files under /etc/spore: %v, want %v", got, want)
+	}
+	if fp := list(find(t, objs, "Service", "sandboxes-fleet"), "spec", "ports"); len(fp) != 1 || get(fp[0], "port") != 4200 {
+		t.Errorf("fleet Service ports: %v", fp)
+	}
 	if str(pod, "serviceAccountName") != "spore-api-sa" || get(pod, "automountServiceAccountToken") != false {
 		t.Errorf("api service account: %v automount %v", pod["serviceAccountName"], pod["automountServiceAccountToken"])
 	}
@@ -285,12 +346,20 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	node := list(npod, "containers")[0].(map[string]any)
 	args := strs(node["args"])
 	for _, want := range [][2]string{{"--listen", ":4001"}, {"--data-dir", "/srv/spore"},
-		{"--api-url", "https://sandboxes.example.com"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"},
+		{"--api-url", "https://fleet.internal.example.com:4200"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"},
+		{"--fleet-ca", "/etc/spore/ca.crt"}, {"--join-token-file", "/etc/spore/join-token"},
 		{"--labels", "gpu=false,zone=eu-west-1a"}, {"--dns-upstream", "1.1.1.1"}} {
 		i := slices.Index(args, want[0])
 		if i < 0 || i+1 >= len(args) || args[i+1] != want[1] {
 			t.Errorf("node args %q lack %s %s", args, want[0], want[1])
 		}
+	}
+	// The CA certificate from the Secret holding it alone (fleet.ca.nodeSecret), never the CA's own.
+	if got, want := secretFiles(t, npod, node), map[string]string{"ca.crt": "spore-fleet-ca-cert/cert.pem", "join-token": "spore-join/join"}; !maps.Equal(got, want) {
+		t.Errorf("node files under /etc/spore: %v, want %v", got, want)
+	}
+	if got := secretsNamed(npod); slices.Contains(got, "spore-fleet-ca") || slices.Contains(got, "spore-api-key") || slices.Contains(got, "spore-secrets-key") {
+		t.Errorf("node pods name Secrets %v: the CA key's, the API key's or the secrets key's among them", got)
 	}
 	if get(npod, "hostNetwork") != false || get(npod, "hostPID") != false || str(npod, "dnsPolicy") != "ClusterFirst" {
 		t.Errorf("node host namespaces: net %v pid %v dns %v", npod["hostNetwork"], npod["hostPID"], npod["dnsPolicy"])
@@ -439,35 +508,6 @@ func envVar(t testing.TB, container map[string]any, name string) map[string]any 
 	}
 	t.Fatalf("container %s has no env %s", str(container, "name"), name)
 	return nil
-}
-
-// checkSecretFile: the container sees /etc/spore/<file>, projected from secret/key.
-func checkSecretFile(t testing.TB, pod, container map[string]any, file, secret, key string) {
-	t.Helper()
-	var vol string
-	for _, m := range list(container, "volumeMounts") {
-		if str(m, "mountPath") == "/etc/spore" {
-			vol = str(m, "name")
-		}
-	}
-	for _, v := range list(pod, "volumes") {
-		if str(v, "name") != vol {
-			continue
-		}
-		for _, src := range list(v, "projected", "sources") {
-			for _, it := range list(src, "secret", "items") {
-				if str(it, "path") != file {
-					continue
-				}
-				if str(src, "secret", "name") != secret || str(it, "key") != key {
-					t.Fatalf("%s: /etc/spore/%s from %s/%s, want %s/%s", str(container, "name"), file,
-						str(src, "secret", "name"), str(it, "key"), secret, key)
-				}
-				return
-			}
-		}
-	}
-	t.Fatalf("%s: no /etc/spore/%s mounted", str(container, "name"), file)
 }
 
 func deepCopy(o map[string]any) map[string]any {

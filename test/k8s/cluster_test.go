@@ -58,6 +58,13 @@ func TestChartInstallsOnKubernetes(t *testing.T) {
 		return err
 	})
 
+	// The value sets not installed below, each object created with dryRun=All: the API server's own
+	// validation and admission of everything the chart renders, with no object kept.
+	for _, vs := range valueSets[1:] {
+		n := cp.dryRunCreate(render(t, tl, vs.args...))
+		t.Logf("%s values: the API server accepts all %d objects (dry run)", vs.name, n)
+	}
+
 	installStart := time.Now()
 	out, err := helm(t, tl, "install", release, chartDir(t), "--kubeconfig", cp.kubeconfig, "--namespace", namespace,
 		"--set", "database.url="+testDatabaseURL, "--set", fmt.Sprintf("api.replicas=%d", apiReplicas), "--timeout", "2m")
@@ -130,21 +137,30 @@ func TestChartInstallsOnKubernetes(t *testing.T) {
 		}
 	}
 
-	// The cluster token and API key the chart generated are in its Secret and stay there on upgrade
-	// (a new token would cut off running node agents; a new key, every client).
+	// The fleet CA, join token, API key and secrets key the chart generated are in its Secrets and
+	// stay there on upgrade (a new CA would cut off every enrolled node; a new key, every client; a new
+	// secrets key, every stored secret). The install's lookup-based keeping is what this proves: the
+	// render without a cluster (helm template) makes new ones every time.
 	kept := map[string]string{}
-	for _, k := range []string{"cluster-token", "api-key"} {
-		if kept[k] = cp.secretValue("spore", k); len(kept[k]) != 48 {
-			t.Fatalf("generated %s has %d characters", k, len(kept[k]))
-		}
+	for _, k := range []string{"fleet-ca.crt", "fleet-ca.key", "join-token", "api-key", "secrets-key"} {
+		kept["spore/"+k] = cp.secretValue("spore", k)
 	}
+	for _, k := range []string{"ca.crt", "join-token"} {
+		kept["spore-node/"+k] = cp.secretValue("spore-node", k)
+	}
+	if kept["spore-node/ca.crt"] != kept["spore/fleet-ca.crt"] || kept["spore-node/join-token"] != kept["spore/join-token"] {
+		t.Errorf("the node Secret's CA certificate or join token is not the API Secret's")
+	}
+	checkFleetMaterial(t, kept["spore/fleet-ca.crt"], kept["spore/fleet-ca.key"], kept["spore/join-token"],
+		kept["spore-node/ca.crt"], kept["spore-node/join-token"], kept["spore/secrets-key"])
 	out, err = helm(t, tl, "upgrade", release, chartDir(t), "--kubeconfig", cp.kubeconfig, "--namespace", namespace,
 		"--set", "database.url="+testDatabaseURL, "--set", fmt.Sprintf("api.replicas=%d", apiReplicas), "--timeout", "2m")
 	if err != nil {
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
 	for k, v := range kept {
-		if again := cp.secretValue("spore", k); again != v {
+		name, key, _ := strings.Cut(k, "/")
+		if again := cp.secretValue(name, key); again != v {
 			t.Errorf("helm upgrade replaced the generated %s", k)
 		}
 	}
@@ -250,6 +266,29 @@ func (cp *controlPlane) canI(user, group, resource, verb string) bool {
 		cp.t.Fatal(err)
 	}
 	return r.Status.Allowed
+}
+
+// dryRunCreate creates each object in the test namespace with dryRun=All (validated and admitted,
+// not stored), failing the test on any refusal, and returns how many were accepted.
+func (cp *controlPlane) dryRunCreate(objs []map[string]any) int {
+	cp.t.Helper()
+	resources := map[string]string{
+		"Secret": "/api/v1/namespaces/%s/secrets", "ConfigMap": "/api/v1/namespaces/%s/configmaps",
+		"ServiceAccount": "/api/v1/namespaces/%s/serviceaccounts", "Service": "/api/v1/namespaces/%s/services",
+		"Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles", "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/rolebindings",
+		"Deployment": "/apis/apps/v1/namespaces/%s/deployments", "DaemonSet": "/apis/apps/v1/namespaces/%s/daemonsets",
+		"PodDisruptionBudget": "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", "Ingress": "/apis/networking.k8s.io/v1/namespaces/%s/ingresses",
+	}
+	for _, o := range objs {
+		path, ok := resources[str(o, "kind")]
+		if !ok {
+			cp.t.Fatalf("dry run: no resource path for kind %s (add it)", str(o, "kind"))
+		}
+		if _, err := cp.do("POST", fmt.Sprintf(path, namespace)+"?dryRun=All", o); err != nil {
+			cp.t.Errorf("%s %s refused: %v", str(o, "kind"), str(o, "metadata", "name"), err)
+		}
+	}
+	return len(objs)
 }
 
 func (cp *controlPlane) secretValue(name, key string) string {

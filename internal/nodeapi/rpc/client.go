@@ -3,12 +3,10 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"time"
 
 	"connectrpc.com/connect"
@@ -28,21 +26,26 @@ type Client struct {
 
 var _ nodeapi.Node = (*Client)(nil)
 
-// NewClient calls the node handler at baseURL (http:// for h2c, https://
-// for TLS) with the cluster token. httpClient nil: HTTPClient(nil) (h2c;
-// pass HTTPClient(tlsCfg) for https).
+// NewClient calls the node handler at baseURL: https:// with mutual TLS
+// (httpClient from HTTPClient with the fleet's client configuration; the
+// token is then not sent), or http:// (h2c) with the cluster token of an
+// insecure fleet. httpClient nil: HTTPClient(nil) (h2c).
 func NewClient(baseURL, token string, httpClient *http.Client) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, errdefs.Invalidf("node URL %q: want http://host:port or https://host:port", baseURL)
 	}
-	if token == "" {
+	if u.Scheme == "http" && token == "" {
 		return nil, errdefs.Invalidf("node %s: no cluster token (the node refuses callers without one)", u.Host)
 	}
 	if httpClient == nil {
 		httpClient = HTTPClient(nil)
 	}
-	return &Client{c: nodev1connect.NewNodeClient(httpClient, baseURL, connect.WithInterceptors(bearer("Bearer "+token), clientTiming{}))}, nil
+	ics := []connect.Interceptor{clientTiming{}}
+	if u.Scheme == "http" {
+		ics = append(ics, bearer("Bearer "+token))
+	}
+	return &Client{c: nodev1connect.NewNodeClient(httpClient, baseURL, connect.WithInterceptors(ics...))}, nil
 }
 
 // bearer sets the Authorization header on every call.
@@ -84,20 +87,6 @@ func HTTPClient(tlsCfg *tls.Config) *http.Client {
 		IdleConnTimeout:     90 * time.Second,
 		HTTP2:               &http.HTTP2Config{SendPingTimeout: pingEvery, PingTimeout: pingTimeout},
 	}}
-}
-
-// TLSConfigFromCA is a client TLS configuration that trusts the CA
-// certificates (PEM) in caFile.
-func TLSConfigFromCA(caFile string) (*tls.Config, error) {
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("node CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, errdefs.Invalidf("node CA %s: no PEM certificate in it", caFile)
-	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
 func call[Req, Res any](ctx context.Context, fn func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), m *Req) (*Res, error) {

@@ -2,14 +2,10 @@ package rpc
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -221,46 +217,5 @@ func TestEventsStream(t *testing.T) {
 	bad, _ := client(t, &stubNode{err: errdefs.ErrUnavailable})
 	if _, err := bad.Events(ctx); !errdefs.IsUnavailable(err) {
 		t.Errorf("refused subscription: %v, want unavailable", err)
-	}
-}
-
-// TestTLS: a node served over HTTPS is reached with a client that trusts
-// its CA (from a file); one that does not trust it fails as unavailable.
-func TestTLS(t *testing.T) {
-	token := newToken()
-	path, h, err := NewHandler(&stubNode{err: errdefs.NotFoundf("stub")}, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(path, h)
-	srv := httptest.NewUnstartedServer(mux)
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := TLSConfigFromCA(ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc := HTTPClient(cfg)
-	t.Cleanup(hc.CloseIdleConnections)
-	c, err := NewClient(srv.URL, token, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxFor(t)
-	if _, err := c.Get(ctx, "x"); !errdefs.IsNotFound(err) {
-		t.Fatalf("call over TLS: %v, want the node's not found", err)
-	}
-	untrusting, _ := NewClient(srv.URL, token, HTTPClient(&tls.Config{MinVersion: tls.VersionTLS12}))
-	if _, err := untrusting.Get(ctx, "x"); err == nil || errdefs.IsNotFound(err) {
-		t.Fatalf("call from a client that does not trust the node's CA: %v, want a failure", err)
-	}
-	if _, err := TLSConfigFromCA(filepath.Join(t.TempDir(), "none.pem")); err == nil {
-		t.Error("TLSConfigFromCA of a missing file succeeded")
 	}
 }

@@ -6,30 +6,30 @@
 //
 // # Authentication
 //
-// Every procedure, unary and streaming, needs the header
-// `Authorization: Bearer <cluster token>`. The handler checks it twice:
-// before Connect reads the request at all (so an unauthenticated caller
-// gets nothing decoded, and no path of the listener answers it), and in an
-// interceptor on every procedure (so a handler mounted without the outer
-// wrapper is still closed). The comparison is constant-time over SHA-256
-// digests (no length leak). A wrong or missing token is
-// CodeUnauthenticated; an empty or short configured token is refused when
-// the handler is built, so no node ever answers an unauthenticated caller.
+// A fleet authenticates with mutual TLS (internal/fleetauth): the node's
+// listener requires a client certificate of the fleet CA, and
+// NewFleetHandler serves the protocol only to a caller whose certificate
+// names an API replica (spore://replica/<name>); a client (NewClient over
+// HTTPClient(f.ClientTLS(fleetauth.IsNode(id)))) checks that it reached
+// node id. In an insecure fleet (--insecure-fleet), and in tests,
+// NewHandler serves holders of the cluster token instead
+// (`Authorization: Bearer <token>`), over cleartext. Either way the handler
+// checks twice: before Connect reads the request at all (so an
+// unauthenticated caller gets nothing decoded, and no path of the listener
+// answers it), and in an interceptor on every procedure (so a handler
+// mounted without the outer wrapper is still closed). A refused caller gets
+// CodeUnauthenticated; an empty or short token is refused when the handler
+// is built, so no node ever answers an unauthenticated caller.
 //
 // # Transport
 //
-// Plain HTTP/2 without TLS (h2c, prior knowledge) on a private network by
-// default: Server and HTTPClient set it up. HTTPS works with a
-// *tls.Config on both sides (TLSConfigFromCA builds a client's from a CA
-// file); mutual TLS (a client certificate per control plane, verified by
-// the node) is the next step and would sit beside the token, not replace
-// it.
+// HTTP/2 over TLS 1.3 in a fleet with certificates; over cleartext (h2c,
+// prior knowledge) only in an insecure fleet: Server and HTTPClient set
+// both up.
 package rpc
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -40,6 +40,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/nodeapi"
 	nodev1 "github.com/spore-run/spore/proto/gen/node/v1"
 	"github.com/spore-run/spore/proto/gen/node/v1/nodev1connect"
@@ -53,91 +54,127 @@ const MinTokenLen = 16
 // MaxFork children or a reconfigure's environment, is a few KiB).
 const MaxRequestBytes = 4 << 20
 
-var errUnauthenticated = errors.New("missing or wrong cluster token")
+var errUnauthenticated = errors.New("not a fleet member allowed to call this node (missing or wrong cluster token, or no replica certificate)")
 
-// auth checks the cluster token.
-type auth struct{ sum [sha256.Size]byte }
-
-func newAuth(token string) (auth, error) {
+// checkToken refuses a cluster token that would not protect a node.
+func checkToken(token string) error {
 	if token == "" {
-		return auth{}, errdefs.Invalidf("node protocol: an empty cluster token would let anyone in")
+		return errdefs.Invalidf("node protocol: an empty cluster token would let anyone in")
 	}
 	if len(token) < MinTokenLen {
-		return auth{}, errdefs.Invalidf("node protocol: the cluster token is %d characters, want at least %d", len(token), MinTokenLen)
+		return errdefs.Invalidf("node protocol: the cluster token is %d characters, want at least %d", len(token), MinTokenLen)
 	}
 	if strings.ContainsAny(token, " \t\r\n") {
-		return auth{}, errdefs.Invalidf("node protocol: the cluster token holds white space")
+		return errdefs.Invalidf("node protocol: the cluster token holds white space")
 	}
-	return auth{sum: sha256.Sum256([]byte(token))}, nil
+	return nil
 }
 
-func (a auth) ok(h http.Header) bool {
-	tok, bearer := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	sum := sha256.Sum256([]byte(tok))
-	return subtle.ConstantTimeCompare(sum[:], a.sum[:]) == 1 && bearer
+// guard admits the callers of the node protocol: API replicas (a fleet
+// certificate of role replica) or, in an insecure fleet, holders of the
+// cluster token. The outer wrapper puts the caller's identity in the
+// request's context; the interceptor refuses a call without one (or,
+// insecure, without the token in its own header), so a handler mounted
+// without the wrapper is still closed.
+type guard struct{ f *fleetauth.Fleet }
+
+func (g guard) admitted(ctx context.Context, h http.Header) bool {
+	if _, ok := fleetauth.FromContext(ctx); ok {
+		return true
+	}
+	return g.f.TokenOK(h)
 }
 
-func (a auth) err() error { return connect.NewError(connect.CodeUnauthenticated, errUnauthenticated) }
+func unauthenticated() error {
+	return connect.NewError(connect.CodeUnauthenticated, errUnauthenticated)
+}
 
-// WrapUnary checks the token of a unary call.
-func (a auth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+// WrapUnary checks a unary call.
+func (g guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if !a.ok(req.Header()) {
-			return nil, a.err()
+		if !g.admitted(ctx, req.Header()) {
+			return nil, unauthenticated()
 		}
 		return next(ctx, req)
 	}
 }
 
 // WrapStreamingClient is the client side: nothing to check.
-func (a auth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+func (g guard) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
-// WrapStreamingHandler checks the token of a streaming call before it runs.
-func (a auth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+// WrapStreamingHandler checks a streaming call before it runs.
+func (g guard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if !a.ok(conn.RequestHeader()) {
-			return a.err()
+		if !g.admitted(ctx, conn.RequestHeader()) {
+			return unauthenticated()
 		}
 		return next(ctx, conn)
 	}
 }
 
 // NewHandler serves node under the path it returns (mount the handler
-// there, e.g. mux.Handle(path, h)). token is the cluster token callers
-// must present; opts are added after the authentication interceptor.
+// there, e.g. mux.Handle(path, h)) to holders of the cluster token, over
+// cleartext (an insecure fleet, and tests); opts are added after the
+// authentication interceptor.
 func NewHandler(node nodeapi.Node, token string, opts ...connect.HandlerOption) (string, http.Handler, error) {
-	h, err := newHandler(node, token, opts...)
+	if err := checkToken(token); err != nil {
+		return "", nil, err
+	}
+	f, err := fleetauth.Insecure(token, nil)
 	if err != nil {
 		return "", nil, err
 	}
-	a, _ := newAuth(token)
+	return NewFleetHandler(node, f, opts...)
+}
+
+// NewFleetHandler serves node to the replicas of fleet f (mutual TLS: the
+// listener's TLS is f.ServerTLS), or to holders of its token when f is
+// insecure. Callers it does not admit get Connect's Unauthenticated, and
+// nothing of their request is decoded.
+func NewFleetHandler(node nodeapi.Node, f *fleetauth.Fleet, opts ...connect.HandlerOption) (string, http.Handler, error) {
+	h, err := newFleetHandler(node, f, opts...)
+	if err != nil {
+		return "", nil, err
+	}
 	ew := connect.NewErrorWriter()
+	replicas := fleetauth.Roles(fleetauth.RoleReplica)
 	return "/" + nodev1connect.NodeName + "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.ok(r.Header) {
+		id, ok := f.Admit(r, false, replicas)
+		if !ok {
 			if ew.IsSupported(r) {
-				_ = ew.Write(w, r, a.err())
+				_ = ew.Write(w, r, unauthenticated())
 			} else {
 				http.Error(w, errUnauthenticated.Error(), http.StatusUnauthorized)
 			}
 			return
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(fleetauth.WithIdentity(r.Context(), id)))
 	}), nil
 }
 
-// newHandler is the Connect handler with only the interceptor's check.
+// newHandler is the Connect handler of a token fleet with only the
+// interceptor's check.
 func newHandler(node nodeapi.Node, token string, opts ...connect.HandlerOption) (http.Handler, error) {
-	if node == nil {
-		return nil, errdefs.Invalidf("node protocol: no node to serve")
+	if err := checkToken(token); err != nil {
+		return nil, err
 	}
-	a, err := newAuth(token)
+	f, err := fleetauth.Insecure(token, nil)
 	if err != nil {
 		return nil, err
 	}
+	return newFleetHandler(node, f, opts...)
+}
+
+// newFleetHandler is the Connect handler with only the interceptor's
+// check.
+func newFleetHandler(node nodeapi.Node, f *fleetauth.Fleet, opts ...connect.HandlerOption) (http.Handler, error) {
+	if node == nil {
+		return nil, errdefs.Invalidf("node protocol: no node to serve")
+	}
 	all := append([]connect.HandlerOption{
-		connect.WithInterceptors(a, serverTiming{}),
+		connect.WithInterceptors(guard{f}, serverTiming{}),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		// Small messages on a private network: compressing costs more
 		// than it saves. Big lists still get gzip when asked for.

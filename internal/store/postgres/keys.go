@@ -130,3 +130,18 @@ func (s *DB) APIKeysVersion(ctx context.Context) (int64, error) {
 	}
 	return v, nil
 }
+
+// BindNodeKey implements store.Store: one statement (the first insert
+// wins; a conflict leaves the row as it was).
+func (s *DB) BindNodeKey(ctx context.Context, nodeID, keyID string) error {
+	var have string
+	err := s.pool.QueryRow(ctx, `INSERT INTO node_keys(node_id, key_id, bound_at) VALUES ($1, $2, now())
+		ON CONFLICT (node_id) DO UPDATE SET node_id = node_keys.node_id RETURNING key_id`, nodeID, keyID).Scan(&have)
+	if err != nil {
+		return fmt.Errorf("node %s key: %w", nodeID, err)
+	}
+	if have != keyID {
+		return errdefs.Conflictf("node %s is enrolled with another key", nodeID)
+	}
+	return nil
+}

@@ -130,6 +130,13 @@ var migrations = []string{
 		version BIGINT NOT NULL
 	);
 	INSERT INTO api_key_version(id, version) VALUES (1, 1);`,
+	// 6: the public key each node ID's fleet certificate is issued for
+	// (the first enrollment of an ID binds it).
+	`CREATE TABLE node_keys (
+		node_id TEXT PRIMARY KEY,
+		key_id TEXT NOT NULL,
+		bound_at TIMESTAMPTZ NOT NULL
+	);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

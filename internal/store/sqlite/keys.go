@@ -132,3 +132,26 @@ func (s *DB) APIKeysVersion(ctx context.Context) (int64, error) {
 	}
 	return v, nil
 }
+
+// BindNodeKey implements store.Store.
+func (s *DB) BindNodeKey(ctx context.Context, nodeID, keyID string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var have string
+	err = tx.QueryRowContext(ctx, `SELECT key_id FROM node_keys WHERE node_id = ?`, nodeID).Scan(&have)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if _, err := tx.ExecContext(ctx, `INSERT INTO node_keys(node_id, key_id, bound_at) VALUES (?, ?, ?)`, nodeID, keyID, time.Now().UnixMilli()); err != nil {
+			return fmt.Errorf("node %s key: %w", nodeID, err)
+		}
+		return tx.Commit()
+	case err != nil:
+		return fmt.Errorf("node %s key: %w", nodeID, err)
+	case have != keyID:
+		return errdefs.Conflictf("node %s is enrolled with another key", nodeID)
+	}
+	return nil
+}

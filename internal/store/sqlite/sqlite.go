@@ -128,6 +128,13 @@ var migrations = []string{
 		version INTEGER NOT NULL
 	);
 	INSERT INTO api_key_version(id, version) VALUES (1, 1);`,
+	// 6: the public key each node ID's fleet certificate is issued for
+	// (the first enrollment of an ID binds it).
+	`CREATE TABLE node_keys (
+		node_id TEXT PRIMARY KEY,
+		key_id TEXT NOT NULL,
+		bound_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with

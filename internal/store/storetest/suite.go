@@ -40,6 +40,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, open(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, open(t)) })
 	t.Run("TwoHandles/APIKeyChangesAreSeen", func(t *testing.T) { testKeysTwoHandles(t, two) })
+	t.Run("TwoHandles/NodeKeyFirstBindingWins", func(t *testing.T) { testNodeKeys(t, two) })
 
 	t.Run("VersionAndCompareAndSwap", func(t *testing.T) { testCAS(t, open(t)) })
 	t.Run("DeleteIfVersion", func(t *testing.T) { testDeleteIf(t, open(t)) })
@@ -547,5 +548,46 @@ func testKeysTwoHandles(t *testing.T, two func(*testing.T) (store.Store, store.S
 	}
 	if k, err := b.APIKeyByHash(ctx, "h3"); err != nil || !k.Revoked() {
 		t.Fatalf("the other handle reads %+v %v", k, err)
+	}
+}
+
+// testNodeKeys: the first key bound to a node ID stays; the same key is
+// fine again; another is a conflict; concurrent bindings of one ID on two
+// handles leave exactly one winner.
+func testNodeKeys(t *testing.T, two func(*testing.T) (store.Store, store.Store)) {
+	ctx := context.Background()
+	a, b := two(t)
+	if err := a.BindNodeKey(ctx, "n1", "key-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BindNodeKey(ctx, "n1", "key-a"); err != nil {
+		t.Fatalf("the same key again: %v", err)
+	}
+	if err := b.BindNodeKey(ctx, "n1", "key-b"); !errdefs.IsConflict(err) {
+		t.Fatalf("another key: %v, want a conflict", err)
+	}
+	if err := a.BindNodeKey(ctx, "n1", "key-a"); err != nil {
+		t.Fatalf("the first key after a refused other: %v", err)
+	}
+	for round := range 10 {
+		id := fmt.Sprintf("race%d", round)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, h := range []store.Store{a, b} {
+			wg.Go(func() { errs[i] = h.BindNodeKey(ctx, id, fmt.Sprintf("key-%d", i)) })
+		}
+		wg.Wait()
+		ok := 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case !errdefs.IsConflict(err):
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("round %d: %d bindings won: %v", round, ok, errs)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-{{/* Environment both workloads share: the ConfigMap, S3 credentials, extra values. */}}
+{{/* Environment both workloads share: S3 credentials. */}}
 {{- define "spore.sharedEnv" -}}
 {{- if include "spore.s3Credentials" . }}
 - name: AWS_ACCESS_KEY_ID
@@ -14,25 +14,47 @@
 {{- end }}
 {{- end -}}
 
-{{/* The secrets a pod reads as files under /etc/spore: the cluster token, and for the API its key. */}}
+{{/*
+The files a pod reads under /etc/spore, each projected from one Secret key. API pods: the API key,
+the secrets key, the fleet CA certificate and key, the join token. Node pods: the CA certificate and
+the join token, from Secrets holding nothing else of the API's (see spore.secretName). With
+fleet.insecure: the cluster token instead of the fleet files. Modes: 0440, group-readable for the API
+pods' fsGroup; the CA key 0400 (with an fsGroup the kubelet still adds group read to every file of
+the volume). Include with (list $ "api") or (list $ "node").
+*/}}
 {{- define "spore.secretsVolume" -}}
 {{- $ := index . 0 -}}
+{{- $role := index . 1 -}}
 - name: secrets
   projected:
     defaultMode: 0440
     sources:
-      - secret:
-          name: {{ include "spore.tokenSecretName" $ }}
-          items:
-            - key: {{ include "spore.tokenSecretKey" $ }}
-              path: token
-      {{- if eq (index . 1) "api" }}
-      - secret:
-          name: {{ include "spore.apiKeySecretName" $ }}
-          items:
-            - key: {{ include "spore.apiKeySecretKey" $ }}
-              path: api-key
+      {{- if $.Values.fleet.insecure }}
+      {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.tokenSecretName" (list $ $role)) (include "spore.tokenSecretKey" $)) "token") | nindent 6 }}
+      {{- else }}
+      {{- include "spore.secretFile" (list (include "spore.caCertSource" (list $ $role)) "ca.crt") | nindent 6 }}
+      {{- if eq $role "api" }}
+      {{- include "spore.secretFile" (list (include "spore.caKeySource" $) "ca.key" "0400") | nindent 6 }}
       {{- end }}
+      {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.joinSecretName" (list $ $role)) (include "spore.joinSecretKey" $)) "join-token") | nindent 6 }}
+      {{- end }}
+      {{- if eq $role "api" }}
+      {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.apiKeySecretName" $) (include "spore.apiKeySecretKey" $)) "api-key") | nindent 6 }}
+      {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.secretsKeySecretName" $) (include "spore.secretsKeySecretKey" $)) "secrets-key") | nindent 6 }}
+      {{- end }}
+{{- end -}}
+
+{{/* One projected file: (list "secret/key" "path" ["mode"]). */}}
+{{- define "spore.secretFile" -}}
+{{- $src := splitn "/" 2 (index . 0) -}}
+- secret:
+    name: {{ $src._0 }}
+    items:
+      - key: {{ $src._1 }}
+        path: {{ index . 1 }}
+        {{- if gt (len .) 2 }}
+        mode: {{ index . 2 }}
+        {{- end }}
 {{- end -}}
 
 {{/* Pod annotations that roll the pods when their configuration changes. */}}

@@ -1,0 +1,7 @@
+package proxy
+
+import "time"
+
+// SetReplayFor changes how long p sends a request again to a sandbox in
+// transition on its node.
+func SetReplayFor(p *Proxy, d time.Duration) { p.replayFor = d }

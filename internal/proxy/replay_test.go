@@ -1,0 +1,203 @@
+package proxy_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/proxy"
+)
+
+const movingID = "imoving0000000000001"
+
+// moving is a replica's view of one sandbox (a Hopper and Waker): running
+// behind the node proxy at via until hibernated; a wake (autoResume)
+// resumes it behind next. Like control's LookupVia, a hibernated or
+// killed sandbox is not found.
+type moving struct {
+	mu               sync.Mutex
+	via, next        string
+	hibernated, dead bool
+	autoResume       bool
+	wakes            int
+}
+
+func (m *moving) LookupVia(string) (string, netip.Addr, bool, bool, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hibernated || m.dead {
+		return "", netip.Addr{}, false, false, nil
+	}
+	return m.via, netip.MustParseAddr("127.0.0.1"), true, true, make(chan struct{})
+}
+
+func (m *moving) Lookup(id string) (netip.Addr, bool, bool, <-chan struct{}) {
+	_, a, r, f, g := m.LookupVia(id)
+	return a, r, f, g
+}
+
+func (m *moving) Wake(context.Context, string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.hibernated || !m.autoResume {
+		return false, nil
+	}
+	m.hibernated, m.via = false, m.next
+	m.wakes++
+	return true, nil
+}
+
+func (*moving) SignedBy(context.Context, url.Values, string) (string, error) {
+	return "", errdefs.ErrNotFound
+}
+func (*moving) TrafficAllowed(context.Context, string, string) (string, bool) { return "", false }
+
+func (m *moving) set(f func(m *moving)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(m)
+}
+
+// pausedHere is a node's resolver for a sandbox it holds paused: its
+// proxy answers that the sandbox is in transition. Each lookup calls
+// onLookup with how many there were.
+type pausedHere struct {
+	loopback
+	n        atomic.Int32
+	onLookup func(n int)
+}
+
+func (p *pausedHere) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
+	if n := int(p.n.Add(1)); p.onLookup != nil {
+		p.onLookup(n)
+	}
+	return netip.MustParseAddr("127.0.0.1"), false, true, nil
+}
+
+// replayRig is a replica's proxy in front of two nodes' proxies: on node
+// A the sandbox is being hibernated (paused there), on node B it runs
+// (the sandbox is a local server that echoes the body, counting requests).
+type replayRig struct {
+	sb       *moving
+	nodeA    *pausedHere
+	replica  *httptest.Server
+	port     string // the sandbox's
+	requests atomic.Int32
+	answer   func(w http.ResponseWriter) // the sandbox's own answer, when set
+}
+
+func newReplayRig(t *testing.T, answer func(w http.ResponseWriter)) *replayRig {
+	rig := &replayRig{nodeA: &pausedHere{}, answer: answer}
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rig.requests.Add(1)
+		if rig.answer != nil {
+			rig.answer(w)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		w.Write(append([]byte("got "), b...))
+	}))
+	t.Cleanup(app.Close)
+	_, rig.port, _ = net.SplitHostPort(app.Listener.Addr().String())
+	a := httptest.NewServer(proxy.New(rig.nodeA, isKey, nil).AsNodeSide())
+	t.Cleanup(a.Close)
+	b := httptest.NewServer(proxy.New(loopback{}, isKey, nil).AsNodeSide())
+	t.Cleanup(b.Close)
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	rig.sb = &moving{via: host(a), next: host(b), autoResume: true}
+	hop := func(string) http.RoundTripper { return http.DefaultTransport }
+	rig.replica = httptest.NewServer(proxy.New(rig.sb, isKey, nil).WithHop(hop, "http"))
+	t.Cleanup(rig.replica.Close)
+	return rig
+}
+
+func (rig *replayRig) post(t *testing.T, body string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, rig.replica.URL+"/process.Process/Start", strings.NewReader(body))
+	req.Header.Set("E2b-Sandbox-Id", movingID)
+	req.Header.Set("E2b-Sandbox-Port", rig.port)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// A request a replica forwards to a sandbox that its node is hibernating
+// (a drain: the node's proxy answers 503, in transition) is sent again
+// once the hibernation is recorded, to the node the sandbox (autoResume)
+// wakes on: the client gets the sandbox's answer, and the sandbox got the
+// request once, body and all. Before, the client got the 503, which the
+// stock SDK reports on a command's start as "Sandbox is probably not
+// running anymore" (TestRollingUpgrade).
+func TestReplicaSendsAgainOnceTheSandboxMoved(t *testing.T) {
+	rig := newReplayRig(t, nil)
+	rig.nodeA.onLookup = func(n int) {
+		if n == 2 { // the hibernation is recorded after two tries reached node A
+			rig.sb.set(func(m *moving) { m.hibernated = true })
+		}
+	}
+	code, _, body := rig.post(t, "echo op-1 >> /home/user/ops")
+	if code != http.StatusOK || body != "got echo op-1 >> /home/user/ops" {
+		t.Fatalf("through a hibernation: %d %q, want 200 and the sandbox's answer", code, body)
+	}
+	var wakes int
+	rig.sb.set(func(m *moving) { wakes = m.wakes })
+	if n, got := rig.nodeA.n.Load(), rig.requests.Load(); n != 2 || got != 1 || wakes != 1 {
+		t.Fatalf("node A looked up %d times (want 2), the sandbox got %d requests (want 1), %d wakes (want 1)", n, got, wakes)
+	}
+}
+
+// What a replica does not send again: a sandbox's own 503, even one that
+// names a transition (its node's proxy removes that header: only the
+// node's proxy says so); a body over the bound; a sandbox still in
+// transition when the bound passes (the client gets the 503 with
+// Retry-After); a sandbox killed meanwhile (502).
+func TestReplicaSendsAgainOnlyWhatNeverReachedTheSandbox(t *testing.T) {
+	t.Run("sandbox's own 503", func(t *testing.T) {
+		rig := newReplayRig(t, func(w http.ResponseWriter) {
+			w.Header().Set(proxy.TransitionHeader, "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		rig.sb.set(func(m *moving) { m.via = m.next })
+		code, h, _ := rig.post(t, "x")
+		if code != http.StatusServiceUnavailable || h.Get(proxy.TransitionHeader) != "" || rig.requests.Load() != 1 {
+			t.Fatalf("%d, header %q, %d requests: want the sandbox's 503 once, the header removed", code, h.Get(proxy.TransitionHeader), rig.requests.Load())
+		}
+	})
+	t.Run("body over the bound", func(t *testing.T) {
+		rig := newReplayRig(t, nil)
+		rig.nodeA.onLookup = func(int) { rig.sb.set(func(m *moving) { m.hibernated = true }) }
+		code, h, _ := rig.post(t, strings.Repeat("x", 64<<10+1))
+		if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || rig.nodeA.n.Load() != 1 || rig.requests.Load() != 0 {
+			t.Fatalf("%d (Retry-After %q), node A %d, sandbox %d: want node A's 503 at once", code, h.Get("Retry-After"), rig.nodeA.n.Load(), rig.requests.Load())
+		}
+	})
+	t.Run("still in transition", func(t *testing.T) {
+		rig := newReplayRig(t, nil)
+		proxy.SetReplayFor(rig.replica.Config.Handler.(*proxy.Proxy), 300*time.Millisecond)
+		code, h, _ := rig.post(t, "x")
+		if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || rig.nodeA.n.Load() < 2 || rig.requests.Load() != 0 {
+			t.Fatalf("%d (Retry-After %q), node A %d: want 503 after trying again", code, h.Get("Retry-After"), rig.nodeA.n.Load())
+		}
+	})
+	t.Run("killed meanwhile", func(t *testing.T) {
+		rig := newReplayRig(t, nil)
+		rig.nodeA.onLookup = func(int) { rig.sb.set(func(m *moving) { m.dead = true }) }
+		if code, _, body := rig.post(t, "x"); code != http.StatusBadGateway || !strings.Contains(body, "not found") || rig.requests.Load() != 0 {
+			t.Fatalf("%d %s: want 502 not found", code, body)
+		}
+	})
+}
