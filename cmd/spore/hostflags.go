@@ -32,7 +32,9 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.StringVar(&cfg.EnvdBinary, "envd", "", "spore-envd binary (default: beside this binary)")
 	f.StringVar(&cfg.NetPrefix, "net-prefix", "sp", "prefix of this server's network namespaces and interfaces")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/spore", "cgroup under which sandboxes run")
-	f.Int64Var(&reserveMiB, "memory-reserve", 0, "MiB of host memory kept free: creates that would eat into it are refused with 429 (0: 1024, -1: no limit)")
+	f.Int64Var(&reserveMiB, "memory-floor", 0, "MiB of the host's MemAvailable kept for the host: a create, fork child, rollback or resume whose image's memory does not fit above it is refused with 429, and under it the node hibernates its least recently active sandboxes (0: 1024, -1: neither)")
+	f.Int64Var(&reserveMiB, "memory-reserve", 0, "the former name of --memory-floor")
+	_ = f.MarkHidden("memory-reserve")
 	f.Float64Var(&cfg.Overcommit.Memory, "memory-overcommit", local.DefaultMemoryOvercommit, "placement may promise sandboxes' memory limits up to this many times the host's memory (less the reserve): limits are caps, an idle sandbox holds ~2 % of its limit")
 	f.Float64Var(&cfg.Overcommit.VCPUs, "cpu-overcommit", local.DefaultCPUOvercommit, "placement may promise sandboxes' vCPU limits up to this many times the host's CPUs (a vCPU limit is a CPU quota: overcommit shares cores)")
 	f.StringVar(&cfg.Cgroups, "cgroups", "runsc", "who manages sandboxes' cgroups: runsc, or driver (cgroup v1: ~15 ms faster starts and restores, but sandboxes see the host's memory and CPU count)")
@@ -48,13 +50,15 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	var cacheMiB int64
 	f.StringVar(&cfg.BlobStore, "blob-store", os.Getenv("SPORE_BLOB_STORE"), "where snapshots are made durable and shared between nodes: none, /abs/dir (file:///abs/dir), or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true] with credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (default: $SPORE_BLOB_STORE, else <data-dir>/blobs for spore up and none for spore node)")
 	f.Int64Var(&cacheMiB, "chunk-cache-size", 0, "MiB of snapshot chunks the node keeps in <data-dir>/chunk-cache for restores and peers (0: 10240)")
-	f.StringArrayVar(&cfg.InsecureRegistries, "insecure-registry", nil, "registry (host or host:port) this node pulls images from over plain HTTP, repeatable; every other registry only over HTTPS")
+	f.StringArrayVar(&cfg.InsecureRegistries, "insecure-registry", nil, "registry (host or host:port) this node pulls images from over plain HTTP, repeatable; every other registry only over HTTPS. Implies --allow-private-registry")
+	f.StringArrayVar(&cfg.PrivateRegistries, "allow-private-registry", nil, "registry, or storage host a registry redirects to (host or host:port), that image pulls and pushes may reach at an address in the egress floor (private, loopback, link-local, this host's), repeatable; every other such address is refused")
+	f.StringVar(&cfg.RegistryAuthFile, "registry-auth-file", "", "registry credentials for image pulls that bring none: Docker's config.json form ({\"auths\": {\"HOST\": {\"auth\": base64(user:password)}}}), mode 0600, read at every pull; the host's own Docker credentials are never used")
 	f.DurationVar(&cfg.EgressRetention, "egress-retention", netaudit.DefaultRetention, "how long a sandbox's egress audit (every outbound connection attempt; `spore logs --egress`) is kept on its node after its last entry")
 	f.StringArrayVar(&cfg.EgressCAFiles, "egress-upstream-ca", nil, "PEM file of certificates the egress proxy trusts, beside the host's roots, for the upstreams of the HTTPS requests it injects credentials into (network rules), repeatable")
 	f.IntVar(&dnsPort, "dns-port", 0, "port of the sandboxes' DNS forwarder on the host side of their links (0: the one used last, else a free one)")
 	return func() error {
 		if reserveMiB < -1 {
-			return fmt.Errorf("--memory-reserve must be -1 (no limit) or a size in MiB, got %d", reserveMiB)
+			return fmt.Errorf("--memory-floor must be -1 (none) or a size in MiB, got %d", reserveMiB)
 		}
 		cfg.MemoryReserve = reserveMiB << 20
 		if cfg.RestoreTargets < 0 {
@@ -102,6 +106,14 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 		cfg.DNSPort = uint16(dnsPort)
 		if _, err := node.ParseInsecureRegistries(cfg.InsecureRegistries); err != nil {
 			return fmt.Errorf("--insecure-registry: %w", err)
+		}
+		if _, err := node.ParsePrivateRegistries(cfg.PrivateRegistries); err != nil {
+			return fmt.Errorf("--allow-private-registry: %w", err)
+		}
+		if cfg.RegistryAuthFile != "" {
+			if _, err := node.LoadRegistryAuth(cfg.RegistryAuthFile); err != nil {
+				return fmt.Errorf("--registry-auth-file: %w", err)
+			}
 		}
 		if cfg.EgressRetention < time.Minute {
 			return fmt.Errorf("--egress-retention must be at least 1m, got %v", cfg.EgressRetention)

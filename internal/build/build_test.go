@@ -457,6 +457,10 @@ func TestValidateRefusesBadSpecs(t *testing.T) {
 		"bad user":       {FromTemplate: "base", Steps: []Step{{Type: StepUser, Args: []string{"a b"}}}},
 		"empty run":      {FromTemplate: "base", Steps: []Step{{Type: StepRun, Args: []string{" "}}}},
 		"aws registry":   {FromImage: "x", FromImageRegistry: &Registry{Type: "aws"}},
+		"gcp, no key":    {FromImage: "x", FromImageRegistry: &Registry{Type: "gcp"}},
+		"gcp, not JSON":  {FromImage: "x", FromImageRegistry: &Registry{Type: "gcp", ServiceAccountJSON: "key.json"}},
+		"gcp, no email":  {FromImage: "x", FromImageRegistry: &Registry{Type: "gcp", ServiceAccountJSON: `{"private_key":"k"}`}},
+		"gcp, no image":  {FromTemplate: "base", FromImageRegistry: &Registry{Type: "gcp", ServiceAccountJSON: gcpKey("a@p.iam")}},
 		"half creds":     {FromImage: "x", FromImageRegistry: &Registry{Type: "registry", Username: "u"}},
 		"too many steps": {FromTemplate: "base", Steps: make([]Step, MaxSteps+1)},
 	} {
@@ -467,5 +471,48 @@ func TestValidateRefusesBadSpecs(t *testing.T) {
 	b, p := newBuilder()
 	if _, _, err := run(t, b, "x", Spec{}); !errdefs.IsInvalidArgument(err) || len(p.started) != 0 {
 		t.Fatalf("a bad spec: err = %v, %d sandboxes started", err, len(p.started))
+	}
+}
+
+func gcpKey(email string) string {
+	return `{"type":"service_account","client_email":"` + email + `","private_key":"-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n"}`
+}
+
+// TestRegistryCredentials: the credentials a build's fromImageRegistry
+// gives the node are those the stock SDK sent and nothing else: fromImage's
+// username and password as they are, fromGCPRegistry's service account
+// key as Google's "_json_key" basic credentials, none without a registry.
+// The image base is kept per reference and identity: one per user name or
+// service account, the same without credentials as before.
+func TestRegistryCredentials(t *testing.T) {
+	basic := &Registry{Type: "registry", Username: "u", Password: "p"}
+	gcpA := &Registry{Type: "gcp", ServiceAccountJSON: gcpKey("a@p.iam.gserviceaccount.com")}
+	gcpB := &Registry{Type: "gcp", ServiceAccountJSON: gcpKey("b@p.iam.gserviceaccount.com")}
+	for _, r := range []*Registry{basic, gcpA} {
+		if err := (Spec{FromImage: "europe-docker.pkg.dev/p/r/app:1", FromImageRegistry: r}).Validate(); err != nil {
+			t.Fatalf("%+v: %v", r, err)
+		}
+	}
+	for _, c := range []struct {
+		reg        *Registry
+		user, pass string
+	}{{nil, "", ""}, {basic, "u", "p"}, {gcpA, "_json_key", gcpA.ServiceAccountJSON}} {
+		if u, p := c.reg.Credentials(); u != c.user || p != c.pass {
+			t.Errorf("%+v: credentials %q %q, want %q %q", c.reg, u, p, c.user, c.pass)
+		}
+	}
+	ref := "europe-docker.pkg.dev/p/r/app:1"
+	names := map[string]bool{}
+	for _, r := range []*Registry{nil, basic, gcpA, gcpB} {
+		names[ImageName(ref, r)] = true
+	}
+	if len(names) != 4 {
+		t.Fatalf("image bases %v: want one per identity", names)
+	}
+	if ImageName(ref, gcpA) != ImageName(ref, &Registry{Type: "gcp", ServiceAccountJSON: gcpKey("a@p.iam.gserviceaccount.com")}) {
+		t.Fatal("one service account, two image bases")
+	}
+	if ImageName(ref, nil) != "image-"+key(ref, "")[:16] || ImageName(ref, basic) != "image-"+key(ref, "u")[:16] {
+		t.Fatal("the image bases of builds without credentials or with a user name moved: their cache is lost")
 	}
 }

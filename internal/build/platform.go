@@ -30,13 +30,9 @@ type Control struct {
 func FilesKey(hash string) string { return "template-files/" + hash }
 
 // ImageName is the template an image base is kept as: one per reference
-// and registry user.
+// and registry identity (user name, or GCP service account).
 func ImageName(ref string, reg *Registry) string {
-	user := ""
-	if reg != nil {
-		user = reg.Username
-	}
-	return "image-" + key(ref, user)[:16]
+	return "image-" + key(ref, reg.identity())[:16]
 }
 
 func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error) {
@@ -49,9 +45,7 @@ func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, forc
 		}
 	}
 	req := nodeapi.ImageBuildRequest{Name: name, Ref: ref}
-	if reg != nil {
-		req.Username, req.Password = reg.Username, reg.Password
-	}
+	req.Username, req.Password = reg.Credentials()
 	if _, err := p.C.BuildImage(ctx, req); err != nil {
 		return "", err
 	}

@@ -10,6 +10,8 @@
 // produce it.
 package build
 
+import "encoding/json"
+
 // Spec is what to build. Exactly one of FromImage and FromTemplate is set.
 type Spec struct {
 	FromImage         string    `json:"fromImage,omitempty"`
@@ -28,17 +30,57 @@ type Spec struct {
 	Force bool `json:"force,omitempty"`
 }
 
-// Registry is how to reach FromImage's registry. Spore supports
-// Type "registry" (basic credentials); "aws" and "gcp" are refused.
+// Registry is how to reach FromImage's registry, as the stock SDK sends
+// it: Type "registry" (fromImage's username and password) or "gcp"
+// (fromGCPRegistry's service account key, sent to the registry as
+// Google's "_json_key" basic credentials); "aws" (fromAWSRegistry) is
+// refused: its keys would have to be exchanged with AWS for a registry
+// token, which Spore does not do. These are the only credentials a pull
+// uses, beside those of the node's operator (see node.BuildImage).
 type Registry struct {
 	Type     string `json:"type"`
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
-	// AWS and GCP fields, read only to refuse them clearly.
+	// ServiceAccountJSON: Type "gcp", a service account's JSON key.
+	ServiceAccountJSON string `json:"serviceAccountJson,omitempty"`
+	// AWS fields, read only to refuse them clearly.
 	AWSAccessKeyID     string `json:"awsAccessKeyId,omitempty"`
 	AWSSecretAccessKey string `json:"awsSecretAccessKey,omitempty"`
 	AWSRegion          string `json:"awsRegion,omitempty"`
-	ServiceAccountJSON string `json:"serviceAccountJson,omitempty"`
+}
+
+// gcpUser is the user name Google's registries (Artifact Registry,
+// Container Registry) take with a service account's JSON key as the
+// password.
+const gcpUser = "_json_key"
+
+// Credentials returns the basic credentials the registry is given
+// ("", "" for none). The spec must be valid.
+func (r *Registry) Credentials() (user, password string) {
+	switch {
+	case r == nil:
+		return "", ""
+	case r.Type == "gcp":
+		return gcpUser, r.ServiceAccountJSON
+	}
+	return r.Username, r.Password
+}
+
+// identity names whose credentials these are, for the image base's cache
+// name: the user name, or the service account's e-mail address (every
+// service account has the same user name).
+func (r *Registry) identity() string {
+	if r == nil {
+		return ""
+	}
+	if r.Type == "gcp" {
+		var key struct {
+			ClientEmail string `json:"client_email"`
+		}
+		_ = json.Unmarshal([]byte(r.ServiceAccountJSON), &key) // checked by Validate
+		return "gcp:" + key.ClientEmail
+	}
+	return r.Username
 }
 
 // Step kinds and their Args, as E2B sends them.

@@ -1,6 +1,7 @@
 package build
 
 import (
+	"encoding/json"
 	"fmt"
 	"path"
 	"regexp"
@@ -52,8 +53,12 @@ func (s Spec) Validate() error {
 			if (r.Username == "") != (r.Password == "") {
 				return errdefs.Invalidf("fromImageRegistry: give both username and password, or neither")
 			}
-		case "aws", "gcp":
-			return errdefs.Invalidf("fromImageRegistry type %q is not supported by Spore: use type \"registry\" with a username and password (for ECR, the output of `aws ecr get-login-password`)", r.Type)
+		case "gcp":
+			if err := validServiceAccount(r.ServiceAccountJSON); err != nil {
+				return err
+			}
+		case "aws":
+			return errdefs.Invalidf("fromImageRegistry type \"aws\" is not supported by Spore: use type \"registry\" (fromImage with credentials) with user name AWS and the output of `aws ecr get-login-password` as the password")
 		default:
 			return errdefs.Invalidf("fromImageRegistry type %q is unknown", r.Type)
 		}
@@ -65,6 +70,22 @@ func (s Spec) Validate() error {
 		if err := st.validate(); err != nil {
 			return fmt.Errorf("step %d (%s): %w", i+1, st.Type, err)
 		}
+	}
+	return nil
+}
+
+// validServiceAccount checks a GCP service account key: a JSON object
+// naming its account (client_email) and holding a private key.
+func validServiceAccount(s string) error {
+	var key struct {
+		ClientEmail string `json:"client_email"`
+		PrivateKey  string `json:"private_key"`
+	}
+	if err := json.Unmarshal([]byte(s), &key); err != nil {
+		return errdefs.Invalidf("fromImageRegistry type \"gcp\": serviceAccountJson is not a JSON service account key: %v", err)
+	}
+	if key.ClientEmail == "" || key.PrivateKey == "" {
+		return errdefs.Invalidf("fromImageRegistry type \"gcp\": serviceAccountJson has no client_email or private_key: want a service account's JSON key")
 	}
 	return nil
 }

@@ -5,6 +5,15 @@
 // trees content-addressed so every template made from the same layers
 // shares one tree.
 //
+// # Registries
+//
+// Credentials are those of Options alone: given ones, or a Keychain the
+// caller supplies; never the host's Docker configuration. A Floor's
+// Transport keeps every connection (the registry's and each redirect's)
+// off the addresses it lists, checked on the address dialled, so a
+// reference cannot make the caller fetch from its LAN or a cloud
+// metadata address.
+//
 // # Unpacking
 //
 // Layers are applied in order. Whiteouts (.wh.<name>) delete <name> from

@@ -172,8 +172,9 @@ func NewImage(layers []v1.Layer, cfg ImageConfig) (v1.Image, error) {
 // Push writes img to the registry as ref ("registry/repo:tag") and returns
 // the manifest digest. Errors are classified as Pull's: a malformed
 // reference or a plain-HTTP registry without o.Insecure is
-// ErrInvalidArgument, refused credentials ErrUnauthorized, an unreachable
-// registry ErrUnavailable.
+// ErrInvalidArgument, refused credentials ErrUnauthorized, a connection
+// the transport's Floor refused ErrFloor (and ErrInvalidArgument), an
+// unreachable registry ErrUnavailable.
 func Push(ctx context.Context, ref string, img v1.Image, o Options) (v1.Hash, error) {
 	var nopts []name.Option
 	if o.Insecure {

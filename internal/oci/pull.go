@@ -27,21 +27,27 @@ const DefaultPlatform = "linux/amd64"
 var ErrUnauthorized = errors.New("registry refused the credentials")
 
 // Options say how to reach the registry. The zero value pulls anonymously
-// (or with the credentials of the Docker config, authn.DefaultKeychain) over
-// HTTPS, for linux/amd64.
+// over HTTPS, for linux/amd64. The host's Docker configuration
+// (~/.docker/config.json, credential helpers: authn.DefaultKeychain) is
+// never read: a node must not lend its own credentials to whoever names
+// an image.
 type Options struct {
 	// Username and Password: basic credentials (also used to obtain a
 	// token when the registry asks for bearer auth).
 	Username, Password string
 	// Token: a bearer token sent as is. Exclusive with Username/Password.
 	Token string
+	// Keychain gives credentials for the registry when none of the above
+	// are set (a node's operator-configured ones); nil: anonymous.
+	Keychain authn.Keychain
 	// Platform: "os/arch[/variant]" selected from a multi-platform index.
 	Platform string
 	// Insecure allows plain-HTTP registries (tests, a registry on the
 	// host). Without it a registry that answers only over HTTP is refused,
 	// even on localhost.
 	Insecure bool
-	// Transport is the base HTTP transport (nil: http.DefaultTransport).
+	// Transport is the base HTTP transport (nil: http.DefaultTransport,
+	// which connects anywhere; a node passes a Floor's Transport).
 	Transport http.RoundTripper
 }
 
@@ -65,8 +71,9 @@ type Image struct {
 //
 // Errors: a malformed reference is errdefs.ErrInvalidArgument; an unknown
 // repository, tag, digest or platform is errdefs.ErrNotFound; refused
-// credentials are ErrUnauthorized (and ErrInvalidArgument); an unreachable
-// or failing registry is errdefs.ErrUnavailable.
+// credentials are ErrUnauthorized (and ErrInvalidArgument); a connection
+// the transport's Floor refused is ErrFloor (and ErrInvalidArgument); an
+// unreachable or failing registry is errdefs.ErrUnavailable.
 func Pull(ctx context.Context, ref string, o Options) (*Image, error) {
 	want, err := parsePlatform(o.Platform)
 	if err != nil {
@@ -161,8 +168,10 @@ func remoteOptions(ctx context.Context, o Options, want v1.Platform) ([]remote.O
 		opts = append(opts, remote.WithAuth(&authn.Bearer{Token: o.Token}))
 	case o.Username != "" || o.Password != "":
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: o.Username, Password: o.Password}))
+	case o.Keychain != nil:
+		opts = append(opts, remote.WithAuthFromKeychain(o.Keychain))
 	default:
-		opts = append(opts, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+		opts = append(opts, remote.WithAuth(authn.Anonymous))
 	}
 	return opts, nil
 }
@@ -235,7 +244,7 @@ func classify(ctx context.Context, ref string, err error) error {
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return err
 	}
-	if errors.Is(err, ErrPlainHTTP) {
+	if errors.Is(err, ErrPlainHTTP) || errors.Is(err, ErrFloor) {
 		return fmt.Errorf("%w: %s: %w", errdefs.ErrInvalidArgument, ref, err)
 	}
 	var terr *transport.Error
