@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -323,7 +324,10 @@ func newToken() string {
 // (see retryNodeCall); a create that still fails, or whose answer is
 // lost, is undone by killing that ID on the node (the node's create is
 // idempotent by ID, its kill of an unknown ID a no-op), here or by the
-// reaper once CreateGrace has passed.
+// reaper once CreateGrace has passed. The chosen node's row is read
+// after the row is written: a node that takes no new work now (drained
+// through another replica since this one's placement view was read) gets
+// nothing, and the create is placed again (drain.go).
 func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
 	if r.TemplateID == "" {
 		r.TemplateID = "base"
@@ -367,6 +371,12 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if err != nil {
 		return Sandbox{}, err
 	}
+	return placing(s, func() (Sandbox, error) { return s.createPlaced(ctx, r, rec, src, env, policy) })
+}
+
+// createPlaced is one try of Create from the placement on: errNodeClosed
+// when the node placed on takes no new work now (nothing was made).
+func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.Sandbox, src *sourceInfo, env []string, policy nodeapi.Policy) (Sandbox, error) {
 	source := src.sourceID(r.TemplateID)
 	nodeID, n, err := s.place(ctx, r, src)
 	if err != nil {
@@ -379,12 +389,18 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	// Placement decides the node (pooled sandboxes count in its use, so
 	// the pool does not skew the spread); a pooled sandbox there saves
 	// the restore.
-	if sb, err := s.fromPool(ctx, r, rec, nodeID, env, policy); err == nil {
-		return sb, nil
+	if sb, err := s.fromPool(ctx, r, rec, nodeID, env, policy); err == nil || errors.Is(err, errNodeClosed) {
+		return sb, err
 	}
 	rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ids.New('i'), nodeID, store.StateCreating, newToken()
 	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB
 	if err := s.st.CreateSandbox(ctx, rec); err != nil {
+		return Sandbox{}, err
+	}
+	// The node's row, read after this row is written: a drain committed
+	// through any replica is obeyed here, or finds this row (drain.go).
+	if err := s.admitted(ctx, nodeID); err != nil {
+		s.dropRow(ctx, rec)
 		return Sandbox{}, err
 	}
 	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: source,

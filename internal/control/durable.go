@@ -335,13 +335,22 @@ func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
 
 // resumeElsewhere moves a hibernated sandbox to another node when its
 // own cannot take it back (lost, left, draining, or full: originFull,
-// its resume refused for lack of room) and its hibernation is durable: the target node adopts it (fetching the image from its peers
-// or the store) and the row names the target; the caller then resumes
-// it there. ok false: it stays where it is (its node is fine, or the
-// image is only on that node's disk).
+// its resume refused for lack of room) and its image can leave it: the
+// target node adopts it (fetching the image from its peers or the store)
+// and the row names the target; the caller then resumes it there. The
+// image leaves when it is durable, or, from a draining node that is ready
+// and has a blob store and an address, while its upload still runs (the
+// target fetches it from that node as a peer). ok false: it stays where
+// it is (its node is fine, or the image is only on that node's disk); a
+// draining node that cannot let it go is a refusal naming the drain.
+//
+// Its node's row is read fresh, not from the placement view: a drain
+// committed through another replica moves the sandbox at its next
+// connect instead of resuming it there.
 func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, originFull bool) (store.Sandbox, bool, error) {
-	origin, known, err := s.nodeRow(ctx, rec.NodeID)
-	if err != nil {
+	origin, err := s.st.GetNode(ctx, rec.NodeID)
+	known := err == nil
+	if err != nil && !errdefs.IsNotFound(err) {
 		return rec, false, err
 	}
 	if known && origin.State == store.NodeReady && !origin.Draining && !originFull {
@@ -349,17 +358,29 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 			return rec, false, nil
 		}
 	}
-	if !rec.HibernationDurable || rec.Hibernation == "" {
+	if rec.Hibernation == "" {
+		return rec, false, nil
+	}
+	drainingReady := known && origin.Draining && origin.State == store.NodeReady
+	if !rec.HibernationDurable && !(drainingReady && origin.Durable && origin.Addr != "") {
+		if drainingReady {
+			return rec, false, hibernatedOnDraining(rec, origin)
+		}
 		return rec, false, nil
 	}
 	// Only a node that can restore the image: the origin's runtime build
-	// and CPU features.
-	placed, err := s.placeN(ctx, scheduler.Request{Count: 1, Source: rec.Hibernation, Each: sizeOf(rec.MemoryMB, rec.CPUCount),
-		RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures, Avoid: []string{rec.NodeID}}, nil)
+	// and CPU features; and one that takes new work as its row says now.
+	target, err := placing(s, func() (string, error) {
+		placed, err := s.placeN(ctx, scheduler.Request{Count: 1, Source: rec.Hibernation, Each: sizeOf(rec.MemoryMB, rec.CPUCount),
+			RunscBuild: origin.RunscBuild, CPUFeatures: origin.CPUFeatures, Avoid: []string{rec.NodeID}}, nil)
+		if err != nil {
+			return "", err
+		}
+		return placed[0], s.admitted(ctx, placed[0])
+	})
 	if err != nil {
 		return rec, false, err
 	}
-	target := placed[0]
 	n, err := s.node(target)
 	if err != nil {
 		return rec, false, err

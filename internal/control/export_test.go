@@ -19,3 +19,9 @@ func (s *Service) TargetCount() int {
 	defer s.mu.RUnlock()
 	return len(s.targets)
 }
+
+// FillPool runs one fill of a template's warm pool, as the holder of
+// the pool lease does in RunPool.
+func (s *Service) FillPool(ctx context.Context, cfg PoolConfig, template string) error {
+	return s.fillPool(ctx, cfg, template)
+}

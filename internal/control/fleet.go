@@ -47,7 +47,7 @@ func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.N
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Durable: info.Durable, Heartbeat: s.now(), State: state})
+		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, Heartbeat: s.now(), State: state})
 	if err != nil {
 		return false, err
 	}
@@ -173,45 +173,6 @@ func (s *Service) nodeLost(ctx context.Context, nodeID string) error {
 		}
 	}
 	return nil
-}
-
-// Drain stops placements on a node, kills its warm-pool sandboxes and
-// hibernates its running and paused sandboxes there (they resume on that node: moving them elsewhere needs
-// their images in shared storage). It returns how many were hibernated;
-// the first failure is returned after every sandbox was tried (a retry
-// of the drain continues).
-func (s *Service) Drain(ctx context.Context, nodeID string) (int, error) {
-	if _, err := s.st.UpdateNode(ctx, nodeID, func(x *store.Node) error { x.Draining = true; return nil }); err != nil {
-		return 0, err
-	}
-	s.invalidateView()
-	recs, err := s.rowsOf(ctx, nodeID)
-	if err != nil {
-		return 0, err
-	}
-	var first error
-	done := 0
-	for _, rec := range recs {
-		if rec.State == store.StatePooled {
-			s.discardPooled(ctx, rec, true) // nobody's: killed, not hibernated
-			continue
-		}
-		if rec.State != store.StateRunning && rec.State != store.StatePaused {
-			continue
-		}
-		err := s.Hibernate(ctx, rec.ID)
-		switch {
-		case err == nil:
-			done++
-		case errdefs.IsNotFound(err):
-		default:
-			s.log.Warn("drain: hibernate", "node_id", nodeID, "sandbox_id", rec.ID, "err", err)
-			if first == nil {
-				first = fmt.Errorf("drain %s: hibernate %s: %w", nodeID, rec.ID, err)
-			}
-		}
-	}
-	return done, first
 }
 
 // Undrain lets placements use a node again.

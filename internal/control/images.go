@@ -22,9 +22,20 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 	if err := ids.ValidateName("template name", req.Name); err != nil {
 		return "", err
 	}
-	nodeID, n, err := s.place(ctx, CreateRequest{}, nil)
+	// On a node that takes new work as its row says now (drain.go).
+	nodeID, err := placing(s, func() (string, error) {
+		id, _, err := s.place(ctx, CreateRequest{}, nil)
+		if err != nil {
+			return "", err
+		}
+		return id, s.admitted(ctx, id)
+	})
 	if err != nil {
 		return "", fmt.Errorf("place the image build: %w", err)
+	}
+	n, err := s.node(nodeID)
+	if err != nil {
+		return "", err
 	}
 	info, err := n.BuildImage(ctx, req)
 	if err != nil {

@@ -50,7 +50,10 @@ func (s *Service) Hibernate(ctx context.Context, id string) error {
 
 // Connect returns a sandbox ready for use: a paused or hibernated one is
 // resumed (resumed = true). The timeout, when given, is only ever
-// extended.
+// extended. A paused sandbox resumes where it is, on a draining node too
+// (its memory is there: not new work; the drain hibernates it); a
+// hibernated one on a draining node moves to another (resumeElsewhere) or
+// is refused, naming the drain.
 //
 // Across replicas the row decides: a connect waits while the reaper's
 // hibernation claim is on the row (then resumes the sandbox), and it

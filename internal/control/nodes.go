@@ -54,7 +54,8 @@ func (s *Service) node(id string) (nodeapi.Node, error) {
 func (s *Service) nodeOf(rec store.Sandbox) (nodeapi.Node, error) { return s.node(rec.NodeID) }
 
 // follow subscribes to a node's events: a sandbox that died on its own
-// gets state error with the reason. Subscribed before New returns, so no
+// gets state error with the reason; one the node hibernated under memory
+// pressure is recorded hibernated (memory.go). Subscribed before New returns, so no
 // death after it is missed.
 func (s *Service) follow(ctx context.Context, id string, n nodeapi.Node) {
 	s.followMu.Lock()
@@ -78,8 +79,11 @@ func (s *Service) follow(ctx context.Context, id string, n nodeapi.Node) {
 	go func() {
 		defer unfollow()
 		for ev := range ch {
-			if ev.Kind == nodeapi.EventDied {
+			switch ev.Kind {
+			case nodeapi.EventDied:
 				s.sandboxDied(ev)
+			case nodeapi.EventHibernated:
+				s.sandboxHibernated(id, ev)
 			}
 		}
 	}()
@@ -104,7 +108,7 @@ func (s *Service) register(ctx context.Context, id string, n nodeapi.Node) error
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: info.Addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Durable: info.Durable, Heartbeat: s.now(), State: store.NodeReady})
+		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, Heartbeat: s.now(), State: store.NodeReady})
 	return err
 }
 
@@ -246,19 +250,6 @@ func (s *Service) viewInUse() {
 	}()
 }
 
-// nodeRow is a node's row as the placement view has it (at most
-// viewMaxAge old; drains and losses seen by this process at once).
-func (s *Service) nodeRow(ctx context.Context, id string) (store.Node, bool, error) {
-	s.view.mu.Lock()
-	defer s.view.mu.Unlock()
-	c, err := s.viewLocked(ctx)
-	if err != nil {
-		return store.Node{}, false, err
-	}
-	n, ok := c.nodes[id]
-	return n, ok, nil
-}
-
 // mayHavePooled says whether the view saw a pooled sandbox of template on
 // node (or this process added one since): when not, a create does not
 // look for one.
@@ -303,17 +294,24 @@ func sizeOf(memoryMB, cpus int) scheduler.Resources {
 
 // placeN places req's items from the cached view and counts them in it.
 // A source (a user snapshot or template) adds what its row knows: one
-// only on its node's disk pins the items there; one durable, or whose
-// node has a blob store and can serve it, admits only nodes that can
-// restore it (the runtime build and CPU features it was taken with) and
-// prefers the nodes that hold a copy. It sets src.peers to the origin's
-// address when the origin is ready.
+// only on its node's disk pins the items there (refused while that node
+// drains); one durable, or whose node has a blob store and can serve it,
+// admits only nodes that can restore it (the runtime build and CPU
+// features it was taken with) and prefers the nodes that hold a copy. It
+// sets src.peers to the origin's address when the origin is ready.
 func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *sourceInfo) ([]string, error) {
+	p, err := s.placeAll(ctx, req, src)
+	return p.Nodes, err
+}
+
+// placeAll is placeN answering the whole placement (a Partial request's
+// Short too).
+func (s *Service) placeAll(ctx context.Context, req scheduler.Request, src *sourceInfo) (scheduler.Placement, error) {
 	s.view.mu.Lock()
 	defer s.view.mu.Unlock()
 	c, err := s.viewLocked(ctx)
 	if err != nil {
-		return nil, err
+		return scheduler.Placement{}, err
 	}
 	var holders []string
 	if src != nil && src.origin != "" {
@@ -321,10 +319,16 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 		if known && origin.Addr != "" && origin.State == store.NodeReady {
 			src.peers = []string{origin.Addr}
 		}
-		shared := src.durable || (known && origin.Durable && origin.State == store.NodeReady)
+		// Another node gets it from the blob store once durable, else
+		// from its origin as a peer: a ready node with a blob store and an
+		// address (a draining one too: that is how work leaves it).
+		shared := src.durable || (known && origin.Durable && origin.State == store.NodeReady && origin.Addr != "")
 		if !shared {
+			if known && origin.Draining {
+				return scheduler.Placement{}, pinnedToDraining(src, origin)
+			}
 			if req.Hint != "" && req.Hint != src.origin {
-				return nil, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it, not on %s", src.id, src.origin, req.Hint)
+				return scheduler.Placement{}, errdefs.Conflictf("snapshot %s is only on node %s, which cannot share it, not on %s", src.id, src.origin, req.Hint)
 			}
 			req.Hint = src.origin // its bytes are on that node only
 		} else {
@@ -343,7 +347,7 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 	s.viewInUse()
 	p, err := scheduler.Place(c.view, req)
 	if err != nil {
-		return nil, err
+		return scheduler.Placement{}, err
 	}
 	for _, id := range p.Nodes {
 		for i := range c.view.Nodes {
@@ -351,10 +355,11 @@ func (s *Service) placeN(ctx context.Context, req scheduler.Request, src *source
 				nv.Used.MemoryMB += req.Each.MemoryMB
 				nv.Used.VCPUs += req.Each.VCPUs
 				nv.Used.Sandboxes++
+				nv.MemoryFree = lessFree(nv.MemoryFree, req.Takes)
 			}
 		}
 	}
-	return p.Nodes, nil
+	return p, nil
 }
 
 // buildView reads the fleet from the store: nodes, and what their
@@ -397,7 +402,7 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, fleetRows, err
 		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
 			Reserved: schedRes(n.Reserved), Overcommit: scheduler.Overcommit(n.Overcommit), Used: used[n.ID], Draining: n.Draining,
 			Lost:       n.State != store.NodeReady || !reachable, // joining: not until reconciled
-			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures})
+			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures, Durable: n.Durable, MemoryFree: s.freshFree(n)})
 	}
 	return v, rows, nil
 }

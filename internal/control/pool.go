@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"time"
@@ -114,8 +115,23 @@ func (s *Service) fillPool(ctx context.Context, cfg PoolConfig, template string)
 
 // addPooled restores one pooled sandbox: row first (creating, due at
 // once, so the reaper undoes it after CreateGrace if this process dies),
-// then the node's create, then the row to pooled.
+// then the node's create, then the row to pooled. A draining node is not
+// filled: placed elsewhere, or, when the pool is kept on that node, not
+// at all until it is undrained.
 func (s *Service) addPooled(ctx context.Context, cfg PoolConfig, template string) error {
+	if cfg.NodeID != "" {
+		if err := s.admitted(ctx, cfg.NodeID); err != nil {
+			return fmt.Errorf("warm pool kept on node %s: %w", cfg.NodeID, err)
+		}
+		return s.addPooledOn(ctx, cfg, template)
+	}
+	_, err := placing(s, func() (struct{}, error) { return struct{}{}, s.addPooledOn(ctx, cfg, template) })
+	return err
+}
+
+// addPooledOn is one try of addPooled: on cfg.NodeID, or where placement
+// puts it.
+func (s *Service) addPooledOn(ctx context.Context, cfg PoolConfig, template string) error {
 	var (
 		nodeID = cfg.NodeID
 		n      nodeapi.Node
@@ -136,6 +152,10 @@ func (s *Service) addPooled(ctx context.Context, cfg PoolConfig, template string
 	rec := store.Sandbox{ID: ids.New('i'), TemplateID: template, NodeID: nodeID, State: store.StateCreating,
 		EnvdAccessToken: newToken(), StartedAt: now, EndAt: now, AllowInternet: poolPolicy.Internet}
 	if err := s.st.CreateSandbox(ctx, rec); err != nil {
+		return err
+	}
+	if err := s.admitted(ctx, nodeID); err != nil { // after the row, as a create (drain.go)
+		s.dropRow(ctx, rec)
 		return err
 	}
 	ns, err := n.Create(ctx, nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: template})
@@ -195,7 +215,8 @@ var errNoPooled = errors.New("no pooled sandbox")
 // placement chose and makes it
 // the sandbox rec describes (the request's environment and policy, its
 // metadata and timeout); errNoPooled when the pool cannot serve it (the
-// caller restores as usual).
+// caller restores as usual), errNodeClosed when that node takes no new
+// work now (the caller places again).
 func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandbox, nodeID string, env []string, policy nodeapi.Policy) (Sandbox, error) {
 	if r.CPUCount != 0 || r.MemoryMB != 0 || !s.mayHavePooled(nodeID, r.TemplateID) {
 		return Sandbox{}, errNoPooled
@@ -221,6 +242,12 @@ func (s *Service) fromPool(ctx context.Context, r CreateRequest, rec store.Sandb
 			continue // another create won it, or it went
 		}
 		s.wakePool()
+		// Claimed first, then the node's row (as a create's row, then the
+		// row: drain.go): a drain it missed kills it, as the drain would.
+		if err := s.admitted(ctx, nodeID); err != nil {
+			s.abandon(ctx, got)
+			return Sandbox{}, err
+		}
 		var pol *nodeapi.Policy
 		if !samePolicy(policy, poolPolicy) {
 			pol = &policy

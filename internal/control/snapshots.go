@@ -22,6 +22,12 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if err != nil {
 		return store.Snapshot{}, err
 	}
+	if rec.AutoResume && (rec.State == store.StatePaused || rec.State == store.StateHibernated) {
+		// autoResume: any use resumes it, a snapshot as much as traffic.
+		if rec, err = s.wakeFor(ctx, id, false); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
 	var names []string
 	if name != "" {
 		if err := ids.ValidateName("snapshot name", name); err != nil {
@@ -40,6 +46,18 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	info, err := retryNodeCall(ctx, s, "snapshot", req.SnapshotID, func(ctx context.Context) (nodeapi.SnapshotInfo, error) {
 		return n.Snapshot(ctx, id, req)
 	})
+	if errdefs.IsConflict(err) && rec.AutoResume {
+		// Hibernated under the call (a drain, the reaper, memory
+		// pressure): once the row says so, wake it and snapshot it there.
+		if rec2, werr := s.wakeFor(ctx, id, true); werr == nil {
+			if n2, nerr := s.nodeOf(rec2); nerr == nil {
+				rec, n = rec2, n2
+				info, err = retryNodeCall(ctx, s, "snapshot", req.SnapshotID, func(ctx context.Context) (nodeapi.SnapshotInfo, error) {
+					return n.Snapshot(ctx, id, req)
+				})
+			}
+		}
+	}
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -189,7 +207,9 @@ type ForkResult struct {
 // (one capture there, restored locally); the rest spill to other nodes,
 // which restore a durable snapshot of the parent taken for them (and
 // removed once they are made). Without a blob store every child goes to
-// the parent's node.
+// the parent's node. Children that fit nowhere (by limits, or by the
+// memory the nodes really have free: memory.go) are refused each with the
+// reason, the others made; when none fits the fork is refused.
 func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
 	parent, err := s.st.GetSandbox(ctx, id)
 	if err != nil {
@@ -208,30 +228,21 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err != nil {
 		return nil, err
 	}
-	where, err := s.placeFork(ctx, parent, count)
+	var short error // why the children past rows fit nowhere
+	rows, err := placing(s, func() (rows []store.Sandbox, err error) {
+		rows, short, err = s.forkRows(ctx, parent, count, timeout)
+		return rows, err
+	})
 	if err != nil {
 		return nil, err
 	}
-	now := s.now()
-	rows := make([]store.Sandbox, count)
-	for i := range rows {
-		rec := parent
-		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
-		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", where[i], "", ""
-		rec.Hibernation, rec.HibernationDurable = "", false
-		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
-		if err := s.st.CreateSandbox(ctx, rec); err != nil {
-			for _, done := range rows[:i] {
-				s.abandon(ctx, done)
-			}
-			return nil, err
-		}
-		rows[i] = rec
-	}
 	out := make([]ForkResult, count)
+	for i := len(rows); i < count; i++ {
+		out[i].Err = short
+	}
 	var local, spill []int
-	for i, nodeID := range where {
-		if nodeID == parent.NodeID {
+	for i, rec := range rows {
+		if rec.NodeID == parent.NodeID {
 			local = append(local, i)
 		} else {
 			spill = append(spill, i)
@@ -261,19 +272,61 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	return out, nil
 }
 
+// forkRows places the children and writes their rows (creating), then
+// reads their nodes' rows (drain.go): errNodeClosed, with no row left,
+// when one of them takes no new work now. The children that fit nowhere
+// get no row; short says why.
+func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int, timeout time.Duration) (rows []store.Sandbox, short, err error) {
+	where, short, err := s.placeFork(ctx, parent, count)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := s.now()
+	rows = make([]store.Sandbox, len(where))
+	for i := range rows {
+		rec := parent
+		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
+		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", where[i], "", ""
+		rec.Hibernation, rec.HibernationDurable = "", false
+		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
+		if err := s.st.CreateSandbox(ctx, rec); err != nil {
+			for _, done := range rows[:i] {
+				s.abandon(ctx, done)
+			}
+			return nil, nil, err
+		}
+		rows[i] = rec
+	}
+	if err := s.admitted(ctx, where...); err != nil {
+		for _, rec := range rows {
+			s.dropRow(ctx, rec)
+		}
+		return nil, nil, err
+	}
+	return rows, short, nil
+}
+
 // placeFork decides each child's node: the parent's while it has room,
-// then others (Origin in the scheduler's rules). Placement that finds no
-// room at all is ErrResourceLimit.
-func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int) ([]string, error) {
-	req := scheduler.Request{Count: count, Origin: parent.NodeID, Each: sizeOf(parent.MemoryMB, parent.CPUCount)}
+// then others (Origin in the scheduler's rules), each child taking the
+// memory the parent holds now (forkTakesMB). The children that fit
+// nowhere are left out (Partial; short says why); placement that finds
+// no room at all is ErrResourceLimit. The parent's node, read fresh, gets
+// none while it drains; without a blob store there the children can go
+// nowhere else, and the fork is refused.
+func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int) (where []string, short, err error) {
+	req := scheduler.Request{Count: count, Origin: parent.NodeID, Each: sizeOf(parent.MemoryMB, parent.CPUCount),
+		Takes: s.forkTakesMB(ctx, parent), Partial: true}
 	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil {
 		req.RunscBuild, req.CPUFeatures = nr.RunscBuild, nr.CPUFeatures // the children restore the parent's image
+		if nr.Draining && !nr.Durable {
+			return nil, nil, drainRefusal("sandbox %s is on node %s, which is draining and has no blob store to share its image from: its children can be made once the node is undrained", parent.ID, parent.NodeID)
+		}
 	}
-	where, err := s.placeN(ctx, req, nil)
+	p, err := s.placeAll(ctx, req, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return where, nil
+	return p.Nodes, p.Short, nil
 }
 
 // forkElsewhere makes the children at idx on other nodes: a snapshot of
@@ -541,4 +594,32 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodea
 		}
 		cursor = next
 	}
+}
+
+// wakeFor resumes an autoResume sandbox that is paused or hibernated for
+// an operation that needs it running, and returns its row. conflicted:
+// the node just refused the operation as the sandbox is not running, so
+// a row that still says running is one whose hibernation is not
+// recorded yet: it is looked at again (for up to 5 s) rather than taken.
+func (s *Service) wakeFor(ctx context.Context, id string, conflicted bool) (store.Sandbox, error) {
+	for range 25 {
+		rec, err := s.st.GetSandbox(ctx, id)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		if rec.State == store.StateRunning && rec.HibernatingAt.IsZero() && !conflicted {
+			return rec, nil
+		}
+		if woken, err := s.Wake(ctx, id); err != nil {
+			return store.Sandbox{}, err
+		} else if woken {
+			return s.st.GetSandbox(ctx, id)
+		}
+		select {
+		case <-ctx.Done():
+			return store.Sandbox{}, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return store.Sandbox{}, errdefs.Conflictf("sandbox %s is not running, and did not resume", id)
 }

@@ -11,9 +11,10 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
-// DefaultMemoryReserve is the host memory kept free of sandboxes when the
-// engine's MemoryReserve is 0: 1 GiB, enough for the host's own work and
-// for the sandboxes already running to grow a little.
+// DefaultMemoryReserve is the memory floor (host memory kept free of
+// sandboxes) when the engine's MemoryReserve is 0: 1 GiB, enough for the
+// host's own work and for the sandboxes already running to grow a little
+// between two looks of the pressure relief (pressure.go).
 const DefaultMemoryReserve int64 = 1 << 30
 
 // TaskReserve is how many kernel tasks (threads) are kept free for the
@@ -23,36 +24,26 @@ const DefaultMemoryReserve int64 = 1 << 30
 // fails, the server's included).
 const TaskReserve = 2048
 
-// admit refuses a new instance when the host's available memory is below
-// the reserve or its task table is nearly full. It is checked before each
-// instance is launched, so the sandboxes already running (and the host)
-// are never put at risk by one more.
+// admit refuses a new instance that is not a sandbox's (a restore target's
+// boot) when the host's task table is nearly full or the host lacks an
+// instance's own memory above its floor (admission.go admits the
+// sandboxes' launches by their images' memory).
 func (e *Engine) admit() error {
-	if e.reserve >= 0 {
-		if used, limit, err := tasks(); err == nil && used+TaskReserve > limit {
-			return fmt.Errorf("host task table nearly full: %d of %d tasks in use (kernel.pid_max / threads-max; `spore setup` raises pid_max): %w",
-				used, limit, errdefs.ErrResourceLimit)
-		}
+	if err := e.admitTasks(); err != nil {
+		return err
 	}
-	reserve := e.reserve
-	if reserve == 0 {
-		reserve = DefaultMemoryReserve
-	}
-	if reserve < 0 {
+	return e.checkRoom(e.life, e.mem.overhead, "a restore target")
+}
+
+// admitTasks refuses a new instance when the host's task table is nearly
+// full (not checked when the engine admits by nothing: no floor).
+func (e *Engine) admitTasks() error {
+	if e.mem.floor.Load() < 0 {
 		return nil
 	}
-	read := e.memAvail
-	if read == nil {
-		read = MemAvailable
-	}
-	avail, err := read()
-	if err != nil {
-		e.log.Warn("read available memory; admitting", "err", err)
-		return nil
-	}
-	if avail < reserve {
-		return fmt.Errorf("host memory low: %d MiB available, %d MiB kept in reserve; kill or hibernate sandboxes, or add hosts: %w",
-			avail>>20, reserve>>20, errdefs.ErrResourceLimit)
+	if used, limit, err := tasks(); err == nil && used+TaskReserve > limit {
+		return fmt.Errorf("host task table nearly full: %d of %d tasks in use (kernel.pid_max / threads-max; `spore setup` raises pid_max): %w",
+			used, limit, errdefs.ErrResourceLimit)
 	}
 	return nil
 }

@@ -41,12 +41,13 @@ func (e *Engine) Adopt(ctx context.Context, id, hibernation string, policy netns
 	if m.Kind != snapshot.KindHibernation || m.Origin != id {
 		return Sandbox{}, errdefs.Invalidf("snapshot %s is not the hibernation of sandbox %s", hibernation, id)
 	}
-	if _, err := e.instanceSpec(id+"-0", m); err != nil {
-		return Sandbox{}, err // another root filesystem build or runtime: refused before anything is recorded
+	spec, err := e.instanceSpec(id+"-0", m)
+	if err != nil {
+		return Sandbox{}, err // a root filesystem or runtime build this node lacks: refused before anything is recorded
 	}
 	rec := &record{
 		ID: id, State: StateHibernated, Template: m.Template, Parent: m.Parent, Source: source,
-		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: m.Run, CreatedAt: time.Now().UTC(), Hibernation: m.ID, Policy: policy,
+		RootFS: m.RootFS, RootFSID: m.RootFSID, RuntimeBuild: spec.Build, Run: m.Run, CreatedAt: time.Now().UTC(), Hibernation: m.ID, Policy: policy,
 	}
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err

@@ -147,6 +147,7 @@ func (e *Engine) replaySnapshot(id, snapID string) (SnapshotResult, bool, error)
 // capture checkpoints rec's instance into dir, leaving it running, with op
 // journaled for the duration. It returns how long the checkpoint took.
 func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (time.Duration, error) {
+	e.touch(rec.ID) // a snapshot or fork is a use of the sandbox (pressure.go)
 	rec.Pending = &pending{Op: o, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		return 0, err
@@ -175,10 +176,16 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (ti
 	return paused, nil
 }
 
+// manifestOf is the manifest of an image of rec's instance: written by
+// the runtime build the instance runs with, over its tree.
 func (e *Engine) manifestOf(rec *record, kind snapshot.Kind, names []string) snapshot.Manifest {
+	build := rec.RuntimeBuild
+	if build == "" { // a record from before builds were kept
+		build = e.currentBuild()
+	}
 	return snapshot.Manifest{
 		Names: names, Kind: kind, Parent: rec.Parent, Origin: rec.ID, Template: rec.Template,
-		RootFS: rec.RootFS, RootFSID: rec.RootFSID, Runtime: e.rt.Name(), Run: rec.Run,
+		RootFS: rec.RootFS, RootFSID: rec.RootFSID, Runtime: e.runtimeName(build), RuntimeBuild: build, Run: rec.Run,
 	}
 }
 
@@ -262,6 +269,11 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 		unlock()
 		return ForkResult{}, err
 	}
+	// Not even an instance's own memory free: refused before the capture.
+	if err := e.checkRoom(ctx, e.mem.overhead, "a child of "+id); err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
 	img, err := e.tmpDir("fork-")
 	if err != nil {
 		unlock()
@@ -272,6 +284,14 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 	unlock() // the source is free once captured
 	if err != nil {
 		return ForkResult{}, err
+	}
+	// The children that fit in the host's memory are admitted together,
+	// the others refused (admission.go); none: the fork fails as a whole.
+	specs := forkSpecs(opts)
+	room := e.admitChildren(ctx, id, img, specs)
+	defer room.release()
+	if room.none() {
+		return ForkResult{}, room.err
 	}
 	m := e.manifestOf(rec, snapshot.KindSnapshot, nil)
 	m.ID = rec.Parent
@@ -284,9 +304,10 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			spec := ForkChildSpec{ID: ids.New('i')}
-			if len(opts.Children) > 0 {
-				spec = opts.Children[i]
+			spec := specs[i]
+			if err := room.refused(spec.ID); err != nil {
+				res.Children[i].Err = err
+				return
 			}
 			existing, unlockChild, err := e.claim(ctx, spec.ID)
 			if err != nil {
@@ -408,6 +429,8 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	old := rec.Instance
 	prev := *rec
 	rec.Instance, rec.Parent, rec.Run, rec.State, rec.Addr = instance, m.ID, next.Run, StateRunning, addr
+	// The instance now runs m's image: over m's tree, with m's build.
+	rec.RootFS, rec.RootFSID, rec.RuntimeBuild = m.RootFS, m.RootFSID, spec.Build
 	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		*rec = prev

@@ -61,7 +61,7 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	rs := runtime.Spec{
 		ID: instance, RootFS: rootfs.Path(e.rootfsDir, spec.RootFS), Args: spec.Run.Args, Env: spec.Run.Env,
 		Cwd: spec.Run.Cwd, User: spec.Run.User, Hostname: spec.Run.Hostname, Limits: spec.Run.Limits,
-		Mounts: spec.Run.Mounts, MemoryAlertSignal: spec.Run.MemoryAlertSignal,
+		Mounts: spec.Run.Mounts, MemoryAlertSignal: spec.Run.MemoryAlertSignal, Build: e.currentBuild(),
 	}
 	spec.Run.AccessToken = "" // a template's daemon has no token until /init
 	start := time.Now()
@@ -95,7 +95,7 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	}
 	m, err := st.Commit(snapshot.Manifest{
 		Names: []string{spec.Name}, Kind: snapshot.KindTemplate, Template: spec.Name,
-		RootFS: spec.RootFS, RootFSID: stamp.ID, Runtime: e.rt.Name(), Run: spec.Run,
+		RootFS: spec.RootFS, RootFSID: stamp.ID, Runtime: e.rt.Name(), RuntimeBuild: rs.Build, Run: spec.Run,
 	}, snapshot.CommitOptions{MoveNames: true})
 	if err != nil {
 		return snapshot.Manifest{}, err
@@ -109,18 +109,22 @@ func (e *Engine) BuildTemplate(ctx context.Context, spec TemplateSpec) (snapshot
 	return m, nil
 }
 
-// EnsureTemplate builds the template unless one with this name exists and
-// is still restorable here (same root filesystem build, same runtime) and
-// was built from the same start command, mounts and limits.
-// It reports whether it built.
+// EnsureTemplate builds the template unless one with this name exists, was
+// made over the current build of its root filesystem with the current
+// runtime build (an older one still restores, over the versions kept for
+// it, but new sandboxes get the new ones), and was built from the same
+// start command, mounts and limits. It reports whether it built.
 func (e *Engine) EnsureTemplate(ctx context.Context, spec TemplateSpec) (snapshot.Manifest, bool, error) {
 	if m, err := e.snaps.Get(spec.Name); err == nil {
-		_, serr := e.instanceSpec("probe", m)
+		rootFS := spec.RootFS
+		if rootFS == "" {
+			rootFS = "base"
+		}
 		// Limits too: a template built before /dev/shm had a size has
 		// none in its manifest and is rebuilt with one.
 		same := reflect.DeepEqual(m.Run.Args, spec.Run.Args) && reflect.DeepEqual(m.Run.Mounts, spec.Run.Mounts) &&
-			m.Run.Limits == spec.Run.Limits && m.Run.MemoryAlertSignal == spec.Run.MemoryAlertSignal
-		if serr == nil && same && m.Kind == snapshot.KindTemplate {
+			m.Run.Limits == spec.Run.Limits && m.Run.MemoryAlertSignal == spec.Run.MemoryAlertSignal && m.RootFS == rootFS
+		if e.current(m) && same && m.Kind == snapshot.KindTemplate {
 			return m, false, nil
 		}
 	} else if !errdefs.IsNotFound(err) {
@@ -261,6 +265,7 @@ func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifes
 		return err
 	}
 	spec.Limits = rec.Run.Limits
+	rec.RuntimeBuild = spec.Build
 	defer e.claimTarget(&spec)()
 	instance = spec.ID
 	rec.Pending = &pending{Op: opCreate, Instance: instance, Started: time.Now().UTC()}

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
 )
@@ -41,15 +40,24 @@ type Config struct {
 	// Init, when set, re-initialises the in-sandbox daemon after every
 	// restore (new identity and access token per sandbox).
 	Init Initializer
-	// MemoryReserve is host memory (bytes of MemAvailable) that new
-	// instances may not eat into: a create, fork, rollback or resume from
-	// hibernation that finds less available is refused with
-	// ErrResourceLimit instead of pushing the host into the OOM killer.
-	// 0 means the default (DefaultMemoryReserve); negative disables.
+	// MemoryReserve is the memory floor: host memory (bytes of
+	// MemAvailable) that new instances may not eat into. A create, fork
+	// child, rollback or resume from hibernation whose image's memory does
+	// not fit above it (admission.go) is refused with ErrResourceLimit
+	// instead of pushing the host into thrashing or the OOM killer, and
+	// the pressure relief (pressure.go) hibernates the coldest sandboxes
+	// when MemAvailable falls under it. 0 means the default
+	// (DefaultMemoryReserve); negative disables both.
 	MemoryReserve int64
 	// MemAvailable reads the host's available memory in bytes (default:
 	// /proc/meminfo); tests replace it.
 	MemAvailable func() (int64, error)
+	// InstanceOverhead is the memory an instance holds beyond its image's
+	// (0: DefaultInstanceOverhead; negative: none).
+	InstanceOverhead int64
+	// MemoryMargin is how far above the floor the pressure relief brings
+	// MemAvailable back (0: defaultMargin of the floor).
+	MemoryMargin int64
 	// RestoreTargets is how many restore targets (instances pre-created
 	// with their networks, see targets.go) are kept for each shape that
 	// restores ask for; 0: none. Needs a runtime.Precreator.
@@ -87,8 +95,7 @@ type Engine struct {
 	lockFile  *os.File
 	net       Network
 	init      Initializer
-	reserve   int64
-	memAvail  func() (int64, error)
+	mem       *memory // the floor, admission's ledger, activity (admission.go, pressure.go)
 	targets   *targetPool
 	nets      *netPool
 
@@ -141,7 +148,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	e := &Engine{
 		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
-		reserve: cfg.MemoryReserve, memAvail: cfg.MemAvailable, cleanRetry: cfg.CleanupRetry,
+		mem: newMemory(cfg), cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 		targets: newTargetPool(cfg.RestoreTargets, cfg.RestoreTargetsBurst, cfg.TargetBurstIdle), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
 	}
@@ -280,6 +287,7 @@ func (e *Engine) Exec(ctx context.Context, id string, spec runtime.ExecSpec) (in
 	if rec.State != StateRunning || rec.Instance == "" {
 		return -1, fmt.Errorf("sandbox %s is %s: cannot exec in it: %w", id, rec.view().State, errdefs.ErrConflict)
 	}
+	e.touch(id)
 	spec.Env = append(append([]string(nil), rec.Run.Env...), spec.Env...)
 	if spec.Cwd == "" {
 		spec.Cwd = rec.Run.Cwd
@@ -344,25 +352,23 @@ func (e *Engine) acquireSnapshot(ref string) (snapshot.Manifest, func(), error) 
 	}, nil
 }
 
-// instanceSpec is the runtime spec of a new instance restored from m.
+// instanceSpec is the runtime spec of a new instance restored from m:
+// over the tree m was taken over, with the runtime build that wrote it
+// (versions.go).
 func (e *Engine) instanceSpec(instance string, m snapshot.Manifest) (runtime.Spec, error) {
-	stamp, err := rootfs.Lookup(e.rootfsDir, m.RootFS)
+	root, err := e.treeOf(m)
 	if err != nil {
 		return runtime.Spec{}, err
 	}
-	if stamp.ID != m.RootFSID {
-		return runtime.Spec{}, fmt.Errorf("snapshot %s was taken over root filesystem %s build %s, but %s is now build %s (rebuild the template): %w",
-			m.ID, m.RootFS, m.RootFSID, m.RootFS, stamp.ID, errdefs.ErrConflict)
-	}
-	if m.Runtime != e.rt.Name() {
-		return runtime.Spec{}, fmt.Errorf("snapshot %s was written by runtime %s, this engine runs %s: %w",
-			m.ID, m.Runtime, e.rt.Name(), errdefs.ErrConflict)
+	build, err := e.buildOf(m)
+	if err != nil {
+		return runtime.Spec{}, err
 	}
 	return runtime.Spec{
-		ID: instance, RootFS: rootfs.Path(e.rootfsDir, m.RootFS),
+		ID: instance, RootFS: root,
 		Args: m.Run.Args, Env: m.Run.Env, Cwd: m.Run.Cwd, User: m.Run.User,
 		Hostname: m.Run.Hostname, Limits: m.Run.Limits, Mounts: m.Run.Mounts,
-		MemoryAlertSignal: m.Run.MemoryAlertSignal,
+		MemoryAlertSignal: m.Run.MemoryAlertSignal, Build: build,
 	}, nil
 }
 

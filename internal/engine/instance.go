@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -40,23 +39,21 @@ type Initializer interface {
 }
 
 // launch sets up the instance's network, then boots it (image == "") or
-// restores it from image. On failure nothing is left.
-func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (netip.Addr, error) {
-	var addr netip.Addr
+// restores it from image, once admitted by the host's memory
+// (admission.go). On failure nothing is left.
+func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (addr netip.Addr, err error) {
 	t := e.takeTarget(spec.ID)
 	if t == nil {
 		t = e.takeNet(spec.ID)
 	}
-	err := e.admit()
-	if errors.Is(err, errdefs.ErrResourceLimit) && e.freeBurstTargets() > 0 {
-		err = e.admit() // the targets a burst added were holding what it lacked
-	}
+	hold, err := e.admitLaunch(ctx, sandbox, image)
 	if err != nil {
 		if t != nil {
 			e.dropTarget(t)
 		}
 		return addr, err
 	}
+	defer func() { e.launched(hold, sandbox, spec.ID, err == nil) }()
 	if t != nil && !t.netOnly { // a reserved network is claimed ready
 		done := timing.Track(ctx, "target")
 		select {

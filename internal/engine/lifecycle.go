@@ -97,6 +97,7 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	// Commit point.
 	prev := *rec
 	rec.State, rec.Instance, rec.Hibernation, rec.Addr = StateRunning, instance, "", addr
+	rec.RuntimeBuild = spec.Build
 	rec.Pending = &pending{Op: opDiscard, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		*rec = prev

@@ -85,13 +85,17 @@ type record struct {
 	// Source is what the sandbox was created from: the snapshot's ID, or
 	// "fork:<id>" for a child of sandbox id. A create replayed under the
 	// same caller-given ID is idempotent only for the same source.
-	Source      string             `json:"source,omitempty"`
-	RootFS      string             `json:"rootfs"`
-	RootFSID    string             `json:"rootfs_id"`
-	Run         snapshot.RunConfig `json:"run"`
-	CreatedAt   time.Time          `json:"created_at"`
-	Hibernation string             `json:"hibernation,omitempty"` // snapshot holding it while hibernated
-	Policy      netns.Policy       `json:"policy"`                // egress policy
+	Source   string `json:"source,omitempty"`
+	RootFS   string `json:"rootfs"`
+	RootFSID string `json:"rootfs_id"`
+	// RuntimeBuild is the runtime build its instance runs with (its
+	// hibernation's, while hibernated); "" in records from before builds
+	// were kept: the runtime's current one.
+	RuntimeBuild string             `json:"runtime_build,omitempty"`
+	Run          snapshot.RunConfig `json:"run"`
+	CreatedAt    time.Time          `json:"created_at"`
+	Hibernation  string             `json:"hibernation,omitempty"` // snapshot holding it while hibernated
+	Policy       netns.Policy       `json:"policy"`                // egress policy
 	// TrustedCA is the fingerprint of the egress CA its daemon installed
 	// in its trust store (the CA itself is in Policy, in memory only).
 	TrustedCA string     `json:"trusted_ca,omitempty"`
@@ -136,6 +140,10 @@ type Sandbox struct {
 	Death  *Death       `json:"death,omitempty"` // why and when a dead sandbox died
 	// Hibernation is the snapshot holding it while hibernated.
 	Hibernation string `json:"hibernation,omitempty"`
+	// RootFSID and RuntimeBuild are the root filesystem build and the
+	// runtime build its instance runs with (versions.go).
+	RootFSID     string `json:"rootfs_id,omitempty"`
+	RuntimeBuild string `json:"runtime_build,omitempty"`
 }
 
 func (r *record) view() Sandbox {
@@ -146,7 +154,8 @@ func (r *record) view() Sandbox {
 		}
 	}
 	return Sandbox{ID: r.ID, State: st, Template: r.Template, Parent: r.Parent, RootFS: r.RootFS,
-		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy, Death: r.Death, Hibernation: r.Hibernation}
+		Run: r.Run, CreatedAt: r.CreatedAt, Instance: r.Instance, Addr: r.Addr, Policy: r.Policy, Death: r.Death, Hibernation: r.Hibernation,
+		RootFSID: r.RootFSID, RuntimeBuild: r.RuntimeBuild}
 }
 
 func (e *Engine) recordPath(id string) string {

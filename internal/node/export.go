@@ -44,11 +44,16 @@ type ExportSpec struct {
 	// Ref is where to push: "registry/repo:tag". Exactly one of Ref,
 	// LayoutDir and BlobKey.
 	Ref string
-	// Registry: credentials (Insecure is the node's decision, as for
-	// BuildImage: plain HTTP only to its InsecureRegistries).
+	// Registry: credentials (the rest is the node's decision, as for
+	// BuildImage: plain HTTP only to its InsecureRegistries, floored
+	// addresses only for its PrivateRegistries; but never the operator's
+	// credentials: a push writes with the caller's alone).
 	Registry oci.Options
 	// LayoutDir: write an OCI image layout into this directory of the
-	// node instead (absolute; it must not exist or be empty).
+	// node instead: a path under the node's export directory
+	// (<data-dir>/exports; relative to it, or absolute inside it), which
+	// must not exist or be empty. Nothing outside it is ever written: a
+	// caller of the node contract chooses no host path.
 	LayoutDir string
 	// BlobKey: store the OCI image layout as one tar (oci-layout,
 	// index.json, blobs/sha256/...) in the node's blob store under this
@@ -115,11 +120,15 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 		if ref, err = name.ParseReference(spec.Ref); err != nil {
 			return ExportResult{}, errdefs.Invalidf("export %s: image reference %q: %v", spec.SandboxID, spec.Ref, err)
 		}
-		spec.Registry.Insecure = n.insecure[ref.Context().RegistryStr()]
-	default:
-		if !filepath.IsAbs(spec.LayoutDir) || filepath.Clean(spec.LayoutDir) != spec.LayoutDir {
-			return ExportResult{}, errdefs.Invalidf("export %s: layout directory %q is not a clean absolute path", spec.SandboxID, spec.LayoutDir)
+		if spec.Registry, err = n.reg.options(ref, spec.Registry, n.Net.Floor, false); err != nil {
+			return ExportResult{}, fmt.Errorf("export %s: %w", spec.SandboxID, err)
 		}
+	default:
+		dir, err := n.exportPath(spec.LayoutDir)
+		if err != nil {
+			return ExportResult{}, fmt.Errorf("export %s: %w", spec.SandboxID, err)
+		}
+		spec.LayoutDir = dir
 		if ents, err := os.ReadDir(spec.LayoutDir); err == nil && len(ents) > 0 {
 			return ExportResult{}, errdefs.Invalidf("export %s: layout directory %s is not empty", spec.SandboxID, spec.LayoutDir)
 		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -133,7 +142,9 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 	if sb.State != engine.StateRunning || !sb.Addr.IsValid() {
 		return ExportResult{}, errdefs.Conflictf("export %s: sandbox is %s, not running", sb.ID, sb.State)
 	}
-	stamp, err := rootfs.Lookup(n.rootfsDir, sb.RootFS)
+	// The tree it runs over: its root filesystem's current build, or one
+	// kept for it (an upgrade replaced the name's).
+	lowerPath, stamp, err := rootfs.TreeOf(n.rootfsDir, sb.RootFSID)
 	if err != nil {
 		return ExportResult{}, err
 	}
@@ -172,13 +183,13 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 	if err != nil {
 		return ExportResult{}, fmt.Errorf("export %s: %w", sb.ID, err)
 	}
-	lowerRoot, err := os.OpenRoot(rootfs.Path(n.rootfsDir, sb.RootFS))
+	lowerRoot, err := os.OpenRoot(lowerPath)
 	if err != nil {
 		return ExportResult{}, err
 	}
 	defer lowerRoot.Close()
 	var lower []export.Entry
-	if err := export.Walk(rootfs.Path(n.rootfsDir, sb.RootFS), false, func(e export.Entry) error { lower = append(lower, e); return nil }); err != nil {
+	if err := export.Walk(lowerPath, false, func(e export.Entry) error { lower = append(lower, e); return nil }); err != nil {
 		return ExportResult{}, fmt.Errorf("export %s: root filesystem %s: %w", sb.ID, sb.RootFS, err)
 	}
 	changed, deleted := export.Diff(lower, upper)
@@ -208,10 +219,7 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 	var digest v1.Hash
 	if ref != nil {
 		digest, err = oci.Push(ctx, spec.Ref, img, spec.Registry)
-		if err != nil && !spec.Registry.Insecure && errors.Is(err, oci.ErrPlainHTTP) {
-			host := ref.Context().RegistryStr()
-			err = fmt.Errorf("%w (registry %s is not in this node's insecure registries: start it with --insecure-registry=%s to allow plain HTTP)", err, host, host)
-		}
+		err = n.reg.explain(err, ref, spec.Registry, false)
 		res.Ref = ref.String()
 	} else if spec.LayoutDir != "" {
 		digest, err = oci.WriteLayout(spec.LayoutDir, img, "")
@@ -538,4 +546,43 @@ func (d *daemon) feed(ctx context.Context, pid uint32, data []byte, root bool) e
 	d.header(req.Header(), root)
 	_, err := d.pc.CloseStdin(ctx, req)
 	return err
+}
+
+// ExportDir is where exports may write OCI image layouts.
+func (n *Node) ExportDir() string { return n.exportDir }
+
+// exportPath is where a layout asked for at p goes: p relative to the
+// export directory, or absolute inside it; clean, with no "..", and no
+// symbolic link on the way out of it.
+func (n *Node) exportPath(p string) (string, error) {
+	if p == "" || filepath.Clean(p) != p || strings.Contains(p, "..") {
+		return "", errdefs.Invalidf("layout directory %q is not a clean path under the node's export directory", p)
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(n.exportDir, p)
+	}
+	rel, err := filepath.Rel(n.exportDir, p)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", errdefs.Invalidf("layout directory %s is outside the node's export directory %s", p, n.exportDir)
+	}
+	if err := os.MkdirAll(n.exportDir, 0o700); err != nil {
+		return "", err
+	}
+	// Each existing component must be a real directory: a link could
+	// lead the write anywhere.
+	cur := n.exportDir
+	for _, part := range strings.Split(rel, string(filepath.Separator)) {
+		cur = filepath.Join(cur, part)
+		st, err := os.Lstat(cur)
+		if errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if err != nil {
+			return "", errdefs.Invalidf("layout directory %s: %v", p, err)
+		}
+		if !st.IsDir() {
+			return "", errdefs.Invalidf("layout directory %s: %s is not a directory", p, cur)
+		}
+	}
+	return p, nil
 }

@@ -2,7 +2,9 @@ package node_test
 
 import (
 	"archive/tar"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -150,10 +152,25 @@ func TestExportBaseToLayout(t *testing.T) {
 	c := e.client(sb)
 	c.sh(ctx, `echo hello > ~/note.txt && rm -f ~/.bashrc`)
 	var digests []string
+	// Only under the node's export directory: anywhere else, a link out
+	// of it, ".." are refused, and nothing is written.
+	outside := filepath.Join(t.TempDir(), "layout")
+	os.MkdirAll(e.n.ExportDir(), 0o700)
+	os.Symlink(t.TempDir(), filepath.Join(e.n.ExportDir(), "link"))
+	for _, bad := range []string{outside, "../escape", "link/layout", e.n.ExportDir(), "/etc/spore-export"} {
+		if _, err := e.n.Export(ctx, node.ExportSpec{SandboxID: sb.ID, LayoutDir: bad}); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("export to %q: %v, want refused", bad, err)
+		}
+	}
+	if _, err := os.Stat(outside); err == nil {
+		t.Fatal("a refused export wrote outside the export directory")
+	}
 	for i := range 2 {
-		dir := filepath.Join(t.TempDir(), "layout")
+		rel := fmt.Sprintf("t-%d-layout-%d", os.Getpid(), i)
+		dir := filepath.Join(e.n.ExportDir(), rel)
+		t.Cleanup(func() { os.RemoveAll(dir) })
 		start := time.Now()
-		res, err := e.n.Export(ctx, node.ExportSpec{SandboxID: sb.ID, LayoutDir: dir})
+		res, err := e.n.Export(ctx, node.ExportSpec{SandboxID: sb.ID, LayoutDir: rel})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -239,9 +239,12 @@ func TestImageTemplate(t *testing.T) {
 }
 
 // TestImageSnapshotAcrossNodes: a snapshot of a sandbox made from an image
-// template on node A restores on node B once B has pulled the same image
-// (its own pull and unpack: same root filesystem identity), with its files,
-// the image's defaults and the started process; before, B cannot restore it.
+// template on node A restores on node B, which never pulled the image: the
+// image's root filesystem comes with the snapshot from the blob store (a
+// kept build), with its files, the image's defaults and the started
+// process. B pulling the same image later (same root filesystem identity)
+// makes that copy its image's root filesystem, and a template of it
+// restores.
 func TestImageSnapshotAcrossNodes(t *testing.T) {
 	testenv.RealTier(t)
 	blobs, err := local.Open(t.TempDir())
@@ -270,21 +273,24 @@ func TestImageSnapshotAcrossNodes(t *testing.T) {
 	if _, err := a.n.Sync.Upload(ctx, snap.Manifest.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err == nil {
-		t.Fatal("node B restored a snapshot over an image it never pulled")
-	} else {
-		t.Logf("before the pull, node B: %v", err)
-	}
-	// B pulls the image (another template of it: its own tree, own files).
-	if _, err := b.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: ref, Registry: insecure}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := b.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err != nil {
-		t.Fatalf("node B after the pull: %v", err)
+		t.Fatalf("node B, which never pulled the image: %v", err)
 	}
 	moved := b.create(ctx, engine.CreateOptions{Template: snap.Manifest.ID})
 	got := b.client(moved).shell(ctx, `id -un; pwd; cat mark; echo "$GREETING"; kill -0 $(cat /tmp/start.pid) && echo running`)
 	if want := "app\n/srv/work\nfrom-node-a\nhello from the image\nrunning\n"; got != want {
 		t.Fatalf("on node B: %q, want %q", got, want)
+	}
+	// B pulls the image (another template of it): the same build, the
+	// copy it holds.
+	mb, err := b.n.BuildImageTemplate(ctx, node.ImageTemplateSpec{Name: "img-b", Ref: ref, Registry: insecure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mb.RootFSID != snap.Manifest.RootFSID {
+		t.Fatalf("node B's image root filesystem is build %s, the snapshot's %s", mb.RootFSID, snap.Manifest.RootFSID)
+	}
+	if sb := b.create(ctx, engine.CreateOptions{Template: "img-b"}); b.client(sb).shell(ctx, "id -un") != "app\n" {
+		t.Fatal("a sandbox of node B's image template")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -42,6 +43,12 @@ type Config struct {
 	DataDir string // /var/lib/spore
 	// RootFSDir overrides <DataDir>/rootfs (tests share one).
 	RootFSDir string
+	// OwnRootFS says no other node uses RootFSDir, so this node may remove
+	// the root filesystem builds kept there that it does not need
+	// (PruneVersions); implied for the default directory. In a directory
+	// several nodes share (a fleet on one host), a node cannot know what
+	// the others need, and kept builds stay.
+	OwnRootFS bool
 	// Runsc overrides <DataDir>/bin/runsc.
 	Runsc string
 	// EnvdBinary is the spore-envd to install (default: beside the running
@@ -57,9 +64,16 @@ type Config struct {
 	// RunscFlags are extra global runsc flags ("--debug",
 	// "--debug-log=/tmp/runsc/" to see runsc's own timeline).
 	RunscFlags []string
-	// MemoryReserve is host memory new sandboxes may not use (see
-	// engine.Config.MemoryReserve; 0: the default, negative: none).
+	// MemoryReserve is the memory floor: host memory new sandboxes may
+	// not use, and under which the node hibernates its coldest sandboxes
+	// (see engine.Config.MemoryReserve; 0: the default, negative: none).
 	MemoryReserve int64
+	// MemoryPressureEvery is how often MemAvailable is compared with the
+	// floor (pressure.go; 0: DefaultMemoryPressureEvery, negative: never).
+	MemoryPressureEvery time.Duration
+	// MemoryMargin is how far above the floor a relief brings MemAvailable
+	// back (engine.Config.MemoryMargin; 0: the engine's default).
+	MemoryMargin int64
 	// EgressFloor is what no sandbox reaches whatever its policy (nil:
 	// netns.DefaultFloor; the host's addresses are always added).
 	EgressFloor []netip.Prefix
@@ -95,13 +109,22 @@ type Config struct {
 	// ChunkCacheBytes bounds the node's chunk cache (<DataDir>/chunk-cache;
 	// 0: DefaultChunkCacheBytes).
 	ChunkCacheBytes int64
-	// PeerToken authenticates this node to its peers' chunk handlers (the
-	// cluster token).
-	PeerToken string
+	// PeerClient reaches this node's peers (their chunk and manifest
+	// handlers) as a member of the fleet (fleetauth); nil: none are asked.
+	PeerClient *http.Client
 	// InsecureRegistries are the registries (host or host:port) this
 	// node pulls images from over plain HTTP; every other registry only
 	// over HTTPS (see BuildImage).
 	InsecureRegistries []string
+	// PrivateRegistries are the registries (host or host:port) this node
+	// may reach at an address in its egress floor (a LAN or loopback
+	// registry, or a storage host one redirects to); InsecureRegistries
+	// are included. Every other is refused there (see BuildImage).
+	PrivateRegistries []string
+	// RegistryAuthFile holds the operator's registry credentials, used by
+	// pulls that bring none (LoadRegistryAuth; "": none). The host's own
+	// Docker credentials are never used.
+	RegistryAuthFile string
 	// EgressRetention is how long a sandbox's egress audit journal
 	// (<DataDir>/egress-audit) is kept after its last entry (0:
 	// netaudit.DefaultRetention).
@@ -131,13 +154,16 @@ type Node struct {
 	// attempt of the node's sandboxes.
 	Audit       *netaudit.Journal
 	stopSweep   chan struct{}
+	stopMemory  func() // the memory pressure relief (pressure.go)
 	rootfsDir   string
 	CPUFeatures []string
 	envdDir     string
 	dns         *dnsfwd.Forwarder
 	egress      *egress.Proxy
-	insecure    map[string]bool // registries pulled over plain HTTP
-	blobs       blob.Store      // cfg.Blobs (nil: none)
+	reg         *registries // how image registries are reached
+	blobs       blob.Store  // cfg.Blobs (nil: none)
+	versions    *versions   // the root filesystem and runsc builds kept (versions.go)
+	exportDir   string      // <DataDir>/exports: the only place an export writes a layout
 	log         *slog.Logger
 }
 
@@ -150,12 +176,12 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	insecure, err := ParseInsecureRegistries(cfg.InsecureRegistries)
+	reg, err := newRegistries(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.RootFSDir == "" {
-		cfg.RootFSDir = setup.RootFSDir(dataDir)
+		cfg.RootFSDir, cfg.OwnRootFS = setup.RootFSDir(dataDir), true
 	}
 	if cfg.Runsc == "" {
 		cfg.Runsc = setup.RunscPath(dataDir)
@@ -173,7 +199,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("install envd: %w", err)
 	}
 	drv, err := gvisor.New(ctx, gvisor.Config{
-		Runsc: cfg.Runsc, StateDir: filepath.Join(dataDir, "runtime"), CgroupParent: cfg.CgroupParent, Logger: cfg.Logger,
+		Runsc: cfg.Runsc, StateDir: filepath.Join(dataDir, "runtime"), BuildsDir: setup.RunscBuildsDir(dataDir), CgroupParent: cfg.CgroupParent, Logger: cfg.Logger,
 		ExtraFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, BackgroundLoadBytes: cfg.BackgroundLoadMB << 20,
 	})
 	if err != nil {
@@ -228,7 +254,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	eng, err := engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
 		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
-		MemoryReserve: cfg.MemoryReserve, RestoreTargets: orDefault(cfg.RestoreTargets, DefaultRestoreTargets),
+		MemoryReserve: cfg.MemoryReserve, MemoryMargin: cfg.MemoryMargin, RestoreTargets: orDefault(cfg.RestoreTargets, DefaultRestoreTargets),
 		RestoreTargetsBurst: orDefault(cfg.RestoreTargetsBurst, DefaultRestoreTargetsBurst),
 		ReservedNetworks:    orDefault(cfg.ReservedNetworks, DefaultReservedNetworks),
 	})
@@ -238,9 +264,16 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, Audit: journal, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
-		rootfsDir: cfg.RootFSDir, insecure: insecure, blobs: cfg.Blobs}
+		exportDir: filepath.Join(dataDir, "exports"),
+		rootfsDir: cfg.RootFSDir, reg: reg, blobs: cfg.Blobs}
+	n.versions = &versions{n: n, pruneTrees: cfg.OwnRootFS}
+	if _, err := n.PruneVersions(ctx); err != nil {
+		n.log.Warn("prune the versions nothing needs", "err", err)
+	}
 	n.stopSweep = make(chan struct{})
+	n.stopMemory = n.watchMemory(cfg.MemoryPressureEvery)
 	go n.sweepAudit(n.stopSweep)
+	go n.pruneVersionsEvery(pruneEvery, n.stopSweep)
 	if cfg.Blobs != nil {
 		if n.Sync, err = openSync(dataDir, cfg, repo, drv.Name(), n); err != nil {
 			n.Close()
@@ -262,8 +295,8 @@ func openSync(dataDir string, cfg Config, repo *snapshot.Repo, runtimeName strin
 		return nil, fmt.Errorf("chunk cache: %w", err)
 	}
 	return snapsync.New(snapsync.Config{
-		Repo: repo, Store: cfg.Blobs, Cache: cache, PeerToken: cfg.PeerToken,
-		Runtime: runtimeName, CPUFeatures: n.CPUFeatures, Log: cfg.Logger,
+		Repo: repo, Store: cfg.Blobs, Cache: cache, PeerClient: cfg.PeerClient,
+		Runtime: runtimeName, CPUFeatures: n.CPUFeatures, Log: cfg.Logger, Deps: n.versions,
 		RootFSBuild: func(name string) (string, error) {
 			st, err := rootfs.Lookup(cfg.RootFSDir, name)
 			return st.ID, err
@@ -305,6 +338,9 @@ func HostCPUFeatures() []string {
 // (another program may take it). Sandboxes left running keep it (the
 // node re-attaches them at its next start).
 func (n *Node) Close() error {
+	if n.stopMemory != nil {
+		n.stopMemory()
+	}
 	if n.stopSweep != nil {
 		close(n.stopSweep)
 	}
@@ -410,6 +446,10 @@ func (n *Node) EnsureTemplates(ctx context.Context) error {
 			return fmt.Errorf("template %s: %w", spec.Name, err)
 		}
 		n.log.Info("template ready", "template_id", spec.Name, "snapshot_id", m.ID, "built", built)
+	}
+	// A rebuilt template may have been what kept an old version.
+	if _, err := n.PruneVersions(ctx); err != nil {
+		n.log.Warn("prune the versions nothing needs", "err", err)
 	}
 	return nil
 }

@@ -2,59 +2,69 @@ package node
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
+	"strings"
 
-	"github.com/spore-run/spore/internal/atomicfs"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/rootfs"
+	"github.com/spore-run/spore/internal/snapsync"
 )
 
 // metaStamp holds a published root filesystem's stamp (JSON) in its chunk
 // manifest's metadata.
 const metaStamp = "spore.rootfs.stamp"
 
-// rootfsManifestID names the blob store's copy of a root filesystem of
-// one revision.
-func rootfsManifestID(name string, revision int) string {
-	return "rootfs-" + name + "-r" + strconv.Itoa(revision)
+// rootfsManifestID names the blob store's pointer to the fleet's build of
+// root filesystem name: an empty tree whose metadata holds the build's
+// stamp and which refers to the build's own copy (snapsync's held
+// "tree-<build>" manifest), so the store keeps that copy while the
+// pointer names it.
+func rootfsManifestID(name string) string { return "rootfs-" + name }
+
+// sameSpec reports whether two stamps were built from the same
+// specification (the build IDs aside).
+func sameSpec(a, b rootfs.Stamp) bool { return specKey(a) == specKey(b) }
+
+func specKey(s rootfs.Stamp) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%d\x00%s", s.Suite, s.Variant, strings.Join(s.Packages, ","), s.Extra, s.Revision, s.Image)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // ShareRootFS makes the node's root filesystem name the one the fleet
-// shares through the blob store, so that a snapshot taken on any node
-// restores here (a checkpoint restores only over the very root filesystem
-// it was taken over: the build ID in its manifest must match). The first
-// node to start publishes its build (chunked, deduplicated); a node that
-// built its own later takes the published one instead, unless sandboxes
-// or snapshots here already depend on its own (then it keeps it, and
-// snapshots of the others' build are refused here with a clear error).
-// Templates built over the replaced one are rebuilt by EnsureTemplates.
-// Concurrent first starts may each publish; the last manifest wins, and
-// the others adopt it at their next start.
+// shares through the blob store, so that a template built on any node
+// restores on every other without a copy of its tree (a checkpoint
+// restores only over the very tree it was taken over; a snapshot of
+// another build fetches that build's tree, see versions.go). The first
+// node to start publishes its build; a node that built its own from the
+// same specification takes the published one instead (its own is kept
+// while its snapshots and sandboxes need it); a node whose build is of a
+// newer specification (an upgrade: a package added, a tree revision)
+// publishes its own in place of the older one, and a node of an older
+// specification keeps its own. Templates built over a replaced tree are
+// rebuilt by EnsureTemplates. Concurrent first starts may each publish;
+// the last pointer wins, and the others adopt it at their next start.
 func (n *Node) ShareRootFS(ctx context.Context, name string) (adopted bool, err error) {
 	if n.Sync == nil {
 		return false, nil
 	}
-	dir := n.rootfsDir
-	local, err := rootfs.Lookup(dir, name)
+	release := n.versions.Hold() // what it publishes or fetches stays until committed
+	defer release()
+	local, err := rootfs.Lookup(n.rootfsDir, name)
 	if err != nil {
 		return false, err
 	}
 	store := n.Sync.Store()
-	id := rootfsManifestID(name, local.Revision)
+	id := rootfsManifestID(name)
 	cm, err := chunk.ReadManifest(ctx, store, id)
 	if errdefs.IsNotFound(err) {
-		stamp, _ := json.Marshal(local)
-		_, st, perr := chunk.Pack(ctx, rootfs.Path(dir, name), store, chunk.PackOptions{ID: id, Metadata: map[string]string{metaStamp: string(stamp)}, Log: n.log})
-		if perr != nil {
-			return false, fmt.Errorf("publish root filesystem %s: %w", name, perr)
-		}
-		n.log.Info("root filesystem published", "rootfs", name, "build", local.ID, "bytes", st.TotalBytes, "stored", st.StoredBytes)
-		cm, err = chunk.ReadManifest(ctx, store, id)
+		return false, n.publishRootFS(ctx, name, local)
 	}
 	if err != nil {
 		return false, fmt.Errorf("root filesystem %s in the blob store: %w", name, err)
@@ -63,57 +73,53 @@ func (n *Node) ShareRootFS(ctx context.Context, name string) (adopted bool, err 
 	if err := json.Unmarshal([]byte(cm.Metadata[metaStamp]), &pub); err != nil || pub.ID == "" {
 		return false, fmt.Errorf("%w: the blob store's root filesystem %s has no stamp", errdefs.ErrDataLoss, id)
 	}
-	if pub.ID == local.ID {
+	switch {
+	case pub.ID == local.ID:
+		return false, nil
+	case !sameSpec(pub, local) && local.Built.After(pub.Built):
+		n.log.Info("publishing this node's root filesystem in place of the fleet's older one", "rootfs", name, "build", local.ID, "fleet_build", pub.ID)
+		return false, n.publishRootFS(ctx, name, local)
+	case !sameSpec(pub, local):
+		n.log.Warn("keeping this node's root filesystem: the fleet's is of a newer specification (upgrade this node)",
+			"rootfs", name, "build", local.ID, "fleet_build", pub.ID)
 		return false, nil
 	}
-	if users := n.rootfsUsers(local.ID); users > 0 {
-		n.log.Warn("keeping this node's own root filesystem: sandboxes or snapshots here use it; snapshots of the fleet's build will be refused here",
-			"rootfs", name, "build", local.ID, "fleet_build", pub.ID, "users", users)
-		return false, nil
-	}
-	fetched := filepath.Join(dir, "."+name+".fetch")
-	os.RemoveAll(fetched)
-	src := &chunk.Tiered{Cache: n.Sync.Cache(), Store: store, Log: n.log}
-	if _, err := chunk.Unpack(ctx, cm, fetched, src, chunk.UnpackOptions{}); err != nil {
+	if err := n.Sync.InstallDep(ctx, snapsync.Dep{Kind: snapsync.DepTree, ID: pub.ID}); err != nil {
 		return false, fmt.Errorf("fetch the fleet's root filesystem %s: %w", name, err)
 	}
-	// The tree's top directory is not in the manifest (Unpack makes it
-	// 0700): give it the mode of the one it replaces (0755), or nobody but
-	// root could reach anything in the sandboxes.
-	if fi, err := os.Stat(rootfs.Path(dir, name)); err == nil {
-		if err := os.Chmod(fetched, fi.Mode().Perm()); err != nil {
-			os.RemoveAll(fetched)
-			return false, err
-		}
-	}
-	// Swap: the old tree aside, the fetched one in, then its stamp (the
-	// commit point for Lookup), then the old tree goes.
-	old := filepath.Join(dir, "."+name+".old-"+local.ID)
-	if err := os.Rename(rootfs.Path(dir, name), old); err != nil {
-		os.RemoveAll(fetched)
+	// The fetched build becomes the name's; this node's own is kept while
+	// its snapshots and sandboxes need it (PruneVersions).
+	if err := rootfs.Promote(ctx, n.rootfsDir, name, pub.ID); err != nil {
 		return false, err
 	}
-	if err := os.Rename(fetched, rootfs.Path(dir, name)); err != nil {
-		os.Rename(old, rootfs.Path(dir, name))
-		return false, err
-	}
-	if err := atomicfs.WriteJSON(filepath.Join(dir, name+".json"), pub); err != nil {
-		return false, err
-	}
-	os.RemoveAll(old)
 	n.log.Info("root filesystem taken from the fleet", "rootfs", name, "was", local.ID, "build", pub.ID)
 	return true, nil
 }
 
-// rootfsUsers counts what on this node may depend on root filesystem
-// build id: every sandbox (running or hibernated), and the snapshots
-// other than templates taken over it.
-func (n *Node) rootfsUsers(id string) int {
-	users := len(n.Engine.List(context.Background()))
-	for _, m := range n.Engine.Snapshots().List() {
-		if m.RootFSID == id && m.Kind != "template" {
-			users++
-		}
+// publishRootFS makes this node's build of name the fleet's: its copy (a
+// held manifest, published first) and the pointer naming it.
+func (n *Node) publishRootFS(ctx context.Context, name string, local rootfs.Stamp) error {
+	dep := snapsync.Dep{Kind: snapsync.DepTree, ID: local.ID}
+	stamp, err := json.Marshal(local)
+	if err != nil {
+		return err
 	}
-	return users
+	empty, err := os.MkdirTemp("", "spore-rootfs-pointer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(empty)
+	_, _, err = chunk.Pack(ctx, empty, n.Sync.Store(), chunk.PackOptions{ID: rootfsManifestID(name), Log: n.log,
+		Metadata: map[string]string{metaStamp: string(stamp)}, Refs: []string{dep.ManifestID()},
+		EnsureRefs: func(ctx context.Context) error { return n.Sync.PublishDeps(ctx, []snapsync.Dep{dep}) }})
+	if err != nil {
+		return fmt.Errorf("publish root filesystem %s: %w", name, err)
+	}
+	// The pointers older Spore builds published, one per tree revision,
+	// would keep their trees in the store for ever.
+	for r := 1; r <= local.Revision; r++ {
+		_ = chunk.DeleteManifest(ctx, n.Sync.Store(), "rootfs-"+name+"-r"+strconv.Itoa(r))
+	}
+	n.log.Info("root filesystem published", "rootfs", name, "build", local.ID)
+	return nil
 }

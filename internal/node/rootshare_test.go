@@ -11,7 +11,6 @@ import (
 
 	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/engine"
-	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/rootfs"
@@ -19,12 +18,13 @@ import (
 	"github.com/spore-run/spore/internal/testenv"
 )
 
-// Two hosts that built their root filesystems separately cannot restore
-// each other's snapshots (a checkpoint restores only over the build it
-// was taken over): node B refuses node A's durable snapshot. Once B takes
-// the fleet's build from the blob store (A published its own first),
-// the same snapshot restores on B with its memory. B kept nothing of its
-// own build; A, which published, is unchanged.
+// Two hosts that built their root filesystems separately: node B fetches,
+// with node A's durable snapshot, the tree it was taken over (a checkpoint
+// restores only over the build it was taken over), as a kept build. Once
+// A publishes its build as the fleet's, B takes it (the copy it fetched
+// becomes its base: nothing is fetched twice), its own build is kept
+// aside, and the snapshot restores on B with its memory. A, which
+// published, is unchanged.
 func TestRootFSSharedThroughBlobStore(t *testing.T) {
 	testenv.RealTier(t)
 	blobs, err := local.Open(t.TempDir())
@@ -62,8 +62,15 @@ func TestRootFSSharedThroughBlobStore(t *testing.T) {
 	if _, err := a.n.Sync.Upload(ctx, snap.Manifest.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bn.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); !errdefs.IsConflict(err) {
-		t.Fatalf("node B with its own root filesystem build: %v, want a conflict", err)
+	if _, err := bn.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err != nil {
+		t.Fatalf("node B with its own root filesystem build: %v", err)
+	}
+	if st, ok := rootfs.Has(dirB, machineBuild); !ok || st.Name != "base" {
+		t.Fatalf("node B did not fetch A's build with the snapshot: %+v", st)
+	}
+	ownB, err := rootfs.Lookup(dirB, "base")
+	if err != nil {
+		t.Fatal(err)
 	}
 	// A publishes first (it is the first with a store); B then takes it.
 	if adopted, err := a.n.ShareRootFS(ctx, "base"); err != nil || adopted {
@@ -80,6 +87,9 @@ func TestRootFSSharedThroughBlobStore(t *testing.T) {
 	if ents, _ := filepath.Glob(filepath.Join(dirB, ".base*")); len(ents) != 0 {
 		t.Fatalf("left in B's root filesystems: %v", ents)
 	}
+	if kept, err := rootfs.Kept(dirB); err != nil || len(kept) != 1 || kept[0].ID != ownB.ID {
+		t.Fatalf("B keeps %+v (%v), want only its own build %s", kept, err, ownB.ID)
+	}
 	for _, f := range []string{"usr/bin/python3", "etc/os-release"} {
 		if _, err := os.Lstat(filepath.Join(dirB, "base", f)); err != nil {
 			t.Fatalf("B's root filesystem lacks %s: %v", f, err)
@@ -87,9 +97,6 @@ func TestRootFSSharedThroughBlobStore(t *testing.T) {
 	}
 	if err := bn.n.EnsureTemplates(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := bn.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err != nil {
-		t.Fatalf("node B, same build now: %v", err)
 	}
 	moved := bn.create(ctx, engine.CreateOptions{Template: snap.Manifest.ID})
 	out.Reset()

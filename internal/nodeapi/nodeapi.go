@@ -275,6 +275,10 @@ const (
 const (
 	EventDied   = "died"    // a sandbox's instance ended by itself
 	EventOpDone = "op-done" // an operation on a sandbox finished
+	// EventHibernated: the node hibernated a sandbox on its own (Reason
+	// "memory-pressure": its memory fell under the floor); Get gives its
+	// hibernation snapshot, and Resume brings it back.
+	EventHibernated = "hibernated"
 )
 
 // Resources is an amount of node capacity.
@@ -308,6 +312,12 @@ type NodeInfo struct {
 	// Durable: the node has a blob store; its snapshots can be uploaded,
 	// and it fetches the durable snapshots it does not hold.
 	Durable bool
+	// MemoryFreeMB is the memory the host really has for new sandboxes
+	// now: its MemAvailable less its memory floor and what its admissions
+	// hold for launches in flight (negative under the floor). nil: the
+	// node admits by nothing (no floor) or could not read it. Placement
+	// binds on it beside the limits (scheduler.NodeView.MemoryFree).
+	MemoryFreeMB *int64
 }
 
 // Limits are a sandbox's resource limits.
@@ -471,10 +481,10 @@ type Stats struct {
 
 // Event is something that happened on a node.
 type Event struct {
-	Kind      string // EventDied, EventOpDone
+	Kind      string // EventDied, EventOpDone, EventHibernated
 	SandboxID string
 	Op        string // EventOpDone: "create", "snapshot", "fork", ...
-	Reason    string // EventDied: "oom" or "crashed"
+	Reason    string // EventDied: "oom" or "crashed"; EventHibernated: "memory-pressure"
 	Detail    string
 	Err       string // EventOpDone: the operation's error, "" on success
 	At        time.Time

@@ -27,12 +27,13 @@ const (
 	noMemory
 	noVCPUs
 	noSlot
+	noFreeMemory
 	nReasons
 )
 
 // reasonOf says why n takes no item of size need once placed items of
 // this request sit on it.
-func reasonOf(n *NodeView, req *Request, need Resources, placed int) reason {
+func reasonOf(n *NodeView, req *Request, need item, placed int) reason {
 	switch {
 	case !sane(n):
 		return badFigures
@@ -44,12 +45,15 @@ func reasonOf(n *NodeView, req *Request, need Resources, placed int) reason {
 		return avoided
 	case !matches(n.Labels, req.Selector):
 		return selectorMismatch
-	case req.RunscBuild != "" && n.RunscBuild != req.RunscBuild:
+	case !hasBuild(n, req):
 		return otherBuild
 	case !hasAll(n.CPUFeatures, req.CPUFeatures):
 		return missingCPU
 	}
-	c := cand{alloc: allocatable(n), used: n.Used}
+	c := cand{alloc: allocatable(n), used: n.Used, free: noFreeFigure}
+	if n.MemoryFree != nil {
+		c.free = *n.MemoryFree
+	}
 	for range placed {
 		c.take(need)
 	}
@@ -60,12 +64,14 @@ func reasonOf(n *NodeView, req *Request, need Resources, placed int) reason {
 		return noVCPUs
 	case free.Sandboxes < need.Sandboxes:
 		return noSlot
+	case c.free < need.takes:
+		return noFreeMemory
 	}
 	return fitsOK
 }
 
 // phrase says reason r for count nodes ("2 lack 512 MB free ...").
-func phrase(r reason, count int, req *Request, need Resources) string {
+func phrase(r reason, count int, req *Request, need item) string {
 	one := count == 1
 	pick := func(singular, plural string) string {
 		if one {
@@ -86,7 +92,7 @@ func phrase(r reason, count int, req *Request, need Resources) string {
 	case selectorMismatch:
 		s = pick("does", "do") + " not match the selector " + selectorString(req.Selector)
 	case otherBuild:
-		s = fmt.Sprintf("%s another runsc build than %q", pick("runs", "run"), req.RunscBuild)
+		s = fmt.Sprintf("neither %s nor can get runsc build %q (no blob store)", pick("runs", "run"), req.RunscBuild)
 	case missingCPU:
 		s = pick("lacks", "lack") + " CPU features of " + strings.Join(req.CPUFeatures, ",")
 	case noMemory:
@@ -95,6 +101,8 @@ func phrase(r reason, count int, req *Request, need Resources) string {
 		s = fmt.Sprintf("%s %g vCPU free", pick("lacks", "lack"), need.VCPUs)
 	case noSlot:
 		s = pick("has", "have") + " no sandbox slot free"
+	case noFreeMemory:
+		s = fmt.Sprintf("%s %d MB of memory free now (MemAvailable beyond %s floor)", pick("lacks", "lack"), need.takes, pick("its", "their"))
 	}
 	return fmt.Sprintf("%d %s", count, s)
 }
@@ -111,12 +119,12 @@ func selectorString(sel map[string]string) string {
 	return strings.Join(keys, ",")
 }
 
-func sizeString(need Resources) string {
+func sizeString(need item) string {
 	return fmt.Sprintf("%d MB, %g vCPU", need.MemoryMB, need.VCPUs)
 }
 
 // lead opens a refusal: what was asked and how much of it fit.
-func lead(req *Request, need Resources, placed int) string {
+func lead(req *Request, need item, placed int) string {
 	if req.Count == 1 {
 		return fmt.Sprintf("no node can take a sandbox of %s", sizeString(need))
 	}
@@ -141,7 +149,7 @@ func (p *planner) exhausted(out []string) error {
 	}
 	parts := make([]string, 0, nReasons)
 	// Capacity first (the usual answer), then the exclusions.
-	for _, r := range []reason{noMemory, noVCPUs, noSlot, draining, lost, avoided, selectorMismatch, otherBuild, missingCPU, badFigures} {
+	for _, r := range []reason{noMemory, noFreeMemory, noVCPUs, noSlot, draining, lost, avoided, selectorMismatch, otherBuild, missingCPU, badFigures} {
 		if counts[r] > 0 {
 			parts = append(parts, phrase(r, counts[r], req, need))
 		}
@@ -154,7 +162,7 @@ func (p *planner) exhausted(out []string) error {
 }
 
 // placeHint puts every item on the node req.Hint names, or says why not.
-func placeHint(view View, req Request, need Resources) (Placement, error) {
+func placeHint(view View, req Request, need item) (Placement, error) {
 	i := slices.IndexFunc(view.Nodes, func(n NodeView) bool { return n.ID == req.Hint })
 	if i < 0 {
 		return Placement{}, errdefs.NotFoundf("hinted node %q is not in the fleet", req.Hint)
@@ -177,9 +185,13 @@ func placeHint(view View, req Request, need Resources) (Placement, error) {
 		what = "lacks CPU features " + strings.Join(missing(n.CPUFeatures, req.CPUFeatures), ",")
 	}
 	if r == otherBuild {
-		what = fmt.Sprintf("runs runsc build %q, not %q", n.RunscBuild, req.RunscBuild)
+		what = fmt.Sprintf("runs runsc build %q, not %q, and has no blob store to get it from", n.RunscBuild, req.RunscBuild)
 	}
-	return Placement{}, fmt.Errorf("%w: %s: hinted node %s %s", errdefs.ErrResourceLimit, lead(&req, need, len(out)), n.ID, what)
+	err := fmt.Errorf("%w: %s: hinted node %s %s", errdefs.ErrResourceLimit, lead(&req, need, len(out)), n.ID, what)
+	if req.Partial && len(out) > 0 {
+		return Placement{Nodes: out, Short: err}, nil
+	}
+	return Placement{}, err
 }
 
 func missing(have, want []string) []string {

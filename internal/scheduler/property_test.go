@@ -44,6 +44,7 @@ func randomView(r *rand.Rand, n int) scheduler.View {
 			Lost:       r.IntN(10) == 0,
 			RunscBuild: pick("b1", "b2"),
 			Labels:     map[string]string{"zone": pick("a", "b", "c")},
+			Durable:    r.IntN(3) == 0,
 		}
 		if r.IntN(3) == 0 {
 			nv.Labels["pool"] = "rl"
@@ -139,7 +140,8 @@ func excludedWhy(n *scheduler.NodeView, req scheduler.Request) string {
 		return "lost"
 	case n.Draining:
 		return "draining"
-	case req.RunscBuild != "" && n.RunscBuild != req.RunscBuild:
+	case req.RunscBuild != "" && n.RunscBuild != req.RunscBuild && !n.Durable &&
+		!(req.Source != "" && n.Cached[req.Source]) && !(req.Origin != "" && n.ID == req.Origin):
 		return "runsc build"
 	}
 	for k, want := range req.Selector {

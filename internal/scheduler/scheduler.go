@@ -12,9 +12,12 @@
 //
 //  1. Exclude nodes that cannot run the sandbox at all: lost nodes,
 //     draining nodes, nodes whose labels do not match every pair of the
-//     selector, nodes with another runsc build when the request names one
-//     (a snapshot restores only on the build that took it), and nodes that
-//     lack a requested CPU feature (a checkpoint taken where AVX-512 was
+//     selector, nodes that neither have nor can get the runsc build the
+//     request names (a snapshot restores only with the build that took
+//     it: a node has it when it runs it, holds Source or is Origin, since
+//     a node keeps the builds of what it holds and runs; it can get it when
+//     it reaches the blob store, which keeps every build a durable
+//     snapshot needs), and nodes that lack a requested CPU feature (a checkpoint taken where AVX-512 was
 //     used cannot resume without it).
 //  2. Fit: a node takes an item only when capacity × overcommit − reserved
 //     − used covers the item's memory and vCPUs and one sandbox slot.
@@ -23,6 +26,12 @@
 //     reservations, so a node may promise more than it has); Reserved is
 //     the node's admission reserve (memory the host keeps for itself).
 //     Every dimension is a hard limit; sandbox slots are never overcommitted.
+//     A node that reports the memory it really has free (MemoryFree: its
+//     MemAvailable less its memory floor and what its admissions hold)
+//     also takes an item only while that covers what the item really
+//     takes (Request.Takes: a restore loads its image's whole memory):
+//     limits are a bet on what sandboxes will use, MemoryFree is what
+//     the host has now.
 //  3. Fork: children go to Origin (the source sandbox's node, which holds
 //     its memory image) while it fits; the rest spill by the rules below.
 //  4. Locality: a node that caches Source (a template name or snapshot ID)
@@ -36,7 +45,8 @@
 // was emptiest before the first. A request is all or nothing: when some
 // item fits nowhere Place returns an [errdefs.ErrResourceLimit] saying why
 // (how many items fit, and for each kind of reason how many nodes were
-// ruled out by it), and no placement.
+// ruled out by it), and no placement; with Partial, the items that fit
+// are placed and Placement.Short says why the others are not.
 //
 // Hint is an operator-only override for tests and maintenance: every item
 // goes to that node or Place fails; the rules of 1 and 2 still hold there
@@ -107,6 +117,15 @@ type NodeView struct {
 	CPUFeatures              []string
 	// Cached holds the template names and snapshot IDs stored locally.
 	Cached map[string]bool
+	// Durable: the node reaches the blob store, and fetches from it the
+	// runsc builds (and root filesystem trees) the snapshots it restores
+	// need and it lacks.
+	Durable bool
+	// MemoryFree, when set, is the memory in MB the host really has for
+	// new sandboxes now, as the node last reported it: its MemAvailable
+	// less its memory floor and what its admissions hold (negative under
+	// the floor). nil: the node reports none, and only limits bind.
+	MemoryFree *int64
 }
 
 // View is the fleet as the control plane sees it.
@@ -133,15 +152,28 @@ type Request struct {
 	// Avoid lists nodes that must take nothing (one that just refused the
 	// item, such as a full node a hibernated sandbox moves away from).
 	Avoid []string
-	// RunscBuild, when set, admits only nodes with that build.
+	// RunscBuild, when set, admits only nodes that have or can get that
+	// build (hasBuild).
 	RunscBuild string
 	// CPUFeatures must all be present on the node.
 	CPUFeatures []string
+	// Takes is the memory in MB one item really takes on a node (a
+	// restore loads its image's whole memory: a fork child takes about
+	// what its source holds), checked against the MemoryFree of the
+	// nodes that report it. 0: only a node under its floor is ruled out.
+	Takes int64
+	// Partial places the items that fit, in order, when not all do:
+	// Placement.Nodes is then shorter than Count and Placement.Short says
+	// why the others did not fit. With none placed, Place still fails.
+	Partial bool
 }
 
 // Placement names a node for each requested item, in order.
 type Placement struct {
 	Nodes []string
+	// Short, for a Partial request whose items did not all fit, is the
+	// ErrResourceLimit saying why the items past Nodes were not placed.
+	Short error
 }
 
 // Place decides where the items of req go. Errors: ErrInvalidArgument for
@@ -159,21 +191,30 @@ func Place(view View, req Request) (Placement, error) {
 	return p.place()
 }
 
+// item is what one item of a request needs: its size in the limits'
+// terms, and the memory it really takes.
+type item struct {
+	Resources
+	takes int64 // MB, against MemoryFree
+}
+
 // check validates req and returns one item's need.
-func check(req Request) (Resources, error) {
+func check(req Request) (item, error) {
 	switch {
 	case req.Count < 1 || req.Count > MaxCount:
-		return Resources{}, errdefs.Invalidf("placement count %d is outside 1..%d", req.Count, MaxCount)
+		return item{}, errdefs.Invalidf("placement count %d is outside 1..%d", req.Count, MaxCount)
 	case req.Each.MemoryMB < 0:
-		return Resources{}, errdefs.Invalidf("placement memory %d MB is negative", req.Each.MemoryMB)
+		return item{}, errdefs.Invalidf("placement memory %d MB is negative", req.Each.MemoryMB)
 	case math.IsNaN(req.Each.VCPUs) || math.IsInf(req.Each.VCPUs, 0) || req.Each.VCPUs < 0:
-		return Resources{}, errdefs.Invalidf("placement vCPUs %v is not a finite non-negative number", req.Each.VCPUs)
+		return item{}, errdefs.Invalidf("placement vCPUs %v is not a finite non-negative number", req.Each.VCPUs)
 	case req.Each.MemoryMB > maxMemoryMB || req.Each.VCPUs > maxVCPUs:
-		return Resources{}, errdefs.Invalidf("placement item of %d MB, %v vCPUs is larger than any node", req.Each.MemoryMB, req.Each.VCPUs)
+		return item{}, errdefs.Invalidf("placement item of %d MB, %v vCPUs is larger than any node", req.Each.MemoryMB, req.Each.VCPUs)
 	case req.Each.Sandboxes != 0 && req.Each.Sandboxes != 1:
-		return Resources{}, errdefs.Invalidf("placement item of %d sandboxes: an item is one sandbox", req.Each.Sandboxes)
+		return item{}, errdefs.Invalidf("placement item of %d sandboxes: an item is one sandbox", req.Each.Sandboxes)
+	case req.Takes < 0 || req.Takes > maxMemoryMB:
+		return item{}, errdefs.Invalidf("placement item taking %d MB of memory is out of range", req.Takes)
 	}
-	need := req.Each
+	need := item{Resources: req.Each, takes: req.Takes}
 	need.Sandboxes = 1
 	return need, nil
 }
@@ -186,6 +227,7 @@ func check(req Request) (Resources, error) {
 type cand struct {
 	at          int       // index in View.Nodes
 	alloc, used Resources // alloc = capacity − reserved
+	free        int64     // MemoryFree less what this request placed on it (noFreeFigure: none reported)
 	cached      bool
 	// memKey and slotKey are the node's allocated fractions of memory and
 	// of slots once it takes the next item: the spreading keys, computed
@@ -195,7 +237,7 @@ type cand struct {
 
 // newCand makes node i a candidate for items of size need when it fits. Its
 // locality is left to the caller (see planner.beats).
-func newCand(nodes []NodeView, i int, need Resources) (cand, bool) {
+func newCand(nodes []NodeView, i int, need item) (cand, bool) {
 	c := candAt(nodes, i)
 	if !c.fits(need) {
 		return c, false
@@ -206,8 +248,16 @@ func newCand(nodes []NodeView, i int, need Resources) (cand, bool) {
 
 func candAt(nodes []NodeView, i int) cand {
 	n := &nodes[i]
-	return cand{at: i, alloc: allocatable(n), used: n.Used}
+	c := cand{at: i, alloc: allocatable(n), used: n.Used, free: noFreeFigure}
+	if n.MemoryFree != nil {
+		c.free = *n.MemoryFree
+	}
+	return c
 }
+
+// noFreeFigure is the free memory of a node that reports none: more than
+// any request takes (MaxCount items of maxMemoryMB stay below it).
+const noFreeFigure = math.MaxInt64 / 2
 
 // allocatable is what placement may hand out on n: its capacity times its
 // overcommit, less its reserve. Only for a sane n (ratios in bounds).
@@ -226,22 +276,24 @@ func ratio(r float64) float64 {
 	return r
 }
 
-func (c *cand) rank(need Resources) {
+func (c *cand) rank(need item) {
 	c.memKey = fraction(float64(c.used.MemoryMB+need.MemoryMB), float64(c.alloc.MemoryMB))
 	c.slotKey = fraction(float64(c.used.Sandboxes+need.Sandboxes), float64(c.alloc.Sandboxes))
 }
 
 // fits reports whether c can take one more item of size need. Written so
 // that a NaN anywhere in the node's figures means "does not fit".
-func (c *cand) fits(need Resources) bool {
+func (c *cand) fits(need item) bool {
 	return c.alloc.Sandboxes-c.used.Sandboxes >= need.Sandboxes &&
 		c.alloc.MemoryMB-c.used.MemoryMB >= need.MemoryMB &&
-		c.alloc.VCPUs-c.used.VCPUs+epsilon >= need.VCPUs
+		c.alloc.VCPUs-c.used.VCPUs+epsilon >= need.VCPUs &&
+		c.free >= need.takes
 }
 
 // take places one item on c and re-ranks it for the next.
-func (c *cand) take(need Resources) {
-	c.used = add(c.used, need)
+func (c *cand) take(need item) {
+	c.used = add(c.used, need.Resources)
+	c.free -= need.takes
 	c.rank(need)
 }
 
@@ -279,8 +331,17 @@ func fraction(used, alloc float64) float64 {
 // (rule 1); explain.go says why not.
 func eligible(n *NodeView, req *Request) bool {
 	return sane(n) && !n.Lost && !n.Draining && !slices.Contains(req.Avoid, n.ID) && matches(n.Labels, req.Selector) &&
-		(req.RunscBuild == "" || n.RunscBuild == req.RunscBuild) &&
+		hasBuild(n, req) &&
 		hasAll(n.CPUFeatures, req.CPUFeatures)
+}
+
+// hasBuild reports whether n has, or can get, the runsc build req names:
+// it runs it; it holds Source, or is Origin (a node keeps the builds of
+// the snapshots it holds and of the sandboxes it runs); or it reaches the
+// blob store, which keeps the builds durable snapshots need.
+func hasBuild(n *NodeView, req *Request) bool {
+	return req.RunscBuild == "" || n.RunscBuild == req.RunscBuild || n.Durable ||
+		(req.Source != "" && n.Cached[req.Source]) || (req.Origin != "" && n.ID == req.Origin)
 }
 
 // sane reports whether every figure of n is within bounds (none negative,
@@ -288,7 +349,8 @@ func eligible(n *NodeView, req *Request) bool {
 // risking an overflow that would make it look free.
 func sane(n *NodeView) bool {
 	return inBounds(n.Capacity) && inBounds(n.Used) && inBounds(n.Reserved) &&
-		ratioOK(n.Overcommit.Memory) && ratioOK(n.Overcommit.VCPUs)
+		ratioOK(n.Overcommit.Memory) && ratioOK(n.Overcommit.VCPUs) &&
+		(n.MemoryFree == nil || *n.MemoryFree >= -maxMemoryMB && *n.MemoryFree <= maxMemoryMB)
 }
 
 func ratioOK(r float64) bool { return r >= 0 && r <= MaxOvercommit } // false for NaN
@@ -329,7 +391,7 @@ outer:
 type planner struct {
 	view View
 	req  Request // by value: a pointer to Place's argument would move it to the heap
-	need Resources
+	need item
 }
 
 func (p *planner) place() (Placement, error) {
@@ -355,7 +417,7 @@ func (p *planner) place() (Placement, error) {
 	if left == 1 {
 		best, ok := p.best(originAt)
 		if !ok {
-			return Placement{}, p.exhausted(out)
+			return p.short(out)
 		}
 		return Placement{Nodes: append(out, p.view.Nodes[best.at].ID)}, nil
 	}
@@ -367,7 +429,7 @@ func (p *planner) place() (Placement, error) {
 	h.init()
 	for len(out) < req.Count {
 		if len(h.c) == 0 {
-			return Placement{}, p.exhausted(out)
+			return p.short(out)
 		}
 		top := &h.c[0]
 		top.take(need)
@@ -379,6 +441,17 @@ func (p *planner) place() (Placement, error) {
 		}
 	}
 	return Placement{Nodes: out}, nil
+}
+
+// short answers a request whose items did not all fit, out being those
+// that did: with Partial and some placed, those and why the rest did not
+// fit; else the refusal.
+func (p *planner) short(out []string) (Placement, error) {
+	err := p.exhausted(out)
+	if p.req.Partial && len(out) > 0 {
+		return Placement{Nodes: out, Short: err}, nil
+	}
+	return Placement{}, err
 }
 
 // caches reports whether n holds the request's source locally.

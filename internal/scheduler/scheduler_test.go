@@ -44,6 +44,7 @@ func overcommit(mem, cpu float64) func(*scheduler.NodeView) {
 }
 
 func isDraining(n *scheduler.NodeView) { n.Draining = true }
+func durable(n *scheduler.NodeView)    { n.Durable = true }
 func isLost(n *scheduler.NodeView)     { n.Lost = true }
 
 func labels(kv ...string) func(*scheduler.NodeView) {
@@ -264,7 +265,19 @@ func TestExclusions(t *testing.T) {
 			req: req(512), want: []string{"a"}},
 		{name: "runsc build gate refuses", view: nodes(node("a", 65536, 100, build("old"))),
 			req: req(512, needBuild("new")), kind: errdefs.ErrResourceLimit,
-			msg: []string{`1 runs another runsc build than "new"`}},
+			msg: []string{`1 neither runs nor can get runsc build "new" (no blob store)`}},
+		// A node has the build a snapshot needs when it runs it, holds the
+		// snapshot (it keeps the builds of what it holds) or is the fork's
+		// origin (its source runs there); it can get it from the blob store.
+		{name: "runsc build: a durable node gets it", view: nodes(node("a", 65536, 100, build("new")), node("b", 65536, 100, durable, build("new"))),
+			req: req(512, needBuild("old")), want: []string{"b"}},
+		{name: "runsc build: a holder of the source keeps it", view: nodes(node("a", 65536, 100, build("new")), node("b", 65536, 100, build("new"), caches("snap-1"))),
+			req: req(512, needBuild("old"), source("snap-1")), want: []string{"b"}},
+		{name: "runsc build: the fork's origin runs it", view: nodes(node("a", 65536, 100, build("new")), node("b", 65536, 100, build("new"))),
+			req: req(512, needBuild("old"), origin("b"), count(2)), want: []string{"b", "b"}},
+		{name: "runsc build: holding another source is not enough", view: nodes(node("a", 65536, 100, build("new"), caches("snap-2"))),
+			req: req(512, needBuild("old"), source("snap-1")), kind: errdefs.ErrResourceLimit,
+			msg: []string{`1 neither runs nor can get runsc build "old"`}},
 		{name: "CPU features gate", view: nodes(
 			node("a", 65536, 100, features("avx2")),
 			node("b", 65536, 100, full, features("sse4_2", "avx2", "avx512f"))),
@@ -342,7 +355,9 @@ func TestHint(t *testing.T) {
 			msg: []string{"hinted node a does not match the selector zone=b"}},
 		{name: "build gate names both builds", view: nodes(node("a", 65536, 100, build("old"))),
 			req: req(512, hint("a"), needBuild("new")), kind: errdefs.ErrResourceLimit,
-			msg: []string{`hinted node a runs runsc build "old", not "new"`}},
+			msg: []string{`hinted node a runs runsc build "old", not "new", and has no blob store to get it from`}},
+		{name: "build gate: a hinted durable node gets it", view: nodes(node("a", 65536, 100, build("old"), durable)),
+			req: req(512, hint("a"), needBuild("new")), want: []string{"a"}},
 		{name: "CPU gate names the missing features", view: nodes(node("a", 65536, 100, features("avx2", "sse4_2"))),
 			req: req(512, hint("a"), needFeatures("sse4_2", "avx512f", "amx")), kind: errdefs.ErrResourceLimit,
 			msg: []string{"hinted node a lacks CPU features avx512f,amx"}},

@@ -53,6 +53,10 @@ type Config struct {
 	// Images, when set, builds templates from OCI images (the node: a
 	// *node.Node); without it BuildImage answers ErrConflict.
 	Images ImageBuilder
+	// PeerScheme is how peers (other nodes, at the addresses requests
+	// name) are reached: "https" in a fleet with certificates, "http"
+	// (the default) in an insecure one.
+	PeerScheme string
 }
 
 // ImageBuilder builds a template from an OCI image, reaching the registry
@@ -113,6 +117,9 @@ func New(eng *engine.Engine, cfg Config) *Node {
 		}
 		n.publish(ev)
 	})
+	eng.OnRelieved(func(es engine.Sandbox, detail string) {
+		n.publish(nodeapi.Event{Kind: nodeapi.EventHibernated, SandboxID: es.ID, Reason: engine.PressureReason, Detail: detail, At: time.Now().UTC()})
+	})
 	return n
 }
 
@@ -170,6 +177,10 @@ func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 		if m.Kind == snapshot.KindTemplate {
 			info.Templates = append(info.Templates, m.Names...)
 		}
+	}
+	if free, ok := n.eng.MemoryFree(ctx); ok {
+		mb := free >> 20
+		info.MemoryFreeMB = &mb
 	}
 	return info, nil
 }
@@ -358,7 +369,7 @@ func (n *Node) ensure(ctx context.Context, ref string, peers []string) error {
 	urls := make([]string, 0, len(peers))
 	for _, p := range peers {
 		if p != "" && p != n.cfg.Addr {
-			urls = append(urls, "http://"+p)
+			urls = append(urls, n.peerScheme()+"://"+p)
 		}
 	}
 	_, err := n.cfg.Sync.Ensure(ctx, ref, urls)
@@ -423,7 +434,8 @@ func (n *Node) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
 // misses some (events are hints: it then reconciles with List).
 const eventBuffer = 1024
 
-// Events streams deaths and finished operations until ctx ends.
+// Events streams deaths, hibernations under memory pressure and finished
+// operations until ctx ends.
 func (n *Node) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
 	ch := make(chan nodeapi.Event, eventBuffer)
 	n.mu.Lock()
@@ -641,4 +653,11 @@ func (n *Node) EgressAudit(ctx context.Context, id string, since time.Time, limi
 			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn, Open: e.Open}
 	}
 	return out, nil
+}
+
+func (n *Node) peerScheme() string {
+	if n.cfg.PeerScheme == "" {
+		return "http"
+	}
+	return n.cfg.PeerScheme
 }

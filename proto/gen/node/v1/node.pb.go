@@ -773,7 +773,11 @@ type InfoResponse struct {
 	Overcommit *Overcommit `protobuf:"bytes,9,opt,name=overcommit,proto3" json:"overcommit,omitempty"`
 	// The node has a blob store: its snapshots can be made durable, and it
 	// fetches durable snapshots it does not hold.
-	Durable       bool `protobuf:"varint,10,opt,name=durable,proto3" json:"durable,omitempty"`
+	Durable bool `protobuf:"varint,10,opt,name=durable,proto3" json:"durable,omitempty"`
+	// Memory (MB) the host really has for new sandboxes now: MemAvailable
+	// less the memory floor and what admissions hold (negative under the
+	// floor); unset when the node admits by nothing or cannot read it.
+	MemoryFreeMb  *int64 `protobuf:"varint,11,opt,name=memory_free_mb,json=memoryFreeMb,proto3,oneof" json:"memory_free_mb,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -876,6 +880,13 @@ func (x *InfoResponse) GetDurable() bool {
 		return x.Durable
 	}
 	return false
+}
+
+func (x *InfoResponse) GetMemoryFreeMb() int64 {
+	if x != nil && x.MemoryFreeMb != nil {
+		return *x.MemoryFreeMb
+	}
+	return 0
 }
 
 type Overcommit struct {
@@ -3674,7 +3685,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
-	"\vInfoRequest\"\xd1\x03\n" +
+	"\vInfoRequest\"\x8f\x04\n" +
 	"\fInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x124\n" +
@@ -3689,10 +3700,12 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"overcommit\x18\t \x01(\v2\x19.spore.node.v1.OvercommitR\n" +
 	"overcommit\x12\x18\n" +
 	"\adurable\x18\n" +
-	" \x01(\bR\adurable\x1a9\n" +
+	" \x01(\bR\adurable\x12)\n" +
+	"\x0ememory_free_mb\x18\v \x01(\x03H\x00R\fmemoryFreeMb\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
+	"\x0f_memory_free_mb\":\n" +
 	"\n" +
 	"Overcommit\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x01R\x06memory\x12\x14\n" +
@@ -4080,6 +4093,7 @@ func file_node_v1_node_proto_init() {
 	if File_node_v1_node_proto != nil {
 		return
 	}
+	file_node_v1_node_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
