@@ -41,6 +41,17 @@ package chunk
 // stale: it is older than StaleAfter at k0, but P commits within
 // StaleAfter/2 of t0, so M was committed before k0 (case 2).
 //
+// Held manifests (Manifest.Held: a snapshot's root filesystem tree and
+// runtime build, kept while a snapshot needs them) follow the same rule as
+// chunks, with references in place of chunk names: a manifest or a
+// pending marker lists the held manifests it refers to (Refs), step 2
+// collects them, and a held manifest that none refers to and that is older
+// than Grace is deleted in step 4 (before the chunks, under the same
+// budget), and its chunks are not marked. A Pack that refers to one makes
+// it present after putting its marker and again after waiting for the
+// runs it noted (EnsureRefs), as it does for its chunks: the claim above,
+// with "held manifest" for "chunk", holds by the same four cases.
+//
 // A run killed midway has only deleted unmarked chunks; its marker keeps
 // Packs waiting until its budget has passed (and the next run removes it).
 // Grace is defence in depth: nothing written in the last Grace is swept,
@@ -213,10 +224,26 @@ type Report struct {
 	Manifests    int
 	Pending      int // live pending markers honoured
 	StalePending int // stale pending markers removed
+	HeldKept     int // held manifests referred to, or young
+	HeldDeleted  []string
+}
+
+// marks is what a run found in use: chunks, and held manifests referred to.
+type marks struct {
+	chunks map[ID]struct{}
+	refs   map[string]bool
+	held   []heldManifest // every held manifest listed
+}
+
+type heldManifest struct {
+	info   blob.Info
+	id     string
+	chunks []ID
 }
 
 // GC deletes the chunks that no manifest and no live pending marker names
-// and that are older than the grace period. See the protocol above.
+// and that are older than the grace period, and the held manifests that
+// none refers to and that are older than it. See the protocol above.
 func GC(ctx context.Context, store blob.Store, opts GCOptions) (Report, error) {
 	var rep Report
 	if opts.Grace <= 0 {
@@ -261,16 +288,28 @@ func GC(ctx context.Context, store blob.Store, opts GCOptions) (Report, error) {
 		return rep, err
 	}
 
-	marked := map[ID]struct{}{}
-	if err := markPending(ctx, store, k0, opts.StaleAfter, marked, &rep); err != nil {
+	mk := &marks{chunks: map[ID]struct{}{}, refs: map[string]bool{}}
+	if err := markPending(ctx, store, k0, opts.StaleAfter, mk, &rep); err != nil {
 		return rep, err
 	}
-	if err := markManifests(ctx, store, marked, &rep); err != nil {
+	if err := markManifests(ctx, store, mk, &rep); err != nil {
 		return rep, err
 	}
+	cutoff := k0.Add(-opts.Grace)
+	var unheld []heldManifest
+	for _, h := range mk.held {
+		if mk.refs[h.id] || !h.info.Modified.Before(cutoff) {
+			rep.HeldKept++
+			for _, id := range h.chunks {
+				mk.chunks[id] = struct{}{}
+			}
+			continue
+		}
+		unheld = append(unheld, h)
+	}
+	marked := mk.chunks
 
 	var sweep []blob.Info
-	cutoff := k0.Add(-opts.Grace)
 	err = store.List(ctx, "chunks/", func(info blob.Info) error {
 		id, ok := chunkFromKey(info.Key)
 		if !ok {
@@ -298,11 +337,17 @@ func GC(ctx context.Context, store blob.Store, opts GCOptions) (Report, error) {
 			rep.Deleted++
 			rep.FreedBytes += info.Size
 		}
+		for _, h := range unheld {
+			rep.HeldDeleted = append(rep.HeldDeleted, h.id)
+		}
 		return rep, nil
+	}
+	if err := deleteHeld(ctx, store, unheld, clock, opts, &rep); err != nil {
+		return rep, err
 	}
 	err = sweepChunks(ctx, store, sweep, clock, opts, &rep)
 	log.Info("chunk: gc", "deleted", rep.Deleted, "freed_bytes", rep.FreedBytes, "kept", rep.Kept,
-		"manifests", rep.Manifests, "pending", rep.Pending, "err", err)
+		"manifests", rep.Manifests, "pending", rep.Pending, "held_deleted", len(rep.HeldDeleted), "err", err)
 	return rep, err
 }
 
@@ -330,7 +375,7 @@ func removeDeadRuns(ctx context.Context, store blob.Store, self string, now time
 	return nil
 }
 
-func markPending(ctx context.Context, store blob.Store, k0 time.Time, staleAfter time.Duration, marked map[ID]struct{}, rep *Report) error {
+func markPending(ctx context.Context, store blob.Store, k0 time.Time, staleAfter time.Duration, mk *marks, rep *Report) error {
 	var live []string
 	var stale []string
 	err := store.List(ctx, "pending/", func(info blob.Info) error {
@@ -354,7 +399,10 @@ func markPending(ctx context.Context, store blob.Store, k0 time.Time, staleAfter
 		}
 		rep.Pending++
 		for _, id := range p.Chunks {
-			marked[id] = struct{}{}
+			mk.chunks[id] = struct{}{}
+		}
+		for _, r := range p.Refs {
+			mk.refs[r] = true
 		}
 	}
 	for _, key := range stale {
@@ -385,17 +433,20 @@ func readPending(ctx context.Context, store blob.Store, key string) (*pending, e
 	return &p, nil
 }
 
-func markManifests(ctx context.Context, store blob.Store, marked map[ID]struct{}, rep *Report) error {
-	var keys []string
+// markManifests marks the chunks of every manifest but the held ones,
+// whose chunks it records (GC marks them if it keeps the manifest), and
+// the held manifests they all refer to.
+func markManifests(ctx context.Context, store blob.Store, mk *marks, rep *Report) error {
+	var infos []blob.Info
 	err := store.List(ctx, "manifests/", func(info blob.Info) error {
-		keys = append(keys, info.Key)
+		infos = append(infos, info)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("gc: list manifests: %w", err)
 	}
-	for _, key := range keys {
-		m, err := readManifestKey(ctx, store, key)
+	for _, info := range infos {
+		m, err := readManifestKey(ctx, store, info.Key)
 		if errdefs.IsNotFound(err) {
 			continue // deleted since
 		}
@@ -403,11 +454,37 @@ func markManifests(ctx context.Context, store blob.Store, marked map[ID]struct{}
 			return fmt.Errorf("gc: %w", err)
 		}
 		rep.Manifests++
+		for _, r := range m.Refs {
+			mk.refs[r] = true
+		}
+		if m.Held && info.Key == ManifestKey(m.ID) {
+			h := heldManifest{info: info, id: m.ID}
+			for id := range m.ChunkIDs() {
+				h.chunks = append(h.chunks, id)
+			}
+			mk.held = append(mk.held, h)
+			continue
+		}
 		for _, e := range m.Entries {
 			for _, r := range e.Chunks {
-				marked[r.ID] = struct{}{}
+				mk.chunks[r.ID] = struct{}{}
 			}
 		}
+	}
+	return nil
+}
+
+// deleteHeld deletes the held manifests nothing refers to, each only
+// while the run's budget lasts (as a chunk's delete).
+func deleteHeld(ctx context.Context, store blob.Store, unheld []heldManifest, clock storeClock, opts GCOptions, rep *Report) error {
+	for _, h := range unheld {
+		if el := clock.elapsed(); el > opts.Budget {
+			return fmt.Errorf("%w: gc: stopped after %v (budget %v); rerun to finish", errdefs.ErrUnavailable, el, opts.Budget)
+		}
+		if err := store.Delete(ctx, h.info.Key); err != nil {
+			return fmt.Errorf("gc: delete held manifest %s: %w", h.id, err)
+		}
+		rep.HeldDeleted = append(rep.HeldDeleted, h.id)
 	}
 	return nil
 }

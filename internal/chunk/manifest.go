@@ -39,7 +39,14 @@ type Manifest struct {
 	// Metadata is free-form (the runsc build and CPU features an image
 	// needs, for the compatibility gate).
 	Metadata map[string]string `json:"metadata,omitempty"`
-	Entries  []Entry           `json:"entries"`
+	// Refs are the held manifests this one needs (a snapshot's root
+	// filesystem tree and runtime build): GC keeps them while it exists.
+	Refs []string `json:"refs,omitempty"`
+	// Held: GC deletes this manifest once no manifest and no live pending
+	// marker refers to it and it is older than the grace period (see
+	// gc.go). Otherwise a manifest goes only by DeleteManifest.
+	Held    bool    `json:"held,omitempty"`
+	Entries []Entry `json:"entries"`
 }
 
 // Chunking records the parameters the files were cut with.
@@ -130,6 +137,9 @@ func (m *Manifest) Validate() error {
 	if err := CheckManifestID(m.ID); err != nil {
 		return err
 	}
+	if err := checkRefs(m.ID, m.Refs); err != nil {
+		return bad("%v", err)
+	}
 	if m.Chunking != currentChunking() {
 		// Still readable, but a Pack against it would dedupe nothing;
 		// refuse rather than mix two chunkings in one store.
@@ -187,6 +197,22 @@ func (m *Manifest) Validate() error {
 		default:
 			return bad("entry %q: unknown type %q", p, e.Type)
 		}
+	}
+	return nil
+}
+
+// checkRefs accepts a list of held manifests that id may refer to: valid
+// IDs, none twice, not id itself.
+func checkRefs(id string, refs []string) error {
+	seen := map[string]bool{}
+	for _, r := range refs {
+		if err := CheckManifestID(r); err != nil {
+			return fmt.Errorf("ref: %w", err)
+		}
+		if seen[r] || r == id {
+			return fmt.Errorf("ref %q twice, or to itself", r)
+		}
+		seen[r] = true
 	}
 	return nil
 }

@@ -35,6 +35,16 @@ type PackOptions struct {
 	// Poll is how often Pack looks again at a running GC it waits for
 	// (default 1s).
 	Poll time.Duration
+	// Refs are the held manifests the tree needs (see Manifest.Refs), and
+	// EnsureRefs makes them present in the store (publishing any that is
+	// missing). Pack announces them in its pending marker and calls
+	// EnsureRefs after it, and again after waiting for the GC runs it
+	// may have raced, as it does for its chunks: a manifest it commits
+	// never refers to one a GC deleted.
+	Refs       []string
+	EnsureRefs func(ctx context.Context) error
+	// Held makes the manifest a held one (Manifest.Held).
+	Held bool
 	Log  *slog.Logger
 
 	// Test hooks.
@@ -57,6 +67,8 @@ type pending struct {
 	Format int    `json:"format"`
 	ID     string `json:"id"`
 	Chunks []ID   `json:"chunks"`
+	// Refs are the held manifests the Pack will refer to.
+	Refs []string `json:"refs,omitempty"`
 }
 
 // Pack stores the tree at dir: it cuts every file into chunks, uploads the
@@ -73,6 +85,12 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 	var st Stats
 	if err := CheckManifestID(opts.ID); err != nil {
 		return nil, st, err
+	}
+	if err := checkRefs(opts.ID, opts.Refs); err != nil {
+		return nil, st, errdefs.Invalidf("pack %s: %v", opts.ID, err)
+	}
+	if len(opts.Refs) > 0 && opts.EnsureRefs == nil {
+		return nil, st, errdefs.Invalidf("pack %s: refs without EnsureRefs", opts.ID)
 	}
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 4
@@ -94,7 +112,7 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 	}
 
 	// Announce the chunks before looking at the store's.
-	pb, err := json.Marshal(pending{Format: FormatVersion, ID: opts.ID, Chunks: sc.order})
+	pb, err := json.Marshal(pending{Format: FormatVersion, ID: opts.ID, Chunks: sc.order, Refs: opts.Refs})
 	if err != nil {
 		return nil, st, err
 	}
@@ -114,6 +132,9 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 	if err := p.ensureAll(ctx); err != nil {
 		return nil, st, err
 	}
+	if err := p.ensureRefs(ctx); err != nil {
+		return nil, st, err
+	}
 	if opts.afterUpload != nil {
 		opts.afterUpload()
 	}
@@ -127,6 +148,9 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 		if err := p.ensureAll(ctx); err != nil {
 			return nil, st, err
 		}
+		if err := p.ensureRefs(ctx); err != nil {
+			return nil, st, err
+		}
 	}
 	if el := clock.elapsed(); el > opts.StaleAfter/2 {
 		// GC ignores markers older than StaleAfter: committing now could
@@ -135,7 +159,7 @@ func Pack(ctx context.Context, dir string, store blob.Store, opts PackOptions) (
 	}
 
 	m := &Manifest{Format: FormatVersion, ID: opts.ID, Chunking: currentChunking(),
-		Created: time.Now().UTC(), Metadata: opts.Metadata, Entries: sc.entries}
+		Created: time.Now().UTC(), Metadata: opts.Metadata, Refs: opts.Refs, Held: opts.Held, Entries: sc.entries}
 	for i := range m.Entries {
 		for j := range m.Entries[i].Chunks {
 			r := &m.Entries[i].Chunks[j]
@@ -210,6 +234,17 @@ feed:
 	default:
 		return ctx.Err()
 	}
+}
+
+// ensureRefs makes the held manifests the tree refers to present.
+func (p *packer) ensureRefs(ctx context.Context) error {
+	if len(p.opts.Refs) == 0 {
+		return nil
+	}
+	if err := p.opts.EnsureRefs(ctx); err != nil {
+		return fmt.Errorf("pack %s: the manifests it refers to: %w", p.opts.ID, err)
+	}
+	return nil
 }
 
 // ensure uploads chunk id unless the store has it.

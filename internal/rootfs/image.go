@@ -97,21 +97,14 @@ func RegisterImage(ctx context.Context, dir, key, tree string) (name string, st 
 	if err := linkTree(ctx, tree, staging); err != nil {
 		return "", Stamp{}, false, fmt.Errorf("root filesystem %s from %s: %w", name, key, err)
 	}
-	final := Path(dir, name)
-	// A directory without a (matching) stamp is a crashed registration's.
-	os.Remove(stampPath(dir, name))
-	if err := os.RemoveAll(final); err != nil {
-		return "", Stamp{}, false, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
-	}
-	if err := os.Rename(staging, final); err != nil {
-		return "", Stamp{}, false, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
+	// A build of another revision of Spore's additions is kept while
+	// its snapshots need it (keep.go); a directory without a stamp is a
+	// crashed registration's.
+	st = Stamp{ID: id, Image: key, Revision: imageRevision, Built: time.Now().UTC()}
+	if err := Install(ctx, dir, name, staging, st); err != nil {
+		return "", Stamp{}, false, err
 	}
 	ok = true
-	st = Stamp{ID: id, Image: key, Revision: imageRevision, Built: time.Now().UTC()}
-	if err := atomicfs.WriteJSON(stampPath(dir, name), st); err != nil {
-		os.RemoveAll(final)
-		return "", Stamp{}, false, fmt.Errorf("%w: %v", errdefs.ErrInternal, err)
-	}
 	return name, st, true, nil
 }
 

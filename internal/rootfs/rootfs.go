@@ -4,7 +4,9 @@
 // layer of every sandbox booted or restored from it, plus a stamp file
 // <dir>/<name>.json recording how it was built and a build identity. A
 // checkpoint image is only valid over the exact root filesystem it was taken
-// on, so snapshots record that identity and a restore checks it.
+// on, so snapshots record that identity, a restore finds that build's tree
+// (Resolve), and a build the name no longer holds is kept while something
+// needs it (keep.go).
 package rootfs
 
 import (
@@ -41,6 +43,8 @@ type Stamp struct {
 	// filesystem was made from (see RegisterImage); empty for Debian ones.
 	Image string    `json:"image,omitempty"`
 	Built time.Time `json:"built"`
+	// Name is the name a kept tree was built as (kept trees only).
+	Name string `json:"name,omitempty"`
 }
 
 // Path returns the directory of the named root filesystem.
@@ -150,9 +154,9 @@ func UpToDate(dir string, spec Spec) bool {
 		slices.Equal(s.Packages, spec.Packages) && s.Extra == extra && s.Revision == spec.Revision
 }
 
-// Build runs debootstrap into a staging directory and renames it into
-// place, so a crash never leaves a half-built root filesystem under its
-// name. Debootstrap's progress lines go to progress. The Debian mirror is
+// Build runs debootstrap into a staging directory and installs it
+// (Install: the build it replaces is kept), so a crash never leaves a
+// half-built root filesystem under its name. Debootstrap's progress lines go to progress. The Debian mirror is
 // the one apt on this host uses; downloaded packages are cached in
 // cacheDir.
 func Build(ctx context.Context, dir, cacheDir string, spec Spec, progress io.Writer) (Stamp, error) {
@@ -211,22 +215,13 @@ func Build(ctx context.Context, dir, cacheDir string, spec Spec, progress io.Wri
 		os.RemoveAll(staging)
 		return Stamp{}, fmt.Errorf("root filesystem %s: %w", spec.Name, err)
 	}
-	final := Path(dir, spec.Name)
-	old := filepath.Join(dir, ".old-"+spec.Name)
-	os.RemoveAll(old)
-	if _, err := os.Stat(final); err == nil {
-		if err := os.Rename(final, old); err != nil {
-			return Stamp{}, err
-		}
-	}
-	if err := os.Rename(staging, final); err != nil {
-		return Stamp{}, err
-	}
+	// The build it replaces is kept (its snapshots still restore over
+	// it) until nothing needs it (Prune).
 	stamp := Stamp{ID: ids.New('r'), Suite: spec.Suite, Variant: spec.Variant, Packages: spec.Packages, Extra: extra, Revision: spec.Revision, Built: time.Now().UTC()}
-	if err := atomicfs.WriteJSON(stampPath(dir, spec.Name), stamp); err != nil {
+	if err := Install(ctx, dir, spec.Name, staging, stamp); err != nil {
+		os.RemoveAll(staging)
 		return Stamp{}, err
 	}
-	os.RemoveAll(old)
 	return stamp, nil
 }
 

@@ -57,6 +57,11 @@ type Spec struct {
 	// runtimes that can see that cheaply (gVisor on v1 memory cgroups).
 	// Only for inits that handle it: the default action ends the instance.
 	MemoryAlertSignal string
+	// Build is the build of the runtime the instance runs with (see
+	// Builds): "" for the runtime's current one. A restore must name the
+	// build its image was written with; the instance keeps its build for
+	// every later call (exec, checkpoint, kill).
+	Build string
 }
 
 // Mount binds a host directory into an instance.
@@ -160,7 +165,8 @@ type Precreator interface {
 // RestoreShape is what of a spec a restore into a pre-created instance
 // must match: all of it but the instance's ID and network namespace (which
 // are the instance's own), and its Env and Hostname, which only a boot
-// uses (runsc's restore does not check them either).
+// uses (runsc's restore does not check them either). The Build is part of
+// it: an image restores only into an instance of the build that wrote it.
 func RestoreShape(spec Spec) Spec {
 	spec.ID, spec.NetNS, spec.Env, spec.Hostname = "", "", nil, ""
 	return spec
@@ -185,6 +191,24 @@ type Exit struct {
 	// 1234) was killed by the memory cgroup's OOM killer").
 	Detail string
 	At     time.Time
+}
+
+// Builds is an optional capability: a runtime that keeps, besides the
+// build it runs new instances with, the builds older images were written
+// with, each named by the identity of its content, so that an upgrade of
+// the runtime strands no image (a checkpoint image is only read by the
+// build that wrote it). Spec.Build picks one; "" is Build().
+type Builds interface {
+	// Build is the build new instances run with.
+	Build() string
+	// HasBuild reports whether the runtime holds build (an
+	// errdefs.ErrNotFound error when it does not), and its Name.
+	HasBuild(build string) (name string, err error)
+	// KeptBuilds lists the builds the runtime holds, Build() included.
+	KeptBuilds() ([]string, error)
+	// RemoveBuild forgets a build nothing needs any more. The current
+	// build, and one an instance runs with, is refused (ErrConflict).
+	RemoveBuild(ctx context.Context, build string) error
 }
 
 // Waiter is an optional capability: learning that an instance has died

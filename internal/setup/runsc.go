@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/spore-run/spore/internal/runtime/gvisor"
 )
 
 // RunscBuild names how setup builds runsc; bump it when the build changes.
@@ -129,9 +131,26 @@ func ensureRunsc(ctx context.Context, cfg Config, log io.Writer) (string, error)
 	if err != nil {
 		return "", err
 	}
+	// The build installed so far stays (snapshots it wrote restore only
+	// with it), kept by content beside the new one, which is kept with its
+	// version before it takes the installed path: a node starting
+	// meanwhile finds either build whole and named right.
+	builds := RunscBuildsDir(cfg.DataDir)
+	if _, err := os.Stat(dst); err == nil {
+		if _, err := gvisor.KeepBuild(ctx, builds, dst); err != nil {
+			return "", fmt.Errorf("keep the installed runsc build (its snapshots need it; move %s away to drop it): %w", dst, err)
+		}
+	}
 	tmp := dst + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o755); err != nil {
 		return "", err
+	}
+	defer os.Remove(tmp + ".version")
+	if err := os.WriteFile(tmp+".version", []byte(version+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	if _, err := gvisor.KeepBuild(ctx, builds, tmp); err != nil {
+		return "", fmt.Errorf("keep the new runsc build: %w", err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		return "", err

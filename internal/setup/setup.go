@@ -64,6 +64,11 @@ type Config struct {
 // RunscPath is where setup installs runsc under a data directory.
 func RunscPath(dataDir string) string { return filepath.Join(dataDir, "bin", "runsc") }
 
+// RunscBuildsDir is where the runsc builds that snapshots and sandboxes
+// need are kept by content, under a data directory (gvisor.KeepBuild):
+// installing a new runsc keeps the old build there.
+func RunscBuildsDir(dataDir string) string { return filepath.Join(dataDir, "runsc-builds") }
+
 // RootFSDir is where setup builds root filesystems under a data directory.
 func RootFSDir(dataDir string) string { return filepath.Join(dataDir, "rootfs") }
 

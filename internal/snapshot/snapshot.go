@@ -67,18 +67,24 @@ type RunConfig struct {
 
 // Manifest describes a committed snapshot.
 type Manifest struct {
-	ID        string    `json:"id"`
-	Names     []string  `json:"names,omitempty"`
-	Kind      Kind      `json:"kind"`
-	Parent    string    `json:"parent,omitempty"`   // snapshot the origin sandbox was restored from
-	Origin    string    `json:"origin,omitempty"`   // sandbox the snapshot was taken of
-	Template  string    `json:"template,omitempty"` // template the lineage started from
-	RootFS    string    `json:"rootfs"`             // name of the lower root filesystem
-	RootFSID  string    `json:"rootfs_id"`          // build identity of that root filesystem
-	Runtime   string    `json:"runtime"`            // runtime (and version) that wrote the image
-	CreatedAt time.Time `json:"created_at"`
-	SizeBytes int64     `json:"size_bytes"`
-	Run       RunConfig `json:"run"`
+	ID       string   `json:"id"`
+	Names    []string `json:"names,omitempty"`
+	Kind     Kind     `json:"kind"`
+	Parent   string   `json:"parent,omitempty"`   // snapshot the origin sandbox was restored from
+	Origin   string   `json:"origin,omitempty"`   // sandbox the snapshot was taken of
+	Template string   `json:"template,omitempty"` // template the lineage started from
+	RootFS   string   `json:"rootfs"`             // name of the lower root filesystem
+	RootFSID string   `json:"rootfs_id"`          // build identity of that root filesystem
+	Runtime  string   `json:"runtime"`            // runtime (and version) that wrote the image
+	// RuntimeBuild is the build of the runtime that wrote the image (its
+	// content's identity, see runtime.Builds): a restore runs with it.
+	// Empty in images from before builds were kept, and from runtimes
+	// without builds: those restore with the runtime's current build, if
+	// it is Runtime.
+	RuntimeBuild string    `json:"runtime_build,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	SizeBytes    int64     `json:"size_bytes"`
+	Run          RunConfig `json:"run"`
 	// Copy: fetched from the blob store, not taken on this node.
 	Copy bool `json:"copy,omitempty"`
 }

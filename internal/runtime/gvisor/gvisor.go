@@ -5,7 +5,8 @@
 // (an anonymous, already-unlinked file that runsc sizes to Limits.DiskMB).
 // The read-only lower root filesystem is shared by every instance booted or
 // restored from it. runsc's own state lives in <state>/root, which is what
-// lets a restarted engine find the instances that kept running.
+// lets a restarted engine find the instances that kept running. The runsc
+// builds instances run with are kept by content (see builds.go).
 package gvisor
 
 import (
@@ -32,8 +33,11 @@ import (
 
 // Config configures the driver.
 type Config struct {
-	Runsc    string // path of the runsc binary
+	Runsc    string // path of the runsc binary new instances run with
 	StateDir string // the driver's own directory (created if missing)
+	// BuildsDir keeps the runsc builds instances and images need, by
+	// content (see builds.go; default <StateDir>/builds).
+	BuildsDir string
 	// Platform is runsc's --platform (default "systrap"; "kvm" hangs on
 	// hosts without hardware virtualization).
 	Platform string
@@ -72,6 +76,8 @@ const DefaultBackgroundLoadBytes = 128 << 20
 type Driver struct {
 	cfg     Config
 	version string
+	build   string // of Config.Runsc: the build new instances run with
+	bin     string // its kept copy, which the driver runs
 	log     *slog.Logger
 	managed bool // the driver manages instances' cgroups (see cgroup.go)
 	pids    pidWatcher
@@ -107,6 +113,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if cfg.BackgroundLoadBytes == 0 {
 		cfg.BackgroundLoadBytes = DefaultBackgroundLoadBytes
 	}
+	if cfg.BuildsDir == "" {
+		cfg.BuildsDir = filepath.Join(cfg.StateDir, "builds")
+	}
+	if !filepath.IsAbs(cfg.BuildsDir) {
+		return nil, errdefs.Invalidf("gvisor: builds dir %q must be an absolute path", cfg.BuildsDir)
+	}
 	if _, err := os.Stat(cfg.Runsc); err != nil {
 		return nil, fmt.Errorf("gvisor: runsc binary (run `make setup`): %w: %v", errdefs.ErrUnavailable, err)
 	}
@@ -122,43 +134,17 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, errdefs.Invalidf("gvisor: cgroup parent %q must be an absolute path without quotes", cfg.CgroupParent)
 	}
 	d := &Driver{cfg: cfg, log: cfg.Logger, managed: cfg.Cgroups == "driver" && cgroupV1(), oomLog: hostKmsg}
+	build, err := KeepBuild(ctx, cfg.BuildsDir, cfg.Runsc)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: keep runsc build: %w", err)
+	}
+	d.build, d.bin = build, filepath.Join(BuildDir(cfg.BuildsDir, build), buildBinary)
 	out, err := d.runsc(ctx, cfg.Timeout, nil, "--version")
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc --version: %w", err)
 	}
-	d.version = versionFrom(cfg.Runsc, out)
+	d.version = versionFrom(d.bin, out)
 	return d, nil
-}
-
-// Version is the version of the runsc binary at path (see versionFrom).
-func Version(ctx context.Context, runsc string) (string, error) {
-	if v := versionFrom(runsc, nil); v != "unknown" {
-		return v, nil
-	}
-	out, err := exec.CommandContext(ctx, runsc, "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("runsc --version: %w", err)
-	}
-	return versionFrom(runsc, out), nil
-}
-
-// versionFrom is the pinned module version setup records beside the
-// binary (builds from the module proxy report none of their own), else
-// what `runsc --version` printed (out).
-func versionFrom(runsc string, out []byte) string {
-	if b, err := os.ReadFile(runsc + ".version"); err == nil {
-		return strings.TrimSpace(string(b))
-	}
-	return parseVersion(out)
-}
-
-func parseVersion(out []byte) string {
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "runsc version "); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
 }
 
 // Name implements runtime.Runtime.
@@ -325,6 +311,10 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 	if spec.MemoryAlertSignal != "" && !alertSignals[spec.MemoryAlertSignal] {
 		return errdefs.Invalidf("instance %s: memory alert signal %q is not USR1 or USR2", spec.ID, spec.MemoryAlertSignal)
 	}
+	build, err := d.buildFor(spec)
+	if err != nil {
+		return err
+	}
 	if l := spec.Limits; l.VCPUs < 0 || l.MemoryMB < 0 || l.MaxProcs < 0 || l.DiskMB < 0 || l.ShmMB < 0 {
 		return errdefs.Invalidf("instance %s: negative resource limit", spec.ID)
 	}
@@ -350,8 +340,14 @@ func (d *Driver) prepare(spec runtime.Spec) error {
 	if d.managed {
 		parent = "" // the driver's own cgroups; runsc runs with --ignore-cgroups
 	}
+	// Before runsc ever runs for it: every call on it uses this build.
+	if err := os.WriteFile(filepath.Join(d.instDir(spec.ID), buildFile), []byte(build+"\n"), 0o600); err != nil {
+		d.cleanup(spec.ID)
+		return fmt.Errorf("instance %s: %w", spec.ID, err)
+	}
 	b, err := json.Marshal(ociSpec(spec, parent))
 	if err != nil {
+		d.cleanup(spec.ID)
 		return fmt.Errorf("instance %s: %w", spec.ID, err)
 	}
 	if err := os.WriteFile(filepath.Join(d.bundleDir(spec.ID), "config.json"), b, 0o600); err != nil {
@@ -379,7 +375,7 @@ func (d *Driver) abandon(id string) {
 	if d.exists(id) {
 		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
 		defer cancel()
-		if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
+		if _, err := d.runscFor(ctx, id, d.cfg.Timeout, "delete", "-force", id); err != nil {
 			if d.torn(id) {
 				err = d.reapTorn(ctx, id)
 			}
@@ -410,7 +406,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 	if opts.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
-	if _, err := d.runsc(ctx, d.cfg.SlowTimeout, nil, append(args, id)...); err != nil {
+	if _, err := d.runscFor(ctx, id, d.cfg.SlowTimeout, append(args, id)...); err != nil {
 		return fmt.Errorf("checkpoint instance %s: %w", id, err)
 	}
 	if !opts.LeaveRunning {
@@ -439,7 +435,7 @@ func (d *Driver) Exec(ctx context.Context, id string, spec runtime.ExecSpec) (in
 	}
 	args = append(args, id)
 	args = append(args, spec.Args...)
-	cmd := exec.CommandContext(ctx, d.cfg.Runsc, d.globalFlags(args)...)
+	cmd := exec.CommandContext(ctx, d.binFor(id), d.globalFlags(args)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = time.Second
 	cmd.Stdin = spec.Stdin
@@ -472,7 +468,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if err := d.mustExist(id); err != nil {
 		return err
 	}
-	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "pause", id); err != nil {
+	if _, err := d.runscFor(ctx, id, d.cfg.Timeout, "pause", id); err != nil {
 		return fmt.Errorf("pause instance %s: %w", id, err)
 	}
 	return nil
@@ -483,7 +479,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if err := d.mustExist(id); err != nil {
 		return err
 	}
-	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "resume", id); err != nil {
+	if _, err := d.runscFor(ctx, id, d.cfg.Timeout, "resume", id); err != nil {
 		return fmt.Errorf("resume instance %s: %w", id, err)
 	}
 	return nil
@@ -502,7 +498,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
 	}
-	if _, err := d.runsc(ctx, d.cfg.Timeout, nil, "delete", "-force", id); err != nil {
+	if _, err := d.runscFor(ctx, id, d.cfg.Timeout, "delete", "-force", id); err != nil {
 		if d.torn(id) {
 			return d.reapTorn(ctx, id)
 		}
@@ -535,7 +531,7 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Info, error) {
 	if err := d.mustExist(id); err != nil {
 		return runtime.Info{}, err
 	}
-	out, err := d.runsc(ctx, d.cfg.Timeout, nil, "state", id)
+	out, err := d.runscFor(ctx, id, d.cfg.Timeout, "state", id)
 	if err != nil {
 		if !d.exists(id) { // deleted concurrently
 			return runtime.Info{}, fmt.Errorf("instance %s: %w", id, errdefs.ErrNotFound)
@@ -674,27 +670,36 @@ func (d *Driver) globalFlags(args []string) []string {
 	return append(flags, args...)
 }
 
-// runsc runs one runsc command under a deadline and returns its stdout. A
-// failure carries runsc's stderr.
+// runsc runs one runsc command of the current build, concerning no
+// instance in particular (list, --version), under a deadline and returns
+// its stdout. A failure carries runsc's stderr.
 func (d *Driver) runsc(ctx context.Context, timeout time.Duration, stdin io.Reader, args ...string) ([]byte, error) {
-	return d.runscCmd(ctx, "", timeout, stdin, args...)
+	return d.runscCmd(ctx, d.bin, "", timeout, stdin, args...)
 }
 
-// runscIn runs runsc inside instance id's cgroups (when the driver manages
-// them), so the gofer and sandbox it starts are born there.
+// runscFor runs a runsc command on instance id with the build id runs
+// with (builds.go).
+func (d *Driver) runscFor(ctx context.Context, id string, timeout time.Duration, args ...string) ([]byte, error) {
+	return d.runscCmd(ctx, d.binFor(id), "", timeout, nil, args...)
+}
+
+// runscIn runs runsc, of the build instance id runs with, inside id's
+// cgroups (when the driver manages them), so the gofer and sandbox it
+// starts are born there.
 func (d *Driver) runscIn(ctx context.Context, id string, timeout time.Duration, args ...string) ([]byte, error) {
+	bin := d.binFor(id)
 	if !d.managed {
 		id = ""
 	}
-	return d.runscCmd(ctx, id, timeout, nil, args...)
+	return d.runscCmd(ctx, bin, id, timeout, nil, args...)
 }
 
-func (d *Driver) runscCmd(ctx context.Context, cgroupOf string, timeout time.Duration, stdin io.Reader, args ...string) ([]byte, error) {
+func (d *Driver) runscCmd(ctx context.Context, bin, cgroupOf string, timeout time.Duration, stdin io.Reader, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	name, argv := d.cfg.Runsc, d.globalFlags(args)
+	name, argv := bin, d.globalFlags(args)
 	if cgroupOf != "" {
-		name, argv = "/bin/sh", append([]string{"-c", d.joinScript(cgroupOf), d.cfg.Runsc}, argv...)
+		name, argv = "/bin/sh", append([]string{"-c", d.joinScript(cgroupOf), bin}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, name, argv...)
 	// If the engine dies, its in-flight runsc calls die with it, so a

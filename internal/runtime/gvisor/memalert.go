@@ -174,7 +174,7 @@ func (d *Driver) forwardAlerts(id, sig, memcg string, limit int64, f *os.File) {
 		}
 		last = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timeout)
-		_, err := d.runsc(ctx, d.cfg.Timeout, nil, "kill", id, sig)
+		_, err := d.runscFor(ctx, id, d.cfg.Timeout, "kill", id, sig)
 		cancel()
 		if err != nil && d.exists(id) {
 			d.log.Warn("memory alert: signal init", "instance", id, "usage", usage, "err", err)

@@ -21,7 +21,7 @@ func fakeRunsc(t *testing.T, script string) *Driver {
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &Driver{cfg: Config{Runsc: bin, StateDir: dir, Platform: "systrap"}, log: slog.New(slog.DiscardHandler)}
+	return &Driver{cfg: Config{Runsc: bin, StateDir: dir, Platform: "systrap"}, bin: bin, log: slog.New(slog.DiscardHandler)}
 }
 
 // A runsc call that succeeds answers its output even when a process it
@@ -32,7 +32,7 @@ func fakeRunsc(t *testing.T, script string) *Driver {
 func TestRunscOutputHeldByAStraggler(t *testing.T) {
 	d := fakeRunsc(t, `echo '{"id":"x"}'; echo note >&2; sleep 30 & exit 0`+"\n")
 	start := time.Now()
-	out, err := d.runscCmd(context.Background(), "", 20*time.Second, nil, "state", "x")
+	out, err := d.runscCmd(context.Background(), d.bin, "", 20*time.Second, nil, "state", "x")
 	if err != nil {
 		t.Fatalf("a call that exited 0: %v", err)
 	}
@@ -51,11 +51,11 @@ func TestRunscOutputHeldByAStraggler(t *testing.T) {
 // stdout; a run's (the sandbox's) output goes with runsc's.
 func TestRunscFailureCarriesStderr(t *testing.T) {
 	d := fakeRunsc(t, `echo stdout-text; echo "boom: no such container" >&2; exit 3`+"\n")
-	_, err := d.runscCmd(context.Background(), "", 20*time.Second, nil, "delete", "x")
+	_, err := d.runscCmd(context.Background(), d.bin, "", 20*time.Second, nil, "delete", "x")
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "boom: no such container") || strings.Contains(err.Error(), "stdout-text") {
 		t.Fatalf("failed delete: %v", err)
 	}
-	_, err = d.runscCmd(context.Background(), "", 20*time.Second, nil, "run", "x")
+	_, err = d.runscCmd(context.Background(), d.bin, "", 20*time.Second, nil, "run", "x")
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "stdout-text") || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("failed run: %v", err)
 	}

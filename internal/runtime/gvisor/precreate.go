@@ -65,11 +65,16 @@ func (d *Driver) shapeOf(spec runtime.Spec) ([]byte, error) {
 	if d.managed {
 		parent = ""
 	}
+	build, err := d.buildFor(spec)
+	if err != nil {
+		return nil, err
+	}
 	b, err := json.Marshal(struct {
 		OCI   any      `json:"oci"`
 		Flags []string `json:"flags"`
 		Alert string   `json:"alert,omitempty"`
-	}{ociSpec(spec, parent), d.startFlags(spec), spec.MemoryAlertSignal})
+		Build string   `json:"build"`
+	}{ociSpec(spec, parent), d.startFlags(spec), spec.MemoryAlertSignal, build})
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", spec.ID, err)
 	}
@@ -91,7 +96,7 @@ func (d *Driver) precreated(spec runtime.Spec) (ok bool, err error) {
 		return true, err
 	}
 	if !bytes.Equal(had, want) {
-		return true, errdefs.Conflictf("instance %s was pre-created for another spec (root filesystem, mounts, limits, network or process differ)", spec.ID)
+		return true, errdefs.Conflictf("instance %s was pre-created for another spec (root filesystem, mounts, limits, network, process or runsc build differ)", spec.ID)
 	}
 	return true, nil
 }
