@@ -118,6 +118,23 @@ if [ "${1:-}" = --inside ]; then
 		bindmount "$MODCACHE/cache/download" "$ROOT/var/cache/host-goproxy" ro
 		GOPROXY_CHAIN=file:///var/cache/host-goproxy,$GOPROXY_CHAIN
 	fi
+	# The host's Go build and staticcheck caches as read-only lower layers
+	# of overlays (writes go to the check's own upper layers, deleted with
+	# it): compiled Go packages are keyed by their exact inputs (sources,
+	# toolchain, flags, the C compiler when cgo is on), so a hit is the
+	# same object a fresh build would make, and a missing package, a
+	# missing C compiler or header still fails the build. It saves the
+	# cold compiles of every dependency, runsc and the race runtime.
+	overlay() { # lower, target
+		[ -d "$1" ] || return 0
+		local n
+		n=$(basename "$2")
+		mkdir -p "$WORK/ovl/$n/upper" "$WORK/ovl/$n/work" "$2"
+		mount -t overlay "ovl-$n" -o "lowerdir=$1,upperdir=$WORK/ovl/$n/upper,workdir=$WORK/ovl/$n/work" "$2"
+		mounts+=("$2")
+	}
+	overlay "$(go env GOCACHE)" "$ROOT/root/.cache/go-build"
+	overlay "$HOME/.cache/staticcheck" "$ROOT/root/.cache/staticcheck"
 
 	rev=$(git -C "$REPO" rev-parse "$FRESH_REV^{commit}")
 	step "clone $FRESH_REV ($(git -C "$REPO" rev-parse --short "$rev")) into the root"

@@ -4,8 +4,11 @@
 #   fast  SPORE_TIER=fast go test -race ./...: every test that needs no
 #         real runtime (control, api, proxy over a fake node; envd; store;
 #         ...); the real-runtime tests skip themselves (internal/testenv).
-#   real  go test ./... -p 1 without -race: everything, real gVisor
-#         sandboxes included; a skipped test fails the tier.
+#   real  everything, real gVisor sandboxes included, each package once;
+#         a skipped test fails the tier. The fleet group (test/fleet,
+#         test/k8s) runs beside the rest, which runs -p 1: the node, the
+#         gVisor driver, the egress proxy and netns with -race, then the
+#         others without (see below).
 #
 # Nothing is rerun, except a test listed in scripts/flaky.txt (with its
 # entry in docs/reliability.md), once; every rerun is counted in the
@@ -54,8 +57,31 @@ for tier in $TIERS; do
       SPORE_TIER=fast "$logs/testrun" -tier fast -json-out "$logs/fast.json" -summary "$summary" \
         -- -race -count=1 -timeout=10m ./... || status=1 ;;
     real)
+      # Three runs, two at once, sharing no host resource:
+      #  - the fleet group (test/fleet, test/k8s): a fleet's nodes live in
+      #    network namespaces of their own (10.201.K.0/30 links, their own
+      #    cgroup parents and data directories), its replicas, PostgreSQL
+      #    and S3 server on free ports; the Kubernetes control plane on free
+      #    ports. Nothing of theirs meets the host's 10.200/16 sandbox
+      #    networks the other packages make in the root namespace.
+      #  - meanwhile, one after the other: the most concurrent host
+      #    packages (the node, the gVisor driver, the egress proxy, the
+      #    network namespaces) with -race, then every other package.
+      # Each package runs once; each run's summary line says which it was.
+      racy="./internal/node ./internal/runtime/gvisor ./internal/egress ./internal/netns"
+      others=$($GO list ./... | grep -v -E '/test/(fleet|k8s)$|/internal/(node|runtime/gvisor|egress|netns)$')
+      env -u SPORE_TIER "$logs/testrun" -tier "real (fleet)" -forbid-skips -json-out "$logs/real-fleet.json" -summary "$summary" \
+        -- -count=1 -p=1 -timeout=30m ./test/fleet ./test/k8s >"$logs/real-fleet.log" 2>&1 &
+      fleet=$!
+      # shellcheck disable=SC2086
+      env -u SPORE_TIER "$logs/testrun" -tier "real (race)" -forbid-skips -json-out "$logs/real-race.json" -summary "$summary" \
+        -- -race -count=1 -p=1 -timeout=30m $racy || status=1
+      # shellcheck disable=SC2086
       env -u SPORE_TIER "$logs/testrun" -tier real -forbid-skips -json-out "$logs/real.json" -summary "$summary" \
-        -- -count=1 -p=1 -timeout=30m ./... || status=1 ;;
+        -- -count=1 -p=1 -timeout=30m $others || status=1
+      wait "$fleet" || status=1
+      echo "--- the fleet group's output ($logs/real-fleet.log):"
+      cat "$logs/real-fleet.log" ;;
     *) echo "unknown tier $tier"; exit 2 ;;
   esac
 done

@@ -38,6 +38,12 @@ func (e *scriptedEngine) Info(context.Context) (nodeapi.NodeInfo, error) {
 	return nodeapi.NodeInfo{ID: "local", Capacity: nodeapi.Resources{MemoryMB: 1 << 30, VCPUs: 1 << 10, Sandboxes: 1 << 20}}, nil
 }
 
+// Stats: what a fork's placement asks of the parent (how much memory each
+// child takes); unknown here, so placement goes by the limits alone.
+func (e *scriptedEngine) Stats(context.Context, string) (nodeapi.Stats, error) {
+	return nodeapi.Stats{}, errdefs.ErrUnavailable
+}
+
 func (e *scriptedEngine) Events(ctx context.Context) (<-chan nodeapi.Event, error) {
 	ch := make(chan nodeapi.Event)
 	go func() { <-ctx.Done(); close(ch) }()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // flake is one entry of the flake list: a top-level test that may be
@@ -13,18 +14,28 @@ type flake struct {
 	Test    string
 	Package string // full import path
 	Anchor  string // a heading (or id="...") in the docs file
+	Expires time.Time
 	Reason  string
 }
+
+// MaxFlakeLife bounds how far ahead an entry may expire: a rerun hides
+// any regression inside its test, so an entry is a debt with a due date.
+const MaxFlakeLife = 30 * 24 * time.Hour
+
+// now is the clock entries expire by (tests move it).
+var now = time.Now
 
 const modulePrefix = "github.com/spore-run/spore/"
 
 // loadFlakes reads the flake list: one entry a line,
 //
-//	TestName package docs-anchor reason...
+//	TestName package docs-anchor expires=YYYY-MM-DD reason...
 //
 // (package as ./internal/x or the full import path; # starts a comment).
 // Every entry must point at an anchor docs has: a flake nobody documented
-// is not allowed to be rerun.
+// is not allowed to be rerun. Every entry expires, at most MaxFlakeLife
+// ahead: on its date the list, and so the run, fails until the flake is
+// fixed (or explained again with a new date).
 func loadFlakes(path, docsPath string) ([]flake, error) {
 	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
@@ -47,8 +58,19 @@ func loadFlakes(path, docsPath string) ([]flake, error) {
 		if len(f) == 0 {
 			continue
 		}
-		if len(f) < 4 || !strings.HasPrefix(f[0], "Test") || strings.Contains(f[0], "/") {
-			return nil, fmt.Errorf("%s:%d: want `TestName package docs-anchor reason...` (a top-level test)", path, i+1)
+		if len(f) < 5 || !strings.HasPrefix(f[0], "Test") || strings.Contains(f[0], "/") {
+			return nil, fmt.Errorf("%s:%d: want `TestName package docs-anchor expires=YYYY-MM-DD reason...` (a top-level test)", path, i+1)
+		}
+		date, ok := strings.CutPrefix(f[3], "expires=")
+		exp, err := time.Parse(time.DateOnly, date)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("%s:%d: %s: want expires=YYYY-MM-DD as the fourth field, got %q", path, i+1, f[0], f[3])
+		}
+		switch today := now(); {
+		case !today.Before(exp):
+			return nil, fmt.Errorf("%s:%d: %s: the flake's entry expired on %s: fix the flake, or document what was learned and give a new date", path, i+1, f[0], date)
+		case exp.Sub(today) > MaxFlakeLife:
+			return nil, fmt.Errorf("%s:%d: %s: expires=%s is more than %d days away", path, i+1, f[0], date, int(MaxFlakeLife.Hours()/24))
 		}
 		pkg := f[1]
 		if strings.HasPrefix(pkg, "./") {
@@ -57,7 +79,7 @@ func loadFlakes(path, docsPath string) ([]flake, error) {
 		if !anchors[f[2]] {
 			return nil, fmt.Errorf("%s:%d: %s: no anchor %q in %s (document the flake there first)", path, i+1, f[0], f[2], docsPath)
 		}
-		out = append(out, flake{Test: f[0], Package: pkg, Anchor: f[2], Reason: strings.Join(f[3:], " ")})
+		out = append(out, flake{Test: f[0], Package: pkg, Anchor: f[2], Expires: exp, Reason: strings.Join(f[4:], " ")})
 	}
 	return out, nil
 }

@@ -68,6 +68,7 @@ func main() {
 			for _, p := range v.problems {
 				fmt.Fprintf(f, "  %s\n", p)
 			}
+			fmt.Fprintf(f, "  %s tier, time per package:\n%s", *tier, v.times)
 			f.Close()
 		}
 	}

@@ -30,6 +30,7 @@ type result struct {
 	status    map[testKey]string // run, pass, fail, skip (every test and subtest)
 	order     []testKey          // top-level tests, in the order they started
 	pkgStatus map[string]string  // pass, fail, skip (no test files)
+	pkgTime   map[string]float64 // seconds, as go test reported them
 	pkgOrder  []string
 	output    map[string][]line   // per package, tagged with the test ("" for the package)
 	build     map[string][]string // build output per import path
@@ -38,7 +39,7 @@ type result struct {
 }
 
 func newResult() *result {
-	return &result{status: map[testKey]string{}, pkgStatus: map[string]string{}, output: map[string][]line{},
+	return &result{status: map[testKey]string{}, pkgStatus: map[string]string{}, pkgTime: map[string]float64{}, output: map[string][]line{},
 		build: map[string][]string{}, fixed: map[testKey]bool{}}
 }
 
@@ -87,6 +88,7 @@ func (r *result) parse(in io.Reader, out io.Writer) {
 				continue
 			}
 			r.pkgStatus[e.Package] = e.Action
+			r.pkgTime[e.Package] += e.Elapsed
 			switch e.Action {
 			case "pass":
 				fmt.Fprintf(out, "ok   %s (%.1fs)\n", e.Package, e.Elapsed)
@@ -156,6 +158,34 @@ type verdict struct {
 	ok       bool
 	summary  string
 	problems []string
+	times    string // each package's time, slowest first
+}
+
+// packageTimes lists each package's time, slowest first (those under a
+// second together), so a suite's growth shows in every summary.
+func (r *result) packageTimes() string {
+	type pt struct {
+		pkg string
+		s   float64
+	}
+	var all []pt
+	for p, s := range r.pkgTime {
+		all = append(all, pt{strings.TrimPrefix(p, modulePrefix), s})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].s > all[j].s || all[i].s == all[j].s && all[i].pkg < all[j].pkg })
+	var b strings.Builder
+	small, smallS := 0, 0.0
+	for _, x := range all {
+		if x.s < 1 {
+			small, smallS = small+1, smallS+x.s
+			continue
+		}
+		fmt.Fprintf(&b, "  %7.1fs  %s\n", x.s, x.pkg)
+	}
+	if small > 0 {
+		fmt.Fprintf(&b, "  %7.1fs  (%d packages under a second each)\n", smallS, small)
+	}
+	return b.String()
 }
 
 func (r *result) verdict(forbidSkips bool, goErr error) verdict {
@@ -209,7 +239,7 @@ func (r *result) verdict(forbidSkips bool, goErr error) verdict {
 	if len(r.reruns) > 0 {
 		summary += " (" + strings.Join(r.reruns, "; ") + ")"
 	}
-	return verdict{ok: len(problems) == 0, summary: summary, problems: problems}
+	return verdict{ok: len(problems) == 0, summary: summary, problems: problems, times: r.packageTimes()}
 }
 
 // onlyFixed reports whether every failure of pkg was a listed flake that

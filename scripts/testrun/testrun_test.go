@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A scratch module whose tests misbehave on demand: TestFlaky fails the
@@ -86,12 +87,12 @@ func TestUnlistedFlakeFails(t *testing.T) {
 
 // A listed flake is rerun once, and the rerun is counted and named.
 func TestListedFlakeRerunOnce(t *testing.T) {
-	v := runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race some race\n"), false)
+	v := runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race "+soon()+" some race\n"), false)
 	if !v.ok || !strings.Contains(v.summary, "reruns: 1 (TestFlaky (scratch): pass on rerun)") || !strings.Contains(v.summary, "0 failed") {
 		t.Fatalf("listed flake: %+v", v)
 	}
 	t.Setenv("FLAKY_ALWAYS", "1")
-	v = runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race some race\n"), false)
+	v = runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race "+soon()+" some race\n"), false)
 	if v.ok || !strings.Contains(v.summary, "fail on rerun") {
 		t.Fatalf("a listed test failing its rerun passed: %+v", v)
 	}
@@ -100,7 +101,7 @@ func TestListedFlakeRerunOnce(t *testing.T) {
 // In the real tier a skip is a failure.
 func TestSkipsForbidden(t *testing.T) {
 	t.Setenv("SKIPME", "1")
-	flakes := flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race r\n")
+	flakes := flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race "+soon()+" r\n")
 	if v := runScratch(t, flakes, false); !v.ok || !strings.Contains(v.summary, "1 skipped") {
 		t.Fatalf("fast tier with a skip: %+v", v)
 	}
@@ -112,7 +113,7 @@ func TestSkipsForbidden(t *testing.T) {
 // A test that outlives -timeout fails the tier, by name.
 func TestTimeoutFails(t *testing.T) {
 	t.Setenv("HANG", "1")
-	v := runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race r\n"), false, "-timeout=3s")
+	v := runScratch(t, flakesFor(t, "TestFlaky scratch flaky-testflaky-a-race "+soon()+" r\n"), false, "-timeout=3s")
 	if v.ok || !strings.Contains(strings.Join(v.problems, "\n"), "TestHang") {
 		t.Fatalf("a hung test passed: %+v", v)
 	}
@@ -121,15 +122,42 @@ func TestTimeoutFails(t *testing.T) {
 // A flake entry must point at documentation that exists.
 func TestFlakeNeedsDocs(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "flaky.txt"), []byte("TestX ./internal/x no-such-anchor reason\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "flaky.txt"), []byte("TestX ./internal/x no-such-anchor "+soon()+" reason\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "doc.md"), []byte("# Doc\n<a id=\"other\"></a>\n"), 0o644)
 	if _, err := loadFlakes(filepath.Join(dir, "flaky.txt"), filepath.Join(dir, "doc.md")); err == nil {
 		t.Fatal("an undocumented flake was accepted")
 	}
-	os.WriteFile(filepath.Join(dir, "flaky.txt"), []byte("# comment\nTestX ./internal/x other reason\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "flaky.txt"), []byte("# comment\nTestX ./internal/x other "+soon()+" reason\n"), 0o644)
 	f, err := loadFlakes(filepath.Join(dir, "flaky.txt"), filepath.Join(dir, "doc.md"))
 	if err != nil || len(f) != 1 || f[0].Package != modulePrefix+"internal/x" {
 		t.Fatalf("loadFlakes = %+v, %v", f, err)
+	}
+}
+
+func soon() string { return "expires=" + time.Now().AddDate(0, 0, 7).Format(time.DateOnly) }
+
+// Every entry expires: one without a date, past its date or dated beyond
+// MaxFlakeLife is refused (the run fails), one within it is taken.
+func TestFlakeEntriesExpire(t *testing.T) {
+	dir := t.TempDir()
+	doc := filepath.Join(dir, "doc.md")
+	os.WriteFile(doc, []byte("# Doc\n<a id=\"x\"></a>\n"), 0o644)
+	list := filepath.Join(dir, "flaky.txt")
+	defer func(old func() time.Time) { now = old }(now)
+	now = func() time.Time { return time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC) }
+	for entry, ok := range map[string]bool{
+		"TestX ./internal/x x reason":                      false, // no date
+		"TestX ./internal/x x expires=soon reason":         false,
+		"TestX ./internal/x x expires=2026-12-04 reason":   false, // today: expired
+		"TestX ./internal/x x expires=2026-11-30 reason":   false,
+		"TestX ./internal/x x expires=2027-06-01 reason":   false, // too far
+		"TestX ./internal/x x expires=2026-12-20 a reason": true,
+	} {
+		os.WriteFile(list, []byte(entry+"\n"), 0o644)
+		f, err := loadFlakes(list, doc)
+		if ok && (err != nil || len(f) != 1 || f[0].Reason != "a reason") || !ok && err == nil {
+			t.Errorf("%q: %+v %v, want accepted %v", entry, f, err, ok)
+		}
 	}
 }
 

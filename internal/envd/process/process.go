@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,6 +46,11 @@ type proc struct {
 	end     *processpb.ProcessEvent_EndEvent // set once it ended
 	done    chan struct{}                    // closed once end is set
 	outputs sync.WaitGroup
+	// progress counts the pumps' reads and publishes, and publishing the
+	// pumps inside a publish: after the process exited, output is waited
+	// for as long as it still flows (see Service.await).
+	progress   atomic.Int64
+	publishing atomic.Int32
 }
 
 // subscriber is one stream following the process's output.
@@ -167,10 +173,14 @@ func (p *proc) pump(f *os.File, kind int) {
 	buf := make([]byte, 32*1024)
 	for {
 		n, err := f.Read(buf)
+		p.progress.Add(1)
 		if n > 0 {
 			b := make([]byte, n)
 			copy(b, buf[:n])
+			p.publishing.Add(1)
 			p.publish(dataEvent(kind, b))
+			p.publishing.Add(-1)
+			p.progress.Add(1)
 		}
 		if err != nil {
 			return // EOF, or EIO on a PTY whose last writer is gone

@@ -32,7 +32,10 @@ type Service struct {
 	// drain is how long output is still collected after the process
 	// exited, for background children that keep its pipes open.
 	drain time.Duration
-	log   *slog.Logger
+	// drainMax bounds how long output still flowing after the process
+	// exited is waited for (a background child may write for ever).
+	drainMax time.Duration
+	log      *slog.Logger
 
 	mu    sync.Mutex
 	procs map[int]*proc
@@ -64,7 +67,7 @@ func New(r *reaper.Reaper, d *identity.Defaults, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{reaper: r, defaults: d, keepalive: cfg.Keepalive, slow: cfg.SlowSubscriber, drain: 200 * time.Millisecond, log: cfg.Logger, procs: map[int]*proc{}, noWarm: cfg.NoWarmShell}
+	return &Service{reaper: r, defaults: d, keepalive: cfg.Keepalive, slow: cfg.SlowSubscriber, drain: 200 * time.Millisecond, drainMax: 5 * time.Second, log: cfg.Logger, procs: map[int]*proc{}, noWarm: cfg.NoWarmShell}
 }
 
 // Close stops the warm shell (processes started for requests keep
@@ -355,10 +358,28 @@ func (s *Service) await(p *proc, exited <-chan reaper.Exit) {
 	}
 	drained := make(chan struct{})
 	go func() { p.outputs.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(s.drain):
-		// Background children hold the output open; the process has ended.
+	// Output is waited for while it still flows: what the process wrote
+	// before it exited is in its pipes, and a loaded host (or a slow
+	// subscriber the pump waits for) may take longer than one drain
+	// interval to pass it on. Only output that stops flowing for a whole
+	// interval is given up on: background children hold the pipes open,
+	// and the process has ended. (With one fixed interval the end was sent
+	// before the last 64 KiB under load: a clean end over truncated
+	// output.)
+	// A background child that keeps writing would keep it flowing for
+	// ever: drainMax bounds the wait.
+	limit := time.After(s.drainMax)
+	for last := p.progress.Load(); ; {
+		select {
+		case <-drained:
+		case <-limit:
+		case <-time.After(s.drain):
+			if now := p.progress.Load(); now != last || p.publishing.Load() > 0 {
+				last = now
+				continue
+			}
+		}
+		break
 	}
 	end := &processpb.ProcessEvent_EndEvent{}
 	if e.Err != nil {
