@@ -46,15 +46,24 @@ func (s *Service) LookupVia(id string) (via string, addr netip.Addr, running, fo
 	}
 	s.noteGate(id, gate{private: rec.PrivateTraffic, accessToken: rec.EnvdAccessToken})
 	if rec.State != store.StateRunning || rec.Addr == "" {
+		if rec.State == store.StateRunning {
+			s.log.Warn("proxy: a running sandbox's row has no address", "sandbox_id", id, "node_id", rec.NodeID)
+		}
 		return "", netip.Addr{}, false, true, nil
 	}
 	if s.cfg.Hop != nil {
 		if via = s.cfg.Hop(rec.NodeID); via == "" {
 			// A node the fleet does not know (yet): nothing reaches it.
+			// (Logged: the proxy answers as for a paused sandbox, and
+			// flaky-cross-node-resume-502 is a refusal of that kind.)
+			s.log.Warn("proxy: the sandbox's node is not in this replica's registry", "sandbox_id", id, "node_id", rec.NodeID)
 			return "", netip.Addr{}, false, true, nil
 		}
 	}
 	t := s.target(id, rec.Addr, rec.State)
+	if !t.Addr.IsValid() {
+		s.log.Warn("proxy: a running sandbox's row has a malformed address", "sandbox_id", id, "node_id", rec.NodeID, "addr", rec.Addr)
+	}
 	return via, t.Addr, t.Addr.IsValid(), true, t.Gone
 }
 
