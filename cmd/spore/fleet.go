@@ -19,7 +19,7 @@ func newFleetCmd(g *globalFlags) *cobra.Command {
 		Use:   "fleet",
 		Short: "Start or remove a whole fleet on this machine (PostgreSQL, an S3 server, node agents in namespaces, API replicas)",
 	}
-	cmd.AddCommand(newFleetUpCmd(g), newFleetDownCmd(g), newFleetPurgeNodeCmd(g))
+	cmd.AddCommand(newFleetUpCmd(g), newFleetDownCmd(g), newFleetUpgradeCmd(g), newFleetPurgeNodeCmd(g), newFleetCACmd(), newFleetCertCmd())
 	return cmd
 }
 
@@ -121,6 +121,61 @@ func newFleetDownCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
+	return cmd
+}
+
+func newFleetUpgradeCmd(g *globalFlags) *cobra.Command {
+	var dir, exe string
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "upgrade --executable PATH",
+		Short: "Replace every node agent, then every API replica, one at a time, with another spore binary (a rolling upgrade)",
+		Long: `Replace the fleet's spore processes one at a time with --executable, while
+clients keep using the fleet. Each node is drained (its sandboxes hibernated,
+and made durable in the blob store, so each resumes on another node at its next
+connect), stopped once it holds nothing, started on the new binary, and
+undrained once it registered again and is ready. Then each API replica is
+stopped (it finishes the requests it has) and started on the new binary while
+the others serve. PostgreSQL and the S3 server are left alone. See
+docs/deploy.md, "Rolling upgrade".`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d := fleetDir(g, dir)
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelInfo
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			t0 := time.Now()
+			steps, err := fleet.RollingUpgrade(cmd.Context(), d, exe, "", log)
+			out := cmd.OutOrStdout()
+			for _, s := range steps {
+				if s.Ready.IsZero() {
+					continue
+				}
+				if s.NodeID != "" {
+					late := ""
+					if s.NotDurable > 0 {
+						late = fmt.Sprintf(" (%d not durable yet when stopped)", s.NotDurable)
+					}
+					fmt.Fprintf(out, "%s (%s): drained (%d sandboxes hibernated, %d calls)%s, down %.1f s, step %.1f s\n",
+						s.Name, s.NodeID, s.Hibernated, s.Drains, late, s.Ready.Sub(s.Stopped).Seconds(), s.Done.Sub(s.Began).Seconds())
+				} else {
+					fmt.Fprintf(out, "%s: down %.1f s\n", s.Name, s.Ready.Sub(s.Stopped).Seconds())
+				}
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "Fleet in %s upgraded to %s in %.1f s\n", d, exe, time.Since(t0).Seconds())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&exe, "executable", "", "the new spore binary's `PATH` (checked first: \"PATH version\" must print \"spore <version>\")")
+	f.StringVar(&dir, "dir", "", "the fleet's directory (default <data-dir>/fleet)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "log each step")
+	cmd.MarkFlagRequired("executable")
 	return cmd
 }
 
