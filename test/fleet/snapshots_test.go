@@ -63,19 +63,30 @@ func (h *harness) fetchLog(k int, id string) (line string, peer, store int) {
 	return line, num("from_peer"), num("from_store")
 }
 
-// largestFile returns the biggest regular file under dir.
-func largestFile(t *testing.T, dir string) string {
+// largestChunkOf is the largest file of a node's chunk cache (dir) that
+// holds a chunk the manifest at manifestPath (a file of the S3 server)
+// names.
+func largestChunkOf(t *testing.T, dir, manifestPath string) string {
 	t.Helper()
+	b, err := os.ReadFile(manifestPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := chunk.DecodeManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var best string
 	var size int64
-	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() && fi.Size() > size {
+	for id := range m.ChunkIDs() {
+		s := id.String()
+		p := filepath.Join(dir, s[:2], s)
+		if fi, err := os.Stat(p); err == nil && fi.Size() > size {
 			best, size = p, fi.Size()
 		}
-		return nil
-	})
+	}
 	if best == "" {
-		t.Fatalf("no file under %s", dir)
+		t.Fatalf("no chunk of the snapshot under %s", dir)
 	}
 	return best
 }
@@ -213,7 +224,9 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 
 	// A byte flipped in a chunk of node 1's cache: the peer serves it
 	// corrupt, the fetching node catches it and takes that chunk from S3.
-	flipByte(t, largestFile(t, filepath.Join(h.st.Nodes[0].DataDir, "chunk-cache")))
+	// (A chunk of this snapshot: the cache also holds the chunks of the
+	// root filesystem tree and the runsc build its upload published.)
+	flipByte(t, largestChunkOf(t, filepath.Join(h.st.Nodes[0].DataDir, "chunk-cache"), s3.ObjectPath(chunk.ManifestKey(sn.SnapshotID))))
 
 	// Node 1 drained: the create goes elsewhere, and that node fetches.
 	if code, b := h.rest(api, "POST", "/nodes/"+h.st.Nodes[0].ID+"/drain", ""); code != 200 {
