@@ -5,8 +5,8 @@
 #         real runtime (control, api, proxy over a fake node; envd; store;
 #         ...); the real-runtime tests skip themselves (internal/testenv).
 #   real  everything, real gVisor sandboxes included, each package once;
-#         a skipped test fails the tier. The fleet group (test/fleet,
-#         test/k8s) runs beside the rest, which runs -p 1: the node, the
+#         a skipped test fails the tier. The fleet group (internal/fleet,
+#         test/fleet, test/k8s) runs beside the rest, which runs -p 1: the node, the
 #         gVisor driver, the egress proxy and netns with -race, then the
 #         others without (see below).
 #
@@ -58,7 +58,9 @@ for tier in $TIERS; do
         -- -race -count=1 -timeout=10m ./... || status=1 ;;
     real)
       # Three runs, two at once, sharing no host resource:
-      #  - the fleet group (test/fleet, test/k8s): a fleet's nodes live in
+      #  - the fleet group (internal/fleet, test/fleet, test/k8s), one
+      #    package at a time (each brings fleets up in the one 10.201/16
+      #    range, "another fleet is up" otherwise): a fleet's nodes live in
       #    network namespaces of their own (10.201.K.0/30 links, their own
       #    cgroup parents and data directories), its replicas, PostgreSQL
       #    and S3 server on free ports; the Kubernetes control plane on free
@@ -69,9 +71,9 @@ for tier in $TIERS; do
       #    network namespaces) with -race, then every other package.
       # Each package runs once; each run's summary line says which it was.
       racy="./internal/node ./internal/runtime/gvisor ./internal/egress ./internal/netns"
-      others=$($GO list ./... | grep -v -E '/test/(fleet|k8s)$|/internal/(node|runtime/gvisor|egress|netns)$')
+      others=$($GO list ./... | grep -v -E '/test/(fleet|k8s)$|/internal/(fleet|node|runtime/gvisor|egress|netns)$')
       env -u SPORE_TIER "$logs/testrun" -tier "real (fleet)" -forbid-skips -json-out "$logs/real-fleet.json" -summary "$summary" \
-        -- -count=1 -p=1 -timeout=30m ./test/fleet ./test/k8s >"$logs/real-fleet.log" 2>&1 &
+        -- -count=1 -p=1 -timeout=30m ./internal/fleet ./test/fleet ./test/k8s >"$logs/real-fleet.log" 2>&1 &
       fleet=$!
       # shellcheck disable=SC2086
       env -u SPORE_TIER "$logs/testrun" -tier "real (race)" -forbid-skips -json-out "$logs/real-race.json" -summary "$summary" \

@@ -115,11 +115,12 @@ func (c *Cache) path(id ID) string {
 func (c *Cache) Get(id ID) ([]byte, error) {
 	c.mu.Lock()
 	e, ok := c.entries[id]
-	if ok && e.ready {
+	ready := ok && e.ready // read under the lock: Put sets it
+	if ready {
 		c.lru.MoveToFront(e.elem)
 	}
 	c.mu.Unlock()
-	if !ok || !e.ready {
+	if !ready {
 		return nil, errdefs.NotFoundf("chunk %s not in cache", id)
 	}
 	p := c.path(id)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/spore-run/spore/internal/blob/local"
@@ -414,4 +415,43 @@ func TestPeerHandler(t *testing.T) {
 	if st.Fetch.FromPeer != 0 || st.Fetch.FromStore != len(m.ChunkIDs()) {
 		t.Fatalf("fetch with a wrong token %+v", st.Fetch)
 	}
+}
+
+// Readers and writers of one chunk at once (two unpacks of trees sharing
+// it): a reader sees the chunk whole or not at all, and -race finds no
+// unlocked access (Get read an entry's readiness after unlocking, while
+// Put set it: TestRootFSSharedThroughBlobStore).
+func TestCacheConcurrentGetPut(t *testing.T) {
+	r := rand.New(rand.NewPCG(seed(t), 10))
+	c, err := OpenCache(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := randBytes(r, 4000)
+	id, frame := Sum(raw), compress(raw)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 50 {
+				if err := c.Put(id, frame); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for range 50 {
+				b, err := c.Get(id)
+				if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+					t.Error(err)
+					return
+				}
+				if err == nil && !bytes.Equal(b, frame) {
+					t.Error("a reader saw a partial chunk")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -293,6 +293,16 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 			s.dropTarget(rec.ID)
 			continue
 		}
+		if !settled(ns.State) {
+			// An operation runs on it there (a resume, a hibernation, a
+			// snapshot): its caller records what it leaves. The node's
+			// view meanwhile is half-way: a resume shows "resuming" with
+			// no address yet, which would be recorded as running with no
+			// address over the hibernated row; the connect resuming it
+			// then took that row for done, and every proxy refused the
+			// sandbox as paused (TestReconcileDuringAResumeKeepsTheAddress).
+			continue
+		}
 		state := storeState(ns.State)
 		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID {
 			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
@@ -450,6 +460,16 @@ func (s *Service) rowsOf(ctx context.Context, nodeID string) ([]store.Sandbox, e
 		}
 	}
 	return out, nil
+}
+
+// settled says whether a state a node reports for a sandbox is one no
+// operation is changing (nodeapi's stable states).
+func settled(st string) bool {
+	switch st {
+	case nodeapi.StateRunning, nodeapi.StatePaused, nodeapi.StateHibernated, nodeapi.StateDead:
+		return true
+	}
+	return false
 }
 
 func storeState(st string) string {

@@ -155,10 +155,19 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if errors.Is(err, context.Canceled) {
+			t := r.Context().Value(ctxKey{}).(target)
+			if errors.Is(context.Cause(r.Context()), errInstanceGone) {
+				// Before it answered: an answer must still go out (none
+				// was an empty 200, which the SDKs misread: "unsupported
+				// content type null"). Not a 503: the request may have
+				// run there.
+				p.log.Info("proxy: sandbox went away before it answered", "sandbox_id", t.id, "port", t.port, "status", http.StatusBadGateway)
+				writeError(w, http.StatusBadGateway, "sandbox "+t.id+" went away (hibernated, paused, killed or rolled back) before it answered: the request may have run there")
 				return
 			}
-			t := r.Context().Value(ctxKey{}).(target)
+			if errors.Is(err, context.Canceled) {
+				return // the client went
+			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				p.refuse(w, t.id, t.port, fmt.Sprintf("nothing listens on port %d in the sandbox", t.port))
 				return
@@ -495,17 +504,20 @@ func (p *Proxy) resolve(ctx context.Context, id string, port int) (target, *refu
 // answer back, ending the exchange when the instance goes away (killed,
 // hibernated, rolled back): its network is gone and would never answer.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t target) {
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), ctxKey{}, t))
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(context.WithValue(r.Context(), ctxKey{}, t))
+	defer cancel(nil)
 	go func() {
 		select {
 		case <-t.gone:
-			cancel()
+			cancel(errInstanceGone)
 		case <-ctx.Done():
 		}
 	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// errInstanceGone ends an exchange whose sandbox instance went away.
+var errInstanceGone = errors.New("the sandbox's instance went away")
 
 // Waker is a Resolver that can resume a paused or hibernated sandbox
 // created with autoResume when traffic for it arrives.

@@ -201,3 +201,49 @@ func TestReplicaSendsAgainOnlyWhatNeverReachedTheSandbox(t *testing.T) {
 		}
 	})
 }
+
+// goneLater is a loopback Resolver whose sandbox instance goes away when
+// gone is closed.
+type goneLater struct {
+	loopback
+	gone chan struct{}
+}
+
+func (g goneLater) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
+	return netip.MustParseAddr("127.0.0.1"), true, true, g.gone
+}
+
+// A sandbox whose instance goes away (a drain hibernates it) while a
+// request waits for its answer: the client gets a 502 that says so, not
+// a 503 (the request may have run there). Before, the proxy wrote
+// nothing and the client got an empty 200, which the stock SDK reported
+// as "unsupported content type null" (TestRollingUpgrade).
+func TestInstanceGoneBeforeItAnsweredIs502(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+	}))
+	t.Cleanup(app.Close)
+	t.Cleanup(func() { close(release) })
+	_, port, _ := net.SplitHostPort(app.Listener.Addr().String())
+	res := goneLater{gone: make(chan struct{})}
+	srv := httptest.NewServer(proxy.New(res, isKey, nil))
+	t.Cleanup(srv.Close)
+	go func() {
+		<-entered
+		close(res.gone)
+	}()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/process.Process/Start", strings.NewReader("{}"))
+	req.Header.Set("E2b-Sandbox-Id", movingID)
+	req.Header.Set("E2b-Sandbox-Port", port)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), "went away") {
+		t.Fatalf("%d %q, want 502 saying the sandbox went away", resp.StatusCode, b)
+	}
+}

@@ -1,0 +1,97 @@
+package control_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// resumingNode runs hook, once armed, at the start of a Resume, with List
+// reporting that sandbox as a node does while it resumes it: "resuming",
+// and no address yet (the engine's view of a hibernated record with the
+// resume in its journal).
+type resumingNode struct {
+	nodeapi.Node
+	hook *func()
+	mid  *string // the sandbox being resumed while hook runs
+}
+
+func (n resumingNode) List(ctx context.Context) ([]nodeapi.Sandbox, error) {
+	list, err := n.Node.List(ctx)
+	for i := range list {
+		if list[i].ID == *n.mid {
+			list[i].State, list[i].Addr = "resuming", ""
+		}
+	}
+	return list, err
+}
+
+func (n resumingNode) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	if h := *n.hook; h != nil {
+		*n.hook, *n.mid = nil, id
+		h()
+		*n.mid = ""
+	}
+	return n.Node.Resume(ctx, id)
+}
+
+// A reconcile of a node that lists a sandbox mid-resume leaves its row as
+// it is (the connect resuming it records the outcome), and the connect
+// records the sandbox running at the address its node gives. Before, the
+// reconcile recorded the node's "resuming" as running with no address
+// over the hibernated row; the connect's write then conflicted, it read
+// the row again, took "running" for done and kept the empty address: a
+// sandbox its node ran that every proxy refused as paused
+// (flaky-cross-node-resume-502; "a running sandbox's row has no address"
+// in TestRollingUpgrade, where a node's reconcile at its registration met
+// a connect's resume).
+func TestReconcileDuringAResumeKeepsTheAddress(t *testing.T) {
+	controltest.Each(t, testReconcileDuringAResumeKeepsTheAddress)
+}
+
+func testReconcileDuringAResumeKeepsTheAddress(t *testing.T, c controltest.Config) {
+	var f *durableFleet
+	var hook func()
+	mid := ""
+	wrapNode = func(id string, n nodeapi.Node) nodeapi.Node {
+		if id != "na" {
+			return n
+		}
+		return resumingNode{Node: n, hook: &hook, mid: &mid}
+	}
+	f = newDurableFleet(t, c)
+	wrapNode = nil
+	ctx := ctxFor(t)
+	sb := f.onNode("na")
+	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	reconciled := 0
+	hook = func() {
+		if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+			t.Errorf("reconcile na mid-resume: %v", err)
+		}
+		reconciled++
+		if r := f.row(sb.ID); r.State != store.StateHibernated || r.Addr != "" {
+			t.Errorf("after a reconcile mid-resume the row says %s at %q, want hibernated (the resume records it)", r.State, r.Addr)
+		}
+	}
+	got, resumed, err := f.ctl.Connect(ctx, sb.ID, time.Minute)
+	if err != nil || !resumed || reconciled != 1 {
+		t.Fatalf("connect: resumed %v, %v (reconciled %d times mid-resume, want 1)", resumed, err, reconciled)
+	}
+	ns, err := f.nodes["na"].Get(ctx, sb.ID)
+	if err != nil || ns.State != nodeapi.StateRunning || ns.Addr == "" {
+		t.Fatalf("on na: %+v %v", ns, err)
+	}
+	if r := f.row(sb.ID); got.Addr != ns.Addr || r.State != store.StateRunning || r.Addr != ns.Addr {
+		t.Fatalf("after the connect: answered address %q, row %s at %q; the node runs it at %s", got.Addr, r.State, r.Addr, ns.Addr)
+	}
+	if _, running, found, _ := f.ctl.Lookup(sb.ID); !running || !found {
+		t.Fatalf("the proxy's lookup: running %v found %v", running, found)
+	}
+}
