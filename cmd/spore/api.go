@@ -5,9 +5,11 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/server"
 )
 
@@ -35,6 +37,9 @@ without either, keys already in the store are used, or with --data-dir one
 is generated as spore up does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.DrainGrace < 0 || cfg.DrainGrace > nodeapi.MaxQuiesceGrace {
+				return fmt.Errorf("--drain-grace %v: want 0 to %v", cfg.DrainGrace, nodeapi.MaxQuiesceGrace)
+			}
 			var err error
 			if cfg.Fleet, err = ff.config(); err != nil {
 				return err
@@ -73,6 +78,7 @@ is generated as spore up does.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API, the proxy and node registration on")
+	f.DurationVar(&cfg.DrainGrace, "drain-grace", 10*time.Second, "how long a node drain waits for the requests in flight to a running sandbox (a command, a file transfer) before it hibernates it; a stream still open then is cut (at most 10m)")
 	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL; a URL with a password: --database-url-file)")
 	f.StringVar(&dbFile, "database-url-file", "", "a file holding the database URL (keeps its password off the command line)")
 	ff = addFleetFlags(f, true)

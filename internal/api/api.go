@@ -201,10 +201,13 @@ func (s *Server) table() []route {
 
 // Stats is the server's own resource use (leak checks, operations).
 type Stats struct {
-	Goroutines int         `json:"goroutines"`
-	HeapAlloc  uint64      `json:"heapAlloc"` // bytes, after a GC
-	OpenFiles  int         `json:"openFiles"`
-	Node       *NodeReport `json:"node,omitempty"`
+	Goroutines int    `json:"goroutines"`
+	HeapAlloc  uint64 `json:"heapAlloc"` // bytes, after a GC
+	OpenFiles  int    `json:"openFiles"`
+	// Uploads: snapshot uploads this replica runs or has queued in the
+	// background (a snapshot's, a hibernation's), each a goroutine.
+	Uploads int         `json:"uploads"`
+	Node    *NodeReport `json:"node,omitempty"`
 }
 
 func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
@@ -212,7 +215,7 @@ func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
 	var ms goruntime.MemStats
 	goruntime.ReadMemStats(&ms)
 	fds, _ := os.ReadDir("/proc/self/fd")
-	st := Stats{Goroutines: goruntime.NumGoroutine(), HeapAlloc: ms.HeapAlloc, OpenFiles: len(fds)}
+	st := Stats{Goroutines: goruntime.NumGoroutine(), HeapAlloc: ms.HeapAlloc, OpenFiles: len(fds), Uploads: s.c.Uploads()}
 	if s.node != nil {
 		r := s.node()
 		st.Node = &r

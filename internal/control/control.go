@@ -51,6 +51,11 @@ type Config struct {
 	// CreateGrace is how long a row in state creating is left to the
 	// create that wrote it before the reaper undoes it (default 2 min).
 	CreateGrace time.Duration
+	// DrainGrace is how long a drain waits for the requests in flight to
+	// a running sandbox to end before it hibernates it (nodeapi Quiesce;
+	// default 10 s, at most nodeapi.MaxQuiesceGrace): a stream still open
+	// then (a background command's, a watch) is cut.
+	DrainGrace time.Duration
 	// Now is the clock (tests); time.Now by default.
 	Now func() time.Time
 	// LeaseTTL is how long a store lease (reaper, pool, nodes) lasts
@@ -137,6 +142,10 @@ func New(cfg Config) *Service {
 	if cfg.CreateGrace <= 0 {
 		cfg.CreateGrace = 2 * time.Minute
 	}
+	if cfg.DrainGrace <= 0 {
+		cfg.DrainGrace = 10 * time.Second
+	}
+	cfg.DrainGrace = min(cfg.DrainGrace, nodeapi.MaxQuiesceGrace)
 	if cfg.Nodes == nil {
 		cfg.Nodes = Nodes{}
 	}

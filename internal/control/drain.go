@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -173,11 +174,49 @@ func (s *Service) Drain(ctx context.Context, nodeID string) (int, error) {
 	}
 }
 
+// quiesce readies the hibernation of a draining node's running
+// sandboxes, all at once: its proxy forwards them nothing new, and each
+// waits for the requests it is answering, up to DrainGrace (nodeapi
+// Quiesce), so that the hibernation cuts none. What is still open after
+// the grace is logged, and cut. A node that cannot quiesce (a release
+// before it) is hibernated as before.
+func (s *Service) quiesce(ctx context.Context, nodeID string, recs []store.Sandbox) {
+	n, err := s.node(nodeID)
+	if err != nil {
+		return // the hibernations say why
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, quiesceConcurrency)
+	for _, rec := range recs {
+		if rec.State != store.StateRunning {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			open, err := n.Quiesce(ctx, rec.ID, s.cfg.DrainGrace)
+			switch {
+			case err != nil && !errdefs.IsNotFound(err):
+				s.log.Info("drain: quiesce (the hibernation may cut requests in flight)", "node_id", nodeID, "sandbox_id", rec.ID, "err", err)
+			case open > 0:
+				s.log.Warn("drain: requests still open after the grace are cut by the hibernation", "node_id", nodeID,
+					"sandbox_id", rec.ID, "open", open, "grace", s.cfg.DrainGrace)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// quiesceConcurrency bounds a drain's Quiesce calls at once (each one a
+// wait on the node, not work).
+const quiesceConcurrency = 64
+
 // drainRows discards the pooled sandboxes among a draining node's rows
 // and hibernates its running and paused ones. It reports how many it
 // hibernated, how many rows are being created there (younger than
 // CreateGrace: older ones are the reaper's), and the first failure.
 func (s *Service) drainRows(ctx context.Context, nodeID string, recs []store.Sandbox) (done, creating int, first error) {
+	s.quiesce(ctx, nodeID, recs)
 	for _, rec := range recs {
 		switch rec.State {
 		case store.StatePooled:

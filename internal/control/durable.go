@@ -237,6 +237,10 @@ func (s *Service) GetSnapshot(ctx context.Context, ref string) (store.Snapshot, 
 // UploadsIdle says whether no background upload of this instance runs.
 func (s *Service) UploadsIdle() bool { return s.uploading.Load() == 0 }
 
+// Uploads is how many background uploads this instance runs or has
+// queued (at most uploadWorkers run at once).
+func (s *Service) Uploads() int { return int(s.uploading.Load()) }
+
 // CollectGarbage frees the blob store's chunks no snapshot uses, through
 // the first reachable node that has the store (they share one).
 func (s *Service) CollectGarbage(ctx context.Context, req nodeapi.GCRequest) (string, nodeapi.GCReport, error) {

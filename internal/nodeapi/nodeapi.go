@@ -80,6 +80,17 @@ type Node interface {
 	// Hibernate checkpoints a sandbox to the node's disk and frees its
 	// memory; Resume brings it back.
 	Hibernate(ctx context.Context, id string) error
+	// Quiesce readies a hibernation that must not cut requests (a drain's):
+	// the node's proxy forwards sandbox id nothing new (new requests get
+	// the transition 503, which a replica sends again once the sandbox has
+	// moved or woken) and Quiesce waits until the requests it is
+	// forwarding there have ended, grace has passed or ctx has ended. It
+	// returns how many were still open (0: the hibernation cuts nothing).
+	// The mark holds until the sandbox's next Hibernate, Pause, Resume or
+	// Kill returns, or a minute after the wait. A node with no proxy of its
+	// own in front of its sandboxes (the one-process server's) has nothing
+	// in flight to wait for: 0 at once. ErrNotFound for an unknown sandbox.
+	Quiesce(ctx context.Context, id string, grace time.Duration) (int, error)
 	// Snapshot captures a running or paused sandbox live under
 	// req.SnapshotID. Idempotent by SnapshotID.
 	Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotInfo, error)
@@ -489,3 +500,6 @@ type Event struct {
 	Err       string // EventOpDone: the operation's error, "" on success
 	At        time.Time
 }
+
+// MaxQuiesceGrace bounds a Quiesce's wait (a drain's DrainGrace).
+const MaxQuiesceGrace = 10 * time.Minute

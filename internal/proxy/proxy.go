@@ -96,6 +96,9 @@ type Proxy struct {
 
 	// nodeSide: this is a node's proxy behind an API replica (AsNodeSide).
 	nodeSide bool
+	// q: what a node-side proxy forwards to each sandbox, and which take
+	// nothing new (quiesce.go); under mu.
+	q quiesce
 	// hop carries traffic to node-side proxies (see Hopper): the
 	// transport to the node behind a via address, and the scheme.
 	hop       func(via string) http.RoundTripper
@@ -125,7 +128,8 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 	if isKey == nil {
 		isKey = func(context.Context, string) bool { return true }
 	}
-	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}, replayFor: defaultReplayFor}
+	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}, replayFor: defaultReplayFor,
+		q: quiesce{inflight: map[string]int{}, marked: map[string]time.Time{}, idle: map[string]chan struct{}{}}}
 	p.rp = &httputil.ReverseProxy{
 		Transport:     roundTripper{p},
 		FlushInterval: -1, // flush every write: streams must not wait in a buffer
@@ -308,7 +312,8 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 // AsNodeSide marks the proxy as a node's, behind an API replica that
 // looked the sandbox up as running: one found here not running is in a
 // transition (pausing, hibernating), answered 503 with Retry-After, not
-// the 502 of a sandbox that is not there.
+// the 502 of a sandbox that is not there. A node-side proxy counts the
+// requests it forwards to each sandbox, for Quiesce.
 func (p *Proxy) AsNodeSide() *Proxy {
 	p.nodeSide = true
 	return p
@@ -364,6 +369,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ref != nil {
 		ref.write(p, w)
 		return
+	}
+	if p.nodeSide {
+		if !p.admit(id) {
+			// A drain readies its hibernation (Quiesce): nothing new.
+			(&refusal{id: id, port: port, status: http.StatusServiceUnavailable, transition: true,
+				msg: "sandbox " + id + " is being hibernated: retry"}).write(p, w)
+			return
+		}
+		defer p.release(id)
 	}
 	if !p.portOpen(r, id, port) {
 		writeError(w, http.StatusForbidden, "sandbox "+id+"'s ports take requests only with its traffic access token (header E2B-Traffic-Access-Token)")

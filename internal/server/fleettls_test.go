@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -181,5 +183,61 @@ func TestNodeProxyTransitionIs503(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("an unknown sandbox through the node's proxy: %d, want 502", resp.StatusCode)
+	}
+}
+
+// The node RPC's Quiesce reaches the node's proxy in front of its
+// sandboxes (gatedNode): after it a request to the sandbox gets the
+// transition 503 (the replica sends it again), not forwarded; the
+// sandbox's next lifecycle call (here a pause and resume: a hibernation
+// that did not come) lifts the mark. An unknown sandbox is NotFound.
+func TestNodeRPCQuiesceMarksTheNodeProxy(t *testing.T) {
+	p := insecurePair(t)
+	_, srv := nodeServerIn(t, p)
+	ctx := testCtx(t)
+	hc := rpc.HTTPClient(nil)
+	t.Cleanup(hc.CloseIdleConnections)
+	ln, err := rpc.NewClient(srv.URL, testToken, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := ln.Create(ctx, nodeapi.CreateRequest{SandboxID: "iquiesce000000000009", AccessToken: "tok-0123456789abcdef", Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	through := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/health", nil)
+		req.Header.Set("E2b-Sandbox-Id", sb.ID)
+		resp, err := p.replica.Client(nil, 0).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := through(); strings.Contains(body, "being hibernated") {
+		t.Fatalf("before the quiesce: %d %s", code, body)
+	}
+	if n, err := ln.Quiesce(ctx, sb.ID, 5*time.Second); err != nil || n != 0 {
+		t.Fatalf("quiesce: %d in flight, %v", n, err)
+	}
+	if code, body := through(); code != http.StatusServiceUnavailable || !strings.Contains(body, "being hibernated") {
+		t.Fatalf("after the quiesce: %d %s, want the transition 503", code, body)
+	}
+	if err := ln.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ln.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := through(); strings.Contains(body, "being hibernated") {
+		t.Fatalf("after a pause and resume the mark stayed: %d %s", code, body)
+	}
+	if _, err := ln.Quiesce(ctx, "inotthere00000000001", time.Second); !errdefs.IsNotFound(err) {
+		t.Fatalf("quiesce of an unknown sandbox: %v, want not found", err)
+	}
+	if _, err := ln.Quiesce(ctx, sb.ID, time.Hour); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("quiesce with a grace over the bound: %v, want invalid", err)
 	}
 }

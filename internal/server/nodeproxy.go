@@ -10,6 +10,7 @@ import (
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/proxy"
 )
 
 // nodeResolver finds sandboxes on this node for the node's proxy (the
@@ -183,4 +184,40 @@ func (r *nodeResolver) sweep(ctx context.Context) {
 			delete(r.targets, id)
 		}
 	}
+}
+
+// gatedNode is a node agent's node as its RPC serves it: Quiesce marks
+// and waits on the node's proxy, in front of its sandboxes; the next
+// Hibernate, Pause, Resume or Kill of the sandbox lifts the mark (its
+// instance is gone or new, or it was not hibernated after all).
+type gatedNode struct {
+	nodeapi.Node
+	px *proxy.Proxy
+}
+
+func (g gatedNode) Quiesce(ctx context.Context, id string, grace time.Duration) (int, error) {
+	if _, err := g.Node.Get(ctx, id); err != nil {
+		return 0, err
+	}
+	return g.px.Quiesce(ctx, id, grace), nil
+}
+
+func (g gatedNode) Hibernate(ctx context.Context, id string) error {
+	defer g.px.Unquiesce(id)
+	return g.Node.Hibernate(ctx, id)
+}
+
+func (g gatedNode) Pause(ctx context.Context, id string) error {
+	defer g.px.Unquiesce(id)
+	return g.Node.Pause(ctx, id)
+}
+
+func (g gatedNode) Resume(ctx context.Context, id string) (nodeapi.Sandbox, error) {
+	defer g.px.Unquiesce(id)
+	return g.Node.Resume(ctx, id)
+}
+
+func (g gatedNode) Kill(ctx context.Context, id string) error {
+	defer g.px.Unquiesce(id)
+	return g.Node.Kill(ctx, id)
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
@@ -59,8 +60,11 @@ type APIConfig struct {
 	// (secrets.LoadKey): every replica needs the same one. "": the key
 	// in DataDir (generated there on first start), else no secrets API.
 	SecretsKeyFile string
-	Logger         *slog.Logger
-	Ready          func(addr, apiKey string)
+	// DrainGrace is how long a drain waits for the requests in flight to
+	// a sandbox before it hibernates it (control.Config; 0: 10 s).
+	DrainGrace time.Duration
+	Logger     *slog.Logger
+	Ready      func(addr, apiKey string)
 }
 
 // SecretsKeyFile is where a server keeps a generated secrets key.
@@ -108,6 +112,9 @@ func OpenStore(ctx context.Context, dbURL string) (store.Store, error) {
 func RunAPI(ctx context.Context, cfg APIConfig) error {
 	if err := api.ValidateDomain(cfg.Domain); err != nil {
 		return err
+	}
+	if cfg.DrainGrace < 0 || cfg.DrainGrace > nodeapi.MaxQuiesceGrace {
+		return fmt.Errorf("--drain-grace %v: want 0 to %v", cfg.DrainGrace, nodeapi.MaxQuiesceGrace)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -162,7 +169,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box})
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box, DrainGrace: cfg.DrainGrace})
 	defer ctl.Close()
 	for _, id := range ready {
 		ctl.Follow(id)
@@ -223,7 +230,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		mux.Handle("PUT "+RegisterPath+"{id}", register)
 	}
 	mux.Handle("/", apiH)
-	return serve(ctx, cfg.Listen, mux, log, func(addr string) {
+	return serveClients(ctx, cfg.Listen, mux, log, func(addr string) {
 		bs.listening(addr)
 		log.Info("spore api", "listen", addr, "nodes", len(ready))
 		if cfg.Ready != nil {
@@ -241,9 +248,62 @@ func serve(ctx context.Context, listen string, h http.Handler, log *slog.Logger,
 	return serveOn(ctx, ln, rpc.Server(h, nil), log, ready) // HTTP/1.1 and h2c (the node RPC), no write timeout (streams)
 }
 
+// LameDuck bounds how long an API replica that is stopping keeps serving
+// the client connections it has (serveClients).
+const LameDuck = 5 * time.Second
+
+// serveClients is serve for an API replica's clients, with a lame-duck
+// phase when ctx ends: it stops accepting (a load balancer, or a client
+// trying the next replica, goes elsewhere) but keeps serving the
+// connections it has, every answer closing its connection (HTTP/2: a
+// GOAWAY), until none is left or LameDuck has passed; then it shuts down
+// as serve does. Without it the shutdown closed idle keep-alive
+// connections at once, and a request a client sent on one just then was
+// lost unanswered ("fetch failed", which a client cannot tell from a
+// request that ran: TestRollingUpgrade). Clients close their idle
+// connections themselves within seconds (undici: 4 s).
+func serveClients(ctx context.Context, listen string, h http.Handler, log *slog.Logger, ready func(addr string)) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	var closing atomic.Bool
+	var open atomic.Int64
+	hs := rpc.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if closing.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	}), nil)
+	hs.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	stopping := func() {
+		closing.Store(true)
+		ln.Close()
+		t0 := time.Now()
+		for open.Load() > 0 && time.Since(t0) < LameDuck {
+			time.Sleep(20 * time.Millisecond)
+		}
+		log.Info("stopping: no longer accepting; the connections left close after their answers", "left", open.Load(), "took", time.Since(t0).Round(time.Millisecond))
+	}
+	return serveOnThen(ctx, ln, hs, log, ready, stopping)
+}
+
 // serveOn runs hs on ln until ctx ends: over TLS when hs has a TLS
 // configuration.
 func serveOn(ctx context.Context, ln net.Listener, hs *http.Server, log *slog.Logger, ready func(addr string)) error {
+	return serveOnThen(ctx, ln, hs, log, ready, nil)
+}
+
+// serveOnThen is serveOn that runs stopping (when set) once ctx ends,
+// before the shutdown.
+func serveOnThen(ctx context.Context, ln net.Listener, hs *http.Server, log *slog.Logger, ready func(addr string), stopping func()) error {
 	errc := make(chan error, 1)
 	go func() {
 		if hs.TLSConfig != nil {
@@ -255,6 +315,9 @@ func serveOn(ctx context.Context, ln net.Listener, hs *http.Server, log *slog.Lo
 	ready(ln.Addr().String())
 	select {
 	case <-ctx.Done():
+		if stopping != nil {
+			stopping()
+		}
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -358,15 +421,17 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 // (mutual TLS), or, in an insecure fleet, holders of the cluster token
 // (for the proxy only in proxy.ClusterTokenHeader: its Authorization
 // belongs to the sandbox). Anything else is 401. The proxy ends its
-// streams to an instance when it goes, until ctx ends (see nodeResolver).
+// streams to an instance when it goes, until ctx ends (see nodeResolver);
+// the node's Quiesce waits for what it forwards (gatedNode).
 func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, log *slog.Logger) (http.Handler, error) {
-	rpcPath, rpcH, err := rpc.NewFleetHandler(n, fleet)
+	nodePx := proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log).AsNodeSide()
+	rpcPath, rpcH, err := rpc.NewFleetHandler(gatedNode{n, nodePx}, fleet)
 	if err != nil {
 		return nil, err
 	}
 	replicas := fleetauth.Roles(fleetauth.RoleReplica)
 	members := fleetauth.Roles(fleetauth.RoleNode, fleetauth.RoleReplica)
-	px := fleet.Guard(proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log).AsNodeSide(), true, replicas)
+	px := fleet.Guard(nodePx, true, replicas)
 	var chunks, manifests http.Handler
 	if sync != nil && sync.Cache() != nil {
 		ch, err := chunk.NewHandler(sync.Cache(), log)

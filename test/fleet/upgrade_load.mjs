@@ -21,9 +21,9 @@
 // command's start as SandboxNotFoundError) is not retried either (it may
 // have run): it is recorded in "cut" with its sandbox, tag and how, and
 // the load then looks for its line (verify); a line found once counts the
-// command as done. The test accepts a cut only in a sandbox a drain was
-// hibernating then, with its line found: a request refused without
-// reaching the sandbox never wrote its line.
+// command as done. The test fails on any cut (a drain waits for the
+// requests in flight before it hibernates) and reports where it fell and
+// whether its line was found.
 //
 // Env: LOAD_URLS (the replicas, comma-separated), E2B_API_KEY, LOAD_STOP,
 // LOAD_WORKERS (default 2), LOAD_LIVE (sandboxes kept alive, default 4).

@@ -145,8 +145,19 @@ func TestLoad(t *testing.T) {
 	if n := strings.Count(string(mi), s.data); n > 1 {
 		t.Fatalf("%d mounts under the data directory", n)
 	}
-	// The server is back to where it started.
+	// The server is back to where it started, once the snapshots' uploads
+	// it queued in the background (each a goroutine; uploadWorkers at a
+	// time) are over: bounded work, not a leak. Each upload of a snapshot
+	// deleted meanwhile ends at once.
 	var after api.Stats
+	waited := time.Now()
+	for after = stats(); after.Uploads > 0 && time.Since(waited) < 3*time.Minute; after = stats() {
+		time.Sleep(250 * time.Millisecond)
+	}
+	if after.Uploads > 0 {
+		t.Errorf("%d background uploads still queued or running 3 minutes after the load", after.Uploads)
+	}
+	t.Logf("background uploads over %v after the load", time.Since(waited).Round(100*time.Millisecond))
 	for i := 0; i < 20; i++ {
 		time.Sleep(250 * time.Millisecond)
 		if after = stats(); after.Goroutines <= before.Goroutines+5 && after.OpenFiles <= before.OpenFiles+5 {
@@ -156,6 +167,12 @@ func TestLoad(t *testing.T) {
 	t.Logf("server before: %+v, after: %+v", before, after)
 	if after.Goroutines > before.Goroutines+5 {
 		t.Errorf("goroutines %d -> %d", before.Goroutines, after.Goroutines)
+		// Which: the server's goroutines grouped by stack.
+		if code, b := s.rest("GET", "/debug/pprof/goroutine?debug=1", ""); code == 200 {
+			t.Logf("the server's goroutines:\n%s", b)
+		} else {
+			t.Logf("goroutine profile: %d %s", code, b)
+		}
 	}
 	if after.OpenFiles > before.OpenFiles+5 {
 		t.Errorf("open files %d -> %d", before.OpenFiles, after.OpenFiles)

@@ -340,6 +340,16 @@ func testLifecycle(t *testing.T, s *suite) {
 	step("resume", resume, nodeapi.StateRunning)
 	_, err := s.n.Resume(s.ctx, sb.ID)
 	wantKind(t, "resume of a running sandbox", err, errdefs.ErrConflict)
+	// A drain's quiesce, then its hibernation: with nothing in flight the
+	// wait ends at once, and the sandbox stays running until hibernated.
+	if n, err := s.n.Quiesce(s.ctx, sb.ID, 30*time.Second); err != nil || n != 0 {
+		t.Errorf("quiesce of an idle sandbox: %d in flight, %v; want 0, nil", n, err)
+	}
+	if got, err := s.n.Get(s.ctx, sb.ID); err != nil || got.State != nodeapi.StateRunning {
+		t.Errorf("after quiesce: %+v %v, want running", got, err)
+	}
+	_, err = s.n.Quiesce(s.ctx, "inosuchsandbox000001", time.Second)
+	wantKind(t, "quiesce of an unknown sandbox", err, errdefs.ErrNotFound)
 	step("hibernate", s.n.Hibernate, nodeapi.StateHibernated)
 	got, _ := s.n.Get(s.ctx, sb.ID)
 	if got.Addr != "" {

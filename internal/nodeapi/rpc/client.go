@@ -177,6 +177,15 @@ func (c *Client) Hibernate(ctx context.Context, id string) error {
 	return err
 }
 
+// Quiesce readies a sandbox's hibernation (see nodeapi.Node).
+func (c *Client) Quiesce(ctx context.Context, id string, grace time.Duration) (int, error) {
+	res, err := call(ctx, c.c.Quiesce, &nodev1.QuiesceRequest{Id: id, GraceMs: grace.Milliseconds()})
+	if err != nil {
+		return 0, err
+	}
+	return int(res.GetInFlight()), nil
+}
+
 // Snapshot takes (or, replayed, returns) a snapshot.
 func (c *Client) Snapshot(ctx context.Context, id string, req nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
 	res, err := call(ctx, c.c.Snapshot, &nodev1.SnapshotRequest{Id: id, SnapshotId: req.SnapshotID, Names: req.Names, Template: req.Template})

@@ -299,6 +299,18 @@ func (s *server) Hibernate(ctx context.Context, req *connect.Request[nodev1.Hibe
 	return ok(&nodev1.HibernateResponse{})
 }
 
+func (s *server) Quiesce(ctx context.Context, req *connect.Request[nodev1.QuiesceRequest]) (*connect.Response[nodev1.QuiesceResponse], error) {
+	grace := time.Duration(req.Msg.GetGraceMs()) * time.Millisecond
+	if grace < 0 || grace > nodeapi.MaxQuiesceGrace {
+		return nil, toConnect(errdefs.Invalidf("quiesce grace %v: want 0 to %v", grace, nodeapi.MaxQuiesceGrace))
+	}
+	n, err := s.node.Quiesce(ctx, req.Msg.GetId(), grace)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.QuiesceResponse{InFlight: int32(n)})
+}
+
 func (s *server) Snapshot(ctx context.Context, req *connect.Request[nodev1.SnapshotRequest]) (*connect.Response[nodev1.SnapshotResponse], error) {
 	m := req.Msg
 	info, err := s.node.Snapshot(ctx, m.GetId(), nodeapi.SnapshotRequest{SnapshotID: m.GetSnapshotId(), Names: m.GetNames(), Template: m.GetTemplate()})

@@ -32,10 +32,11 @@ func (s *stubNode) Pause(context.Context, string) error             { return s.h
 func (s *stubNode) Resume(context.Context, string) (nodeapi.Sandbox, error) {
 	return nodeapi.Sandbox{}, s.hit()
 }
-func (s *stubNode) Hibernate(context.Context, string) error                   { return s.hit() }
-func (s *stubNode) DeleteSnapshot(context.Context, string) error              { return s.hit() }
-func (s *stubNode) Snapshots(context.Context) ([]nodeapi.SnapshotInfo, error) { return nil, s.hit() }
-func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error   { return s.hit() }
+func (s *stubNode) Hibernate(context.Context, string) error                     { return s.hit() }
+func (s *stubNode) Quiesce(context.Context, string, time.Duration) (int, error) { return 0, s.hit() }
+func (s *stubNode) DeleteSnapshot(context.Context, string) error                { return s.hit() }
+func (s *stubNode) Snapshots(context.Context) ([]nodeapi.SnapshotInfo, error)   { return nil, s.hit() }
+func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error     { return s.hit() }
 func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 	return nodeapi.Stats{}, s.hit()
 }

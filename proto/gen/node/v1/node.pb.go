@@ -1583,6 +1583,102 @@ func (*HibernateResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
+type QuiesceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GraceMs       int64                  `protobuf:"varint,2,opt,name=grace_ms,json=graceMs,proto3" json:"grace_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuiesceRequest) Reset() {
+	*x = QuiesceRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuiesceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuiesceRequest) ProtoMessage() {}
+
+func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
+func (*QuiesceRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *QuiesceRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *QuiesceRequest) GetGraceMs() int64 {
+	if x != nil {
+		return x.GraceMs
+	}
+	return 0
+}
+
+type QuiesceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InFlight      int32                  `protobuf:"varint,1,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuiesceResponse) Reset() {
+	*x = QuiesceResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuiesceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuiesceResponse) ProtoMessage() {}
+
+func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
+func (*QuiesceResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *QuiesceResponse) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // the sandbox
@@ -1595,7 +1691,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1703,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1716,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1660,7 +1756,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1768,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1781,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1705,7 +1801,7 @@ type ForkChildSpec struct {
 
 func (x *ForkChildSpec) Reset() {
 	*x = ForkChildSpec{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1717,7 +1813,7 @@ func (x *ForkChildSpec) String() string {
 func (*ForkChildSpec) ProtoMessage() {}
 
 func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1730,7 +1826,7 @@ func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChildSpec.ProtoReflect.Descriptor instead.
 func (*ForkChildSpec) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForkChildSpec) GetSandboxId() string {
@@ -1758,7 +1854,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1866,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1879,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1818,7 +1914,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1926,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1939,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -1869,7 +1965,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1977,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +1990,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkChild {
@@ -1914,7 +2010,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2022,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2035,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RollbackRequest) GetId() string {
@@ -1965,7 +2061,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2073,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2086,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RollbackResponse) GetSandbox() *Sandbox {
@@ -2009,7 +2105,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2117,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2130,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetSnapshotRequest) GetRef() string {
@@ -2053,7 +2149,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2161,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2174,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -2097,7 +2193,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2205,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2218,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteSnapshotRequest) GetRef() string {
@@ -2140,7 +2236,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2248,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2261,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 // BuildImageRequest: template name from image ref ("registry/repo:tag"
@@ -2184,7 +2280,7 @@ type BuildImageRequest struct {
 
 func (x *BuildImageRequest) Reset() {
 	*x = BuildImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2292,7 @@ func (x *BuildImageRequest) String() string {
 func (*BuildImageRequest) ProtoMessage() {}
 
 func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2305,7 @@ func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
 func (*BuildImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BuildImageRequest) GetName() string {
@@ -2256,7 +2352,7 @@ type BuildImageResponse struct {
 
 func (x *BuildImageResponse) Reset() {
 	*x = BuildImageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2364,7 @@ func (x *BuildImageResponse) String() string {
 func (*BuildImageResponse) ProtoMessage() {}
 
 func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2377,7 @@ func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
 func (*BuildImageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
@@ -2309,7 +2405,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2417,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2430,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExportRequest) GetSandboxId() string {
@@ -2395,7 +2491,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2503,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2516,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExportResponse) GetRef() string {
@@ -2494,7 +2590,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2602,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2615,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2559,7 +2655,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2667,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2680,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2603,7 +2699,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2711,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2724,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2648,7 +2744,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2756,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2769,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2702,7 +2798,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2810,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2823,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2757,7 +2853,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +2865,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +2878,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2828,7 +2924,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +2936,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +2949,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 type SnapshotsResponse struct {
@@ -2865,7 +2961,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +2973,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +2986,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2910,7 +3006,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3018,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3031,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -2960,7 +3056,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3068,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3081,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 type ReconfigureRequest struct {
@@ -2999,7 +3095,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3107,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3120,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -3057,7 +3153,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3165,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3178,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -3101,7 +3197,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3113,7 +3209,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3126,7 +3222,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -3150,7 +3246,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3258,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3271,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -3228,7 +3324,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3336,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3349,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 type Event struct {
@@ -3271,7 +3367,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3283,7 +3379,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3296,7 +3392,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Event) GetKind() string {
@@ -3358,7 +3454,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3466,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3479,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3404,7 +3500,7 @@ type EgressAuditRequest struct {
 
 func (x *EgressAuditRequest) Reset() {
 	*x = EgressAuditRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3416,7 +3512,7 @@ func (x *EgressAuditRequest) String() string {
 func (*EgressAuditRequest) ProtoMessage() {}
 
 func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3429,7 +3525,7 @@ func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
 func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *EgressAuditRequest) GetSandboxId() string {
@@ -3472,7 +3568,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3484,7 +3580,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3497,7 +3593,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
@@ -3586,7 +3682,7 @@ type EgressAuditResponse struct {
 
 func (x *EgressAuditResponse) Reset() {
 	*x = EgressAuditResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3598,7 +3694,7 @@ func (x *EgressAuditResponse) String() string {
 func (*EgressAuditResponse) ProtoMessage() {}
 
 func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +3707,7 @@ func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
 func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
@@ -3742,7 +3838,12 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x13\n" +
-	"\x11HibernateResponse\"t\n" +
+	"\x11HibernateResponse\";\n" +
+	"\x0eQuiesceRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bgrace_ms\x18\x02 \x01(\x03R\agraceMs\".\n" +
+	"\x0fQuiesceResponse\x12\x1b\n" +
+	"\tin_flight\x18\x01 \x01(\x05R\binFlight\"t\n" +
 	"\x0fSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
@@ -3883,7 +3984,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\abytesIn\x12\x12\n" +
 	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
 	"\x13EgressAuditResponse\x124\n" +
-	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\x96\x0e\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xe0\x0e\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3892,7 +3993,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x04Kill\x12\x1a.spore.node.v1.KillRequest\x1a\x1b.spore.node.v1.KillResponse\x12B\n" +
 	"\x05Pause\x12\x1b.spore.node.v1.PauseRequest\x1a\x1c.spore.node.v1.PauseResponse\x12E\n" +
 	"\x06Resume\x12\x1c.spore.node.v1.ResumeRequest\x1a\x1d.spore.node.v1.ResumeResponse\x12N\n" +
-	"\tHibernate\x12\x1f.spore.node.v1.HibernateRequest\x1a .spore.node.v1.HibernateResponse\x12K\n" +
+	"\tHibernate\x12\x1f.spore.node.v1.HibernateRequest\x1a .spore.node.v1.HibernateResponse\x12H\n" +
+	"\aQuiesce\x12\x1d.spore.node.v1.QuiesceRequest\x1a\x1e.spore.node.v1.QuiesceResponse\x12K\n" +
 	"\bSnapshot\x12\x1e.spore.node.v1.SnapshotRequest\x1a\x1f.spore.node.v1.SnapshotResponse\x12?\n" +
 	"\x04Fork\x12\x1a.spore.node.v1.ForkRequest\x1a\x1b.spore.node.v1.ForkResponse\x12K\n" +
 	"\bRollback\x12\x1e.spore.node.v1.RollbackRequest\x1a\x1f.spore.node.v1.RollbackResponse\x12T\n" +
@@ -3923,7 +4025,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -3951,59 +4053,61 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*ResumeResponse)(nil),         // 23: spore.node.v1.ResumeResponse
 	(*HibernateRequest)(nil),       // 24: spore.node.v1.HibernateRequest
 	(*HibernateResponse)(nil),      // 25: spore.node.v1.HibernateResponse
-	(*SnapshotRequest)(nil),        // 26: spore.node.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 27: spore.node.v1.SnapshotResponse
-	(*ForkChildSpec)(nil),          // 28: spore.node.v1.ForkChildSpec
-	(*ForkRequest)(nil),            // 29: spore.node.v1.ForkRequest
-	(*ForkChild)(nil),              // 30: spore.node.v1.ForkChild
-	(*ForkResponse)(nil),           // 31: spore.node.v1.ForkResponse
-	(*RollbackRequest)(nil),        // 32: spore.node.v1.RollbackRequest
-	(*RollbackResponse)(nil),       // 33: spore.node.v1.RollbackResponse
-	(*GetSnapshotRequest)(nil),     // 34: spore.node.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),    // 35: spore.node.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),  // 36: spore.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 37: spore.node.v1.DeleteSnapshotResponse
-	(*BuildImageRequest)(nil),      // 38: spore.node.v1.BuildImageRequest
-	(*BuildImageResponse)(nil),     // 39: spore.node.v1.BuildImageResponse
-	(*ExportRequest)(nil),          // 40: spore.node.v1.ExportRequest
-	(*ExportResponse)(nil),         // 41: spore.node.v1.ExportResponse
-	(*AdoptRequest)(nil),           // 42: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 43: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 44: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 45: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 46: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 47: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 48: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 49: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 50: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 51: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 52: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 53: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 54: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 55: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 56: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 57: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 58: spore.node.v1.EventsResponse
-	(*EgressAuditRequest)(nil),     // 59: spore.node.v1.EgressAuditRequest
-	(*EgressEntry)(nil),            // 60: spore.node.v1.EgressEntry
-	(*EgressAuditResponse)(nil),    // 61: spore.node.v1.EgressAuditResponse
-	nil,                            // 62: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 63: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 64: google.protobuf.Duration
+	(*QuiesceRequest)(nil),         // 26: spore.node.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),        // 27: spore.node.v1.QuiesceResponse
+	(*SnapshotRequest)(nil),        // 28: spore.node.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 29: spore.node.v1.SnapshotResponse
+	(*ForkChildSpec)(nil),          // 30: spore.node.v1.ForkChildSpec
+	(*ForkRequest)(nil),            // 31: spore.node.v1.ForkRequest
+	(*ForkChild)(nil),              // 32: spore.node.v1.ForkChild
+	(*ForkResponse)(nil),           // 33: spore.node.v1.ForkResponse
+	(*RollbackRequest)(nil),        // 34: spore.node.v1.RollbackRequest
+	(*RollbackResponse)(nil),       // 35: spore.node.v1.RollbackResponse
+	(*GetSnapshotRequest)(nil),     // 36: spore.node.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),    // 37: spore.node.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),  // 38: spore.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 39: spore.node.v1.DeleteSnapshotResponse
+	(*BuildImageRequest)(nil),      // 40: spore.node.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),     // 41: spore.node.v1.BuildImageResponse
+	(*ExportRequest)(nil),          // 42: spore.node.v1.ExportRequest
+	(*ExportResponse)(nil),         // 43: spore.node.v1.ExportResponse
+	(*AdoptRequest)(nil),           // 44: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 45: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 46: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 47: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 48: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 49: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 50: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 51: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 52: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 53: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 54: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 55: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 56: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 57: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 58: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 59: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 60: spore.node.v1.EventsResponse
+	(*EgressAuditRequest)(nil),     // 61: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 62: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 63: spore.node.v1.EgressAuditResponse
+	nil,                            // 64: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 65: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 66: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
 	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
-	63, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	65, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	63, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	65, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	63, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	65, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	62, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	64, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 14: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
@@ -4011,28 +4115,28 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	6,  // 16: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
 	6,  // 17: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	7,  // 18: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	28, // 19: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	30, // 19: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
 	6,  // 20: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
 	8,  // 21: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	30, // 22: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	32, // 22: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
 	6,  // 23: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	7,  // 24: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	7,  // 25: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 26: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 27: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	64, // 28: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	66, // 28: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	7,  // 29: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 30: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 31: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 32: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	63, // 33: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	64, // 34: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	63, // 35: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	57, // 36: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	63, // 37: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	63, // 38: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	63, // 39: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
-	60, // 40: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	65, // 33: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	66, // 34: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	65, // 35: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	59, // 36: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	65, // 37: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	65, // 38: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	65, // 39: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	62, // 40: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
 	9,  // 41: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
 	12, // 42: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
 	14, // 43: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
@@ -4041,48 +4145,50 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	20, // 46: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
 	22, // 47: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
 	24, // 48: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	26, // 49: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	29, // 50: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	32, // 51: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	34, // 52: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	36, // 53: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	48, // 54: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	50, // 55: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	52, // 56: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	54, // 57: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	44, // 58: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	42, // 59: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	46, // 60: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	38, // 61: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	40, // 62: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	59, // 63: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	56, // 64: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	10, // 65: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	13, // 66: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	15, // 67: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	17, // 68: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	19, // 69: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	21, // 70: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	23, // 71: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	25, // 72: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	27, // 73: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	31, // 74: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	33, // 75: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	35, // 76: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	37, // 77: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	49, // 78: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	51, // 79: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	53, // 80: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	55, // 81: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	45, // 82: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	43, // 83: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	47, // 84: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	39, // 85: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	41, // 86: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	61, // 87: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	58, // 88: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	65, // [65:89] is the sub-list for method output_type
-	41, // [41:65] is the sub-list for method input_type
+	26, // 49: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
+	28, // 50: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	31, // 51: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	34, // 52: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	36, // 53: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	38, // 54: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	50, // 55: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	52, // 56: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	54, // 57: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	56, // 58: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	46, // 59: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	44, // 60: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	48, // 61: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	40, // 62: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	42, // 63: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	61, // 64: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	58, // 65: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 66: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 67: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	15, // 68: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	17, // 69: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	19, // 70: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	21, // 71: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	23, // 72: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	25, // 73: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	27, // 74: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
+	29, // 75: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	33, // 76: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	35, // 77: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	37, // 78: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	39, // 79: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	51, // 80: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	53, // 81: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	55, // 82: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	57, // 83: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	47, // 84: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	45, // 85: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	49, // 86: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	41, // 87: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	43, // 88: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	63, // 89: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	60, // 90: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	66, // [66:91] is the sub-list for method output_type
+	41, // [41:66] is the sub-list for method input_type
 	41, // [41:41] is the sub-list for extension type_name
 	41, // [41:41] is the sub-list for extension extendee
 	0,  // [0:41] is the sub-list for field type_name
@@ -4100,7 +4206,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   63,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

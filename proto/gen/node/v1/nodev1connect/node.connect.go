@@ -58,6 +58,8 @@ const (
 	NodeResumeProcedure = "/spore.node.v1.Node/Resume"
 	// NodeHibernateProcedure is the fully-qualified name of the Node's Hibernate RPC.
 	NodeHibernateProcedure = "/spore.node.v1.Node/Hibernate"
+	// NodeQuiesceProcedure is the fully-qualified name of the Node's Quiesce RPC.
+	NodeQuiesceProcedure = "/spore.node.v1.Node/Quiesce"
 	// NodeSnapshotProcedure is the fully-qualified name of the Node's Snapshot RPC.
 	NodeSnapshotProcedure = "/spore.node.v1.Node/Snapshot"
 	// NodeForkProcedure is the fully-qualified name of the Node's Fork RPC.
@@ -102,6 +104,10 @@ type NodeClient interface {
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
+	// Quiesce readies a hibernation that must not cut requests (a drain's):
+	// the node's proxy forwards the sandbox nothing new and the call waits
+	// for what it is forwarding to end, up to grace_ms.
+	Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -188,6 +194,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			httpClient,
 			baseURL+NodeHibernateProcedure,
 			connect.WithSchema(nodeMethods.ByName("Hibernate")),
+			connect.WithClientOptions(opts...),
+		),
+		quiesce: connect.NewClient[v1.QuiesceRequest, v1.QuiesceResponse](
+			httpClient,
+			baseURL+NodeQuiesceProcedure,
+			connect.WithSchema(nodeMethods.ByName("Quiesce")),
 			connect.WithClientOptions(opts...),
 		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
@@ -299,6 +311,7 @@ type nodeClient struct {
 	pause          *connect.Client[v1.PauseRequest, v1.PauseResponse]
 	resume         *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	hibernate      *connect.Client[v1.HibernateRequest, v1.HibernateResponse]
+	quiesce        *connect.Client[v1.QuiesceRequest, v1.QuiesceResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	rollback       *connect.Client[v1.RollbackRequest, v1.RollbackResponse]
@@ -355,6 +368,11 @@ func (c *nodeClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeR
 // Hibernate calls spore.node.v1.Node.Hibernate.
 func (c *nodeClient) Hibernate(ctx context.Context, req *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error) {
 	return c.hibernate.CallUnary(ctx, req)
+}
+
+// Quiesce calls spore.node.v1.Node.Quiesce.
+func (c *nodeClient) Quiesce(ctx context.Context, req *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error) {
+	return c.quiesce.CallUnary(ctx, req)
 }
 
 // Snapshot calls spore.node.v1.Node.Snapshot.
@@ -447,6 +465,10 @@ type NodeHandler interface {
 	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
 	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
 	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
+	// Quiesce readies a hibernation that must not cut requests (a drain's):
+	// the node's proxy forwards the sandbox nothing new and the call waits
+	// for what it is forwarding to end, up to grace_ms.
+	Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -529,6 +551,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		NodeHibernateProcedure,
 		svc.Hibernate,
 		connect.WithSchema(nodeMethods.ByName("Hibernate")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeQuiesceHandler := connect.NewUnaryHandler(
+		NodeQuiesceProcedure,
+		svc.Quiesce,
+		connect.WithSchema(nodeMethods.ByName("Quiesce")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeSnapshotHandler := connect.NewUnaryHandler(
@@ -645,6 +673,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeResumeHandler.ServeHTTP(w, r)
 		case NodeHibernateProcedure:
 			nodeHibernateHandler.ServeHTTP(w, r)
+		case NodeQuiesceProcedure:
+			nodeQuiesceHandler.ServeHTTP(w, r)
 		case NodeSnapshotProcedure:
 			nodeSnapshotHandler.ServeHTTP(w, r)
 		case NodeForkProcedure:
@@ -716,6 +746,10 @@ func (UnimplementedNodeHandler) Resume(context.Context, *connect.Request[v1.Resu
 
 func (UnimplementedNodeHandler) Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Hibernate is not implemented"))
+}
+
+func (UnimplementedNodeHandler) Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Quiesce is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
