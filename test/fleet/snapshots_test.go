@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/chunk"
+	"github.com/spore-run/spore/internal/snapsync"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -361,13 +362,14 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 		})
 		return n
 	}
-	// Left: the root filesystem tree and the runsc build the snapshots
-	// were made with (held manifests, docs/engine.md "Versions kept
-	// across upgrades"), nothing of the snapshot's own.
+	// Left: the fleet's shared root filesystem, and the root filesystem
+	// tree and the runsc build the snapshots were made with (held
+	// manifests "tree-" and "runtime-": docs/engine.md "Versions kept
+	// across upgrades"); nothing of the snapshot's own.
 	deps := func() map[string]bool {
 		named := map[string]bool{}
 		for id, files := range bucketChunks(t, bucket) {
-			if !strings.HasPrefix(id, "rootfs-") && !strings.HasPrefix(id, "runtime-") {
+			if !strings.HasPrefix(id, "rootfs-") && !strings.HasPrefix(id, snapsync.DepTree+"-") && !strings.HasPrefix(id, snapsync.DepRuntime+"-") {
 				t.Fatalf("manifest %s left in S3 after the delete", id)
 			}
 			for _, f := range files {
