@@ -12,8 +12,10 @@
 // 503), after a second (the API's Retry-After); and a connection refused,
 // or closed before an answer, at once on the other replica: what a load
 // balancer in front of the replicas routes around (the test checks each
-// came from a replica while it was being replaced). Every replica failing
-// in a row is an outage, an error. Anything else is an error, not retried.
+// came from a replica while it was being replaced; a command's "fetch
+// failed", whose cause the SDK drops, counts when the replica refuses
+// connections then: unansweredAtADownReplica). Every replica failing in a
+// row is an outage, an error. Anything else is an error, not retried.
 //
 // A command whose stream was cut (undici's "terminated": a drain
 // hibernated its sandbox under it; or, before its answer began, the
@@ -29,6 +31,7 @@
 // LOAD_WORKERS (default 2), LOAD_LIVE (sandboxes kept alive, default 4).
 // Prints "RESULT:" and one JSON object.
 import fs from 'node:fs'
+import net from 'node:net'
 const { Sandbox } = await import('e2b')
 
 const urls = process.env.LOAD_URLS.split(',')
@@ -50,6 +53,24 @@ const connCodes = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKE
 function connFailure(e) {
   for (let c = e, d = 0; c && d < 5; c = c.cause, d++) if (connCodes.has(c.code)) return c.code
   return undefined
+}
+
+// unansweredAtADownReplica: the SDK's command client wraps a failed fetch
+// as "[unknown] fetch failed" and drops its cause, so a connection a
+// replica being replaced refused cannot be told by its code. A fetch that
+// failed with no answer at all, at a replica that refuses connections right
+// now, is counted as refused ('ECONNREFUSED (probed)') and sent to the other
+// replica. Were it a request the replica had taken, the command would run
+// twice and its line be in the file twice, which the test checks.
+async function unansweredAtADownReplica(e, url) {
+  if (!/\bfetch failed\b/.test(String(e?.message ?? e)) || /\bterminated\b/.test(String(e?.message ?? e))) return undefined
+  const { hostname, port } = new URL(url)
+  const refused = await new Promise((resolve) => {
+    const s = net.connect({ host: hostname, port: Number(port) })
+    s.once('connect', () => { s.destroy(); resolve(false) })
+    s.once('error', (err) => resolve(err.code === 'ECONNREFUSED'))
+  })
+  return refused ? 'ECONNREFUSED (probed)' : undefined
 }
 
 // describe gives an error's message with its causes' (the SDK wraps a
@@ -100,7 +121,7 @@ async function attempt(name, f, meta = {}) {
         await new Promise((r) => setTimeout(r, 1000))
         continue
       }
-      const code = connFailure(e)
+      const code = connFailure(e) ?? (await unansweredAtADownReplica(e, url))
       if (code && ++refusals < urls.length) {
         res.refused.push({ op: name, url, began: t, t: Date.now(), msg })
         u = (u + 1) % urls.length
