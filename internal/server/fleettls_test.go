@@ -148,15 +148,8 @@ func TestRegistrationBoundToCertificate(t *testing.T) {
 // that is paused on the node: it is being paused or hibernated (a drain),
 // and a retry reaches it once resumed.
 func TestNodeProxyTransitionIs503(t *testing.T) {
-	p := insecurePair(t)
-	_, srv := nodeServerIn(t, p)
+	p, srv, ln := insecureNodeClient(t)
 	ctx := testCtx(t)
-	hc := rpc.HTTPClient(nil)
-	t.Cleanup(hc.CloseIdleConnections)
-	ln, err := rpc.NewClient(srv.URL, testToken, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sb, err := ln.Create(ctx, nodeapi.CreateRequest{SandboxID: "itransit000000000001", AccessToken: "tok-0123456789abcdef", Template: "base"})
 	if err != nil {
 		t.Fatal(err)
@@ -192,15 +185,8 @@ func TestNodeProxyTransitionIs503(t *testing.T) {
 // sandbox's next lifecycle call (here a pause and resume: a hibernation
 // that did not come) lifts the mark. An unknown sandbox is NotFound.
 func TestNodeRPCQuiesceMarksTheNodeProxy(t *testing.T) {
-	p := insecurePair(t)
-	_, srv := nodeServerIn(t, p)
+	p, srv, ln := insecureNodeClient(t)
 	ctx := testCtx(t)
-	hc := rpc.HTTPClient(nil)
-	t.Cleanup(hc.CloseIdleConnections)
-	ln, err := rpc.NewClient(srv.URL, testToken, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sb, err := ln.Create(ctx, nodeapi.CreateRequest{SandboxID: "iquiesce000000000009", AccessToken: "tok-0123456789abcdef", Template: "base"})
 	if err != nil {
 		t.Fatal(err)
@@ -240,4 +226,18 @@ func TestNodeRPCQuiesceMarksTheNodeProxy(t *testing.T) {
 	if _, err := ln.Quiesce(ctx, sb.ID, time.Hour); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("quiesce with a grace over the bound: %v, want invalid", err)
 	}
+}
+
+// insecureNodeClient serves a node of an insecure fleet and returns the
+// fleet's members, the node's server and a node RPC client of it.
+func insecureNodeClient(t *testing.T) (pair, *httptest.Server, *rpc.Client) {
+	p := insecurePair(t)
+	_, srv := nodeServerIn(t, p)
+	hc := rpc.HTTPClient(nil)
+	t.Cleanup(hc.CloseIdleConnections)
+	ln, err := rpc.NewClient(srv.URL, testToken, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, srv, ln
 }
