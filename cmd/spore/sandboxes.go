@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,7 @@ import (
 
 func newStartCmd(f *cliFlags) *cobra.Command {
 	var timeout time.Duration
-	var md, env []string
+	var md, env, vols []string
 	var noInternet, autoPause bool
 	cmd := &cobra.Command{
 		Use:     "start <template|snapshot>",
@@ -32,8 +33,12 @@ func newStartCmd(f *cliFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			mounts, err := parseVolumeFlags(vols)
+			if err != nil {
+				return err
+			}
 			secs := int64(timeout / time.Second)
-			req := api.CreateRequest{TemplateID: args[0], Timeout: &secs, Metadata: mdm, EnvVars: envm, AutoPause: autoPause}
+			req := api.CreateRequest{TemplateID: args[0], Timeout: &secs, Metadata: mdm, EnvVars: envm, AutoPause: autoPause, VolumeMounts: mounts}
 			if noInternet {
 				no := false
 				req.AllowInternetAccess = &no
@@ -54,7 +59,21 @@ func newStartCmd(f *cliFlags) *cobra.Command {
 	cmd.Flags().StringArrayVar(&env, "env", nil, "KEY=VALUE environment for commands (repeatable)")
 	cmd.Flags().BoolVar(&noInternet, "no-internet", false, "no outbound internet access")
 	cmd.Flags().BoolVar(&autoPause, "auto-pause", false, "hibernate instead of kill on timeout")
+	cmd.Flags().StringArrayVar(&vols, "volume", nil, "NAME:/path[:ro] mounts a volume (repeatable; see spore volume)")
 	return cmd
+}
+
+// parseVolumeFlags reads --volume NAME:/path[:ro] flags.
+func parseVolumeFlags(flags []string) ([]api.VolumeMount, error) {
+	var out []api.VolumeMount
+	for _, f := range flags {
+		parts := strings.Split(f, ":")
+		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || !strings.HasPrefix(parts[1], "/") || len(parts) == 3 && parts[2] != "ro" && parts[2] != "rw" {
+			return nil, fmt.Errorf("--volume %q: want NAME:/path or NAME:/path:ro", f)
+		}
+		out = append(out, api.VolumeMount{Name: parts[0], Path: parts[1], ReadOnly: len(parts) == 3 && parts[2] == "ro"})
+	}
+	return out, nil
 }
 
 func newLsCmd(f *cliFlags) *cobra.Command {
@@ -110,12 +129,20 @@ func newInfoCmd(f *cliFlags) *cobra.Command {
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), s)
 			}
-			table(cmd.OutOrStdout(), "FIELD\tVALUE", [][]string{
+			rows := [][]string{
 				{"sandbox", s.SandboxID}, {"template", s.TemplateID}, {"state", s.SporeState},
 				{"cpus", strconv.Itoa(s.CPUCount)}, {"memory MB", strconv.Itoa(s.MemoryMB)}, {"disk MB", strconv.Itoa(s.DiskSizeMB)},
 				{"started", s.StartedAt}, {"ends", s.EndAt + " (" + ago(s.EndAt) + ")"}, {"on timeout", s.Lifecycle.OnTimeout},
 				{"internet", strconv.FormatBool(s.AllowInternetAccess)}, {"metadata", fmt.Sprint(s.Metadata)},
-			})
+			}
+			for _, v := range s.VolumeMounts {
+				mode := "rw"
+				if v.ReadOnly {
+					mode = "ro"
+				}
+				rows = append(rows, []string{"volume", v.Name + ":" + v.Path + ":" + mode})
+			}
+			table(cmd.OutOrStdout(), "FIELD\tVALUE", rows)
 			return nil
 		},
 	}

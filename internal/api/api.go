@@ -29,6 +29,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/timing"
+	"github.com/spore-run/spore/internal/volume"
 )
 
 //go:embed openapi.yaml
@@ -88,6 +89,7 @@ type Server struct {
 	keys   *apikey.Checker
 	builds *build.Service
 	blobs  blob.Store
+	vols   *volume.Catalog
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -98,7 +100,8 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs}
+	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
+		vols: volume.NewCatalog(cfg.Store)}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
@@ -196,7 +199,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, admin},
 		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
-	return append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...)
+	return append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).
@@ -240,6 +243,11 @@ func (s *Server) routes() {
 	}
 	for _, p := range e2bUnimplemented {
 		s.mux.HandleFunc(p, s.auth(notImplemented(p), false))
+	}
+	for _, p := range volumeContentRoutes {
+		// The SDK sends the volume's token, not an API key: nothing to
+		// check before saying the route is not served.
+		s.mux.HandleFunc(p, notImplemented(p))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

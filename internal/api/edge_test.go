@@ -247,7 +247,6 @@ func TestUnsupportedFieldsRefused(t *testing.T) {
 		{"autoResume", `{"autoResume":{"enabled":true}}`}, // without autoPause
 		{"mcp", `{"mcp":{"github":{}}}`},
 		{"iam", `{"iam":{"tokens":{"t":{"audience":"a","tokenType":"b"}}}}`},
-		{"volumeMounts", `{"volumeMounts":[{"name":"v","path":"/data"}]}`},
 		{"network.egressProxy", `{"network":{"egressProxy":{"address":"proxy:3128"}}}`},
 		{"network.httpsPorts", `{"network":{"httpsPorts":[443]}}`},
 		{"network.maskRequestHost", `{"network":{"maskRequestHost":"example.com"}}`},

@@ -69,6 +69,17 @@ type SandboxDetail struct {
 	AllowInternetAccess bool              `json:"allowInternetAccess"`
 	Network             *Network          `json:"network,omitempty"`
 	Lifecycle           Lifecycle         `json:"lifecycle"`
+	// VolumeMounts are E2B's SandboxVolumeMount (name, path), with
+	// Spore's readOnly.
+	VolumeMounts []VolumeMount `json:"volumeMounts"`
+}
+
+// VolumeMount is E2B's SandboxVolumeMount: a volume (by name; Spore also
+// takes its ID) shown at path; readOnly is Spore's.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 func (s *Server) sandboxResponse(sb control.Sandbox) SandboxResponse {
@@ -98,7 +109,10 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 		SporeReason: sb.Reason, SporeReasonDetail: sb.ReasonDetail,
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Metadata: md,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, AllowInternetAccess: sb.AllowInternet,
-		Lifecycle: Lifecycle{OnTimeout: "kill"},
+		Lifecycle: Lifecycle{OnTimeout: "kill"}, VolumeMounts: []VolumeMount{},
+	}
+	for _, m := range sb.VolumeMounts {
+		d.VolumeMounts = append(d.VolumeMounts, VolumeMount{Name: m.Name, Path: m.Path, ReadOnly: m.ReadOnly})
 	}
 	if sb.State == store.StateHibernated {
 		d.SporeHibernation = store.StorageLocal
@@ -139,11 +153,11 @@ type CreateRequest struct {
 	// for maintenance and benchmarks): 409 when it cannot take it.
 	SporeNodeID string `json:"sporeNodeID,omitempty"`
 
-	AutoPauseMemory *bool             `json:"autoPauseMemory,omitempty"`
-	AutoResume      *AutoResume       `json:"autoResume,omitempty"`
-	MCP             json.RawMessage   `json:"mcp,omitempty"`
-	IAM             json.RawMessage   `json:"iam,omitempty"`
-	VolumeMounts    []json.RawMessage `json:"volumeMounts,omitempty"`
+	AutoPauseMemory *bool           `json:"autoPauseMemory,omitempty"`
+	AutoResume      *AutoResume     `json:"autoResume,omitempty"`
+	MCP             json.RawMessage `json:"mcp,omitempty"`
+	IAM             json.RawMessage `json:"iam,omitempty"`
+	VolumeMounts    []VolumeMount   `json:"volumeMounts,omitempty"`
 }
 
 // NetworkRequest is the network part of a create or network update: the
@@ -241,6 +255,9 @@ func ParseCreate(req CreateRequest) (control.CreateRequest, error) {
 		TemplateID: req.TemplateID, Timeout: timeout, Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AutoPause: req.AutoPause, AutoResume: req.AutoResume != nil && req.AutoResume.Enabled, AllowInternet: req.AllowInternetAccess, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB,
 		NodeID: req.SporeNodeID,
+	}
+	for _, m := range req.VolumeMounts {
+		cr.Volumes = append(cr.Volumes, control.VolumeRequest{Name: m.Name, Path: m.Path, ReadOnly: m.ReadOnly})
 	}
 	if req.Network != nil {
 		cr.AllowOut, cr.DenyOut, cr.Rules = req.Network.AllowOut, req.Network.DenyOut, storeRules(req.Network.Rules)

@@ -9,7 +9,7 @@ import (
 )
 
 // E2B request fields that Spore does not implement. Dropping them would let
-// a user believe a security or storage feature is on (a volume mounted, an
+// a user believe a security or storage feature is on (an MCP gateway, an
 // egress proxy in the path, traffic needing a token) when it is not, so
 // each is refused with a 400 naming it, unless its value means what Spore
 // does anyway: absent, null, empty, or the stock SDKs' defaults (e2b 2.50
@@ -41,8 +41,6 @@ func (req CreateRequest) refuseUnsupported() error {
 		return unsupported("mcp", "(set)", "there is no MCP gateway")
 	case isSet(req.IAM):
 		return unsupported("iam", "(set)", "there are no IAM tokens")
-	case len(req.VolumeMounts) > 0:
-		return unsupported("volumeMounts", "(set)", "there are no volumes; use snapshots to keep files")
 	}
 	if req.Network != nil {
 		return req.Network.refuseUnsupported("network.", true)

@@ -207,6 +207,9 @@ type CreateRequest struct {
 	// only): ErrNotFound for an unknown node, ErrResourceLimit or
 	// ErrConflict when it cannot take it.
 	NodeID string
+	// Volumes are shown in the sandbox (E2B's volumeMounts); it goes to
+	// the node that holds their content.
+	Volumes []VolumeRequest
 }
 
 func (s *Service) now() time.Time { return s.cfg.Now().UTC() }
@@ -380,6 +383,16 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if err != nil {
 		return Sandbox{}, err
 	}
+	var home string
+	if rec.VolumeMounts, home, err = volumesOf(ctx, s.st, r.Volumes, src); err != nil {
+		return Sandbox{}, err
+	}
+	if home != "" {
+		if r.NodeID != "" && r.NodeID != home {
+			return Sandbox{}, errdefs.Conflictf("the volumes asked are on node %s, not %s", home, r.NodeID)
+		}
+		r.NodeID = home
+	}
 	return placing(s, func() (Sandbox, error) { return s.createPlaced(ctx, r, rec, src, env, policy) })
 }
 
@@ -398,8 +411,10 @@ func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.S
 	// Placement decides the node (pooled sandboxes count in its use, so
 	// the pool does not skew the spread); a pooled sandbox there saves
 	// the restore.
-	if sb, err := s.fromPool(ctx, r, rec, nodeID, env, policy); err == nil || errors.Is(err, errNodeClosed) {
-		return sb, err
+	if len(rec.VolumeMounts) == 0 { // a pooled sandbox has no volumes
+		if sb, err := s.fromPool(ctx, r, rec, nodeID, env, policy); err == nil || errors.Is(err, errNodeClosed) {
+			return sb, err
+		}
 	}
 	rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ids.New('i'), nodeID, store.StateCreating, newToken()
 	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB
@@ -412,8 +427,13 @@ func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.S
 		s.dropRow(ctx, rec)
 		return Sandbox{}, err
 	}
+	vols, err := claimVolumes(ctx, s.st, rec.ID, nodeID, rec.VolumeMounts)
+	if err != nil {
+		s.dropRow(ctx, rec)
+		return Sandbox{}, err
+	}
 	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: source,
-		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy, Peers: peers}
+		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy, Peers: peers, Volumes: vols}
 	ns, err := retryNodeCall(ctx, s, "create", rec.ID, func(ctx context.Context) (nodeapi.Sandbox, error) { return n.Create(ctx, req) })
 	if err != nil {
 		s.abandon(ctx, rec)

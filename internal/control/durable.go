@@ -183,8 +183,9 @@ type sourceInfo struct {
 	durable  bool
 	runsc    string
 	cpu      []string
-	holders  []string // origin and known copies
-	peers    []string // the origin's address, when it is ready (set by placement)
+	holders  []string            // origin and known copies
+	peers    []string            // the origin's address, when it is ready (set by placement)
+	volumes  []store.VolumeMount // a user snapshot's sandbox's volumes: they come with it
 }
 
 // sourceOf resolves a create's or rollback's reference in one store read:
@@ -201,7 +202,7 @@ func (s *Service) sourceOf(ctx context.Context, ref string) (*sourceInfo, error)
 	case r.Snapshot != nil:
 		sn := r.Snapshot
 		return &sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
-			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...)}, nil
+			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...), volumes: sn.VolumeMounts}, nil
 	case r.Template.SnapshotID != "" && len(r.Template.NodeIDs) > 0:
 		tp := r.Template
 		return &sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
@@ -363,6 +364,10 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 		}
 	}
 	if rec.Hibernation == "" {
+		return rec, false, nil
+	}
+	if len(rec.VolumeMounts) > 0 {
+		// Its volumes' content is on its node: it resumes there (docs/volumes.md).
 		return rec, false, nil
 	}
 	drainingReady := known && origin.Draining && origin.State == store.NodeReady

@@ -38,6 +38,9 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if template && name == "" {
 		return store.Snapshot{}, errdefs.Invalidf("a template needs a name")
 	}
+	if template && len(rec.VolumeMounts) > 0 {
+		return store.Snapshot{}, errdefs.Invalidf("sandbox %s mounts volumes: a template carries none (take a snapshot instead: sandboxes made from it mount the same volumes)", id)
+	}
 	n, err := s.nodeOf(rec)
 	if err != nil {
 		return store.Snapshot{}, err
@@ -62,6 +65,7 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		return store.Snapshot{}, err
 	}
 	sn := snapshotRecord(info, rec.NodeID)
+	sn.VolumeMounts = rec.VolumeMounts
 	durable := false
 	if nr, err := s.st.GetNode(ctx, rec.NodeID); err == nil {
 		sn.RunscBuild, sn.CPUFeatures, durable = nr.RunscBuild, nr.CPUFeatures, nr.Durable
@@ -295,6 +299,13 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 			}
 			return nil, nil, err
 		}
+		// The child shows its parent's volumes: it is one of their users.
+		if _, err := claimVolumes(ctx, s.st, rec.ID, rec.NodeID, rec.VolumeMounts); err != nil {
+			for _, done := range rows[:i+1] {
+				s.abandon(ctx, done)
+			}
+			return nil, nil, err
+		}
 		rows[i] = rec
 	}
 	if err := s.admitted(ctx, where...); err != nil {
@@ -316,6 +327,9 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int) (where []string, short, err error) {
 	req := scheduler.Request{Count: count, Origin: parent.NodeID, Each: sizeOf(parent.MemoryMB, parent.CPUCount),
 		Takes: s.forkTakesMB(ctx, parent), Partial: true}
+	if len(parent.VolumeMounts) > 0 {
+		req.Hint = parent.NodeID // its volumes' content is there
+	}
 	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil {
 		req.RunscBuild, req.CPUFeatures = nr.RunscBuild, nr.CPUFeatures // the children restore the parent's image
 		if nr.Draining && !nr.Durable {

@@ -400,7 +400,7 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
-	defer e.claimTarget(&spec)()
+	defer e.claimTarget(&spec, m.Run.Volumes)()
 	instance = spec.ID
 	rec.Pending = &pending{Op: opRollback, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {

@@ -176,6 +176,9 @@ type CreateOptions struct {
 	// same template or snapshot returns that sandbox (a replay: no
 	// second instance); one made from another source is ErrAlreadyExists.
 	ID string
+	// Volumes are shown in the sandbox (behind the template's volume
+	// slots); a snapshot's own volumes come with it.
+	Volumes []Volume
 }
 
 // Create makes a new sandbox by restoring a template (or any snapshot): its
@@ -231,6 +234,9 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 	if run.AccessToken == "" {
 		run.AccessToken = newToken()
 	}
+	if run, err = withVolumes(run, opts.Template, opts.Volumes); err != nil {
+		return Sandbox{}, err
+	}
 	rec := &record{
 		ID: id, State: StateRunning, Template: template, Parent: m.ID, Source: m.ID,
 		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: policy,
@@ -265,8 +271,9 @@ func (e *Engine) restoreNew(ctx context.Context, rec *record, m snapshot.Manifes
 		return err
 	}
 	spec.Limits = rec.Run.Limits
+	spec.Mounts = rec.Run.Mounts // with its volumes behind their slots
 	rec.RuntimeBuild = spec.Build
-	defer e.claimTarget(&spec)()
+	defer e.claimTarget(&spec, rec.Run.Volumes)()
 	instance = spec.ID
 	rec.Pending = &pending{Op: opCreate, Instance: instance, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {

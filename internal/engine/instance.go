@@ -161,7 +161,7 @@ func (e *Engine) initDaemon(ctx context.Context, rec *record, addr netip.Addr, i
 			env[k] = v
 		}
 	}
-	req := envd.InitRequest{AccessToken: &token, SandboxID: rec.ID, EnvVars: env}
+	req := envd.InitRequest{AccessToken: &token, SandboxID: rec.ID, EnvVars: env, VolumeMounts: daemonVolumes(rec.Run)}
 	if rec.Policy.CA != nil {
 		req.EgressCA = string(rec.Policy.CA.CertPEM)
 	}

@@ -77,7 +77,7 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 		return err
 	}
 	spec.Limits = rec.Run.Limits
-	defer e.claimTarget(&spec)()
+	defer e.claimTarget(&spec, m.Run.Volumes)()
 	instance = spec.ID
 	rec.Pending = &pending{Op: opResume, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
 	"github.com/spore-run/spore/internal/timing"
 )
 
@@ -156,7 +157,15 @@ func shapeKey(spec runtime.Spec) string {
 // operation ends, frees a claimed target or network that no launch took
 // (the operation failed before it) and tops the pools up in the
 // background.
-func (e *Engine) claimTarget(spec *runtime.Spec) (release func()) {
+//
+// A sandbox with volumes gets no pre-created instance, and leaves none:
+// a target holds its mount sources open from its creation, and one made
+// with a volume behind a slot would keep the volume mounted (and its
+// content undeletable) for as long as it waits.
+func (e *Engine) claimTarget(spec *runtime.Spec, volumes []snapshot.VolumeMount) (release func()) {
+	if len(volumes) > 0 {
+		return e.claimNet(spec)
+	}
 	releaseTarget, ok := e.claimInstance(spec)
 	if ok {
 		return releaseTarget

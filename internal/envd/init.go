@@ -19,6 +19,9 @@ type InitRequest struct {
 	// EgressCA (Spore's) is the sandbox's egress CA, PEM: added to its
 	// trust store, and the environment that points clients at it set.
 	EgressCA string `json:"sporeEgressCA,omitempty"`
+	// VolumeMounts (Spore's) are the volumes to show at their paths
+	// (docs/volumes.md).
+	VolumeMounts []VolumeMount `json:"sporeVolumeMounts,omitempty"`
 }
 
 const maxInitBody = 1 << 20
@@ -58,6 +61,12 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 					req.EnvVars[k] = v
 				}
 			}
+		}
+	}
+	if len(req.VolumeMounts) > 0 {
+		if err := mountVolumes(req.VolumeMounts); err != nil {
+			jsonError(w, http.StatusBadRequest, err.Error())
+			return
 		}
 	}
 	token := ""

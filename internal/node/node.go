@@ -54,6 +54,9 @@ type Config struct {
 	// EnvdBinary is the spore-envd to install (default: beside the running
 	// executable).
 	EnvdBinary string
+	// VolumePoolBytes is the volume pool's size (a sparse image: bytes
+	// are used as volumes fill; 0: the data directory's file system's).
+	VolumePoolBytes int64
 	// NetPrefix names the node's network objects (default "sp").
 	NetPrefix string
 	// CgroupParent for instances (default "/spore").
@@ -164,6 +167,7 @@ type Node struct {
 	blobs       blob.Store  // cfg.Blobs (nil: none)
 	versions    *versions   // the root filesystem and runsc builds kept (versions.go)
 	exportDir   string      // <DataDir>/exports: the only place an export writes a layout
+	vols        *volumes    // the volume slots and pool (volumes.go)
 	log         *slog.Logger
 }
 
@@ -265,7 +269,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, Audit: journal, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
 		exportDir: filepath.Join(dataDir, "exports"),
-		rootfsDir: cfg.RootFSDir, reg: reg, blobs: cfg.Blobs}
+		rootfsDir: cfg.RootFSDir, reg: reg, blobs: cfg.Blobs, vols: openVolumes(ctx, dataDir, cfg.VolumePoolBytes, cfg.Logger)}
 	n.versions = &versions{n: n, pruneTrees: cfg.OwnRootFS}
 	if _, err := n.PruneVersions(ctx); err != nil {
 		n.log.Warn("prune the versions nothing needs", "err", err)
@@ -307,6 +311,7 @@ func openSync(dataDir string, cfg Config, repo *snapshot.Repo, runtimeName strin
 					m.Run.Mounts[i].Source = n.envdDir
 				}
 			}
+			n.vols.localize(m)
 		},
 	})
 }
@@ -344,7 +349,13 @@ func (n *Node) Close() error {
 	if n.stopSweep != nil {
 		close(n.stopSweep)
 	}
+	// Sandboxes outlive the node's process (the next one reattaches them):
+	// their volumes stay mounted unless none is left.
+	idle := len(n.Engine.List(context.Background())) == 0
 	err := errors.Join(n.Engine.Close(), n.dns.Close(), n.egress.Close())
+	if idle {
+		err = errors.Join(err, n.vols.close())
+	}
 	n.Net.Close()
 	if nets, lerr := n.Net.List(); lerr == nil && len(nets) == 0 {
 		err = errors.Join(err, n.Net.RemoveHostRules())
@@ -423,7 +434,7 @@ func (n *Node) TemplateSpecs() []engine.TemplateSpec {
 		User: runtime.User{UID: 0, GID: 0},
 		// /dev/shm gets half the memory, as Linux sizes it by default.
 		Limits: runtime.Limits{VCPUs: 2, MemoryMB: 1024, MaxProcs: 1024, DiskMB: 4096, ShmMB: 512},
-		Mounts: []runtime.Mount{{Source: n.envdDir, Destination: envdMountPoint, ReadOnly: true}},
+		Mounts: append([]runtime.Mount{{Source: n.envdDir, Destination: envdMountPoint, ReadOnly: true}}, n.vols.slots()...),
 	}
 	if n.Runtime.MemoryAlerts() {
 		// The runtime tells envd when memory rises: its OOM watchdog may

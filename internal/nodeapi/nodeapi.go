@@ -91,6 +91,10 @@ type Node interface {
 	// own in front of its sandboxes (the one-process server's) has nothing
 	// in flight to wait for: 0 at once. ErrNotFound for an unknown sandbox.
 	Quiesce(ctx context.Context, id string, grace time.Duration) (int, error)
+	// DeleteVolume removes a volume's content (its image) from the node,
+	// once the volume's record is gone. An unknown volume is not an
+	// error; one a sandbox on the node still shows is ErrConflict.
+	DeleteVolume(ctx context.Context, volumeID string) error
 	// Snapshot captures a running or paused sandbox live under
 	// req.SnapshotID. Idempotent by SnapshotID.
 	Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotInfo, error)
@@ -424,6 +428,22 @@ type CreateRequest struct {
 	// Peers are nodes (host:port) that may hold the chunks of a durable
 	// snapshot this node does not have; it asks them before the store.
 	Peers []string
+	// Volumes are shown in the sandbox, each at its path (at most
+	// MaxVolumeMounts; a snapshot's own volumes come with it).
+	Volumes []VolumeMount
+}
+
+// MaxVolumeMounts is how many volumes a sandbox mounts at most: the
+// volume slots every template has.
+const MaxVolumeMounts = 4
+
+// VolumeMount is a volume to show in a new sandbox. The node makes the
+// volume's image (SizeBytes, its quota) the first time one mounts it.
+type VolumeMount struct {
+	VolumeID  string
+	SizeBytes int64
+	Path      string
+	ReadOnly  bool
 }
 
 // SnapshotRequest asks for a live snapshot.

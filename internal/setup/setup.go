@@ -42,8 +42,11 @@ const RunscModule = "gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237"
 //     binary (no registry on the internet here).
 //   - patch: applies Spore's gVisor patches (patches/) to the source runsc
 //     is built from.
+//   - xfsprogs (mkfs.xfs): the node's volume pool, an XFS file system with
+//     reflinks (internal/volume/pool; ext4 images inside need e2fsprogs,
+//     which every Debian has).
 var Packages = []string{"debootstrap", "iproute2", "nftables", "ca-certificates", "python3", "curl",
-	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql", "busybox-static", "patch"}
+	"protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev", "postgresql", "busybox-static", "patch", "xfsprogs"}
 
 // Tools are the pinned code generators, built into <cache>/tools.
 var Tools = []string{

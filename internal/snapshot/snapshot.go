@@ -55,6 +55,11 @@ type RunConfig struct {
 	// Mounts are host directories bound into the sandbox (the in-sandbox
 	// daemon); a restore needs the same ones.
 	Mounts []runtime.Mount `json:"mounts,omitempty"`
+	// Volumes are the volumes behind the sandbox's volume slots (each
+	// slot's host directory is its mount's Source): a snapshot records
+	// the mounts, and whatever restores it mounts the same volumes
+	// (docs/volumes.md).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// MemoryAlertSignal is sent to the init when memory rises
 	// (runtime.Spec.MemoryAlertSignal); absent in images whose init may not
 	// handle it.
@@ -63,6 +68,15 @@ type RunConfig struct {
 	// image's memory: whoever restores the image needs it to re-initialise
 	// the daemon with a new one.
 	AccessToken string `json:"access_token,omitempty"`
+}
+
+// VolumeMount is a volume shown in the sandbox: the host directory
+// bound at Slot (one of the template's mounts) is seen at Path.
+type VolumeMount struct {
+	Volume   string `json:"volume"` // the volume's ID
+	Slot     string `json:"slot"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // Manifest describes a committed snapshot.

@@ -92,6 +92,17 @@ type Sandbox struct {
 	// recorded or has failed. While it is set no connect answers
 	// "running": it waits and then resumes the sandbox.
 	HibernatingAt time.Time `json:"hibernatingAt,omitzero"`
+	// VolumeMounts are the volumes it shows (its snapshots and fork
+	// children show the same ones).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount is a volume a sandbox shows at Path.
+type VolumeMount struct {
+	VolumeID string `json:"volumeID"`
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 // Snapshot is the control plane's record of a snapshot.
@@ -115,6 +126,9 @@ type Snapshot struct {
 	// rollback or fork): placement prefers them.
 	Copies   []string `json:"copies,omitempty"`
 	Template string   `json:"template,omitempty"` // the template it belongs to, if any
+	// VolumeMounts are its sandbox's volumes: a sandbox made from it
+	// mounts the same ones (a snapshot records the mount, not the content).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // Where a snapshot's bytes are.
@@ -264,6 +278,7 @@ type Store interface {
 	APIKeys
 	Builds
 	Secrets
+	Volumes
 	Close() error
 }
 

@@ -266,3 +266,28 @@ func (x timed) DeleteSecret(ctx context.Context, ref string) error {
 	defer timing.Track(ctx, "store")()
 	return x.st.DeleteSecret(ctx, ref)
 }
+
+func (x timed) CreateVolume(ctx context.Context, v Volume) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateVolume(ctx, v)
+}
+
+func (x timed) GetVolume(ctx context.Context, ref string) (Volume, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetVolume(ctx, ref)
+}
+
+func (x timed) UpdateVolume(ctx context.Context, ref string, fn func(*Volume) error) (Volume, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.UpdateVolume(ctx, ref, fn)
+}
+
+func (x timed) ListVolumes(ctx context.Context, limit int, cursor string) ([]Volume, string, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListVolumes(ctx, limit, cursor)
+}
+
+func (x timed) DeleteVolume(ctx context.Context, ref string, check func(Volume) error) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteVolume(ctx, ref, check)
+}

@@ -72,6 +72,14 @@ type Exporter interface {
 	Export(ctx context.Context, spec node.ExportSpec) (node.ExportResult, error)
 }
 
+// VolumePreparer makes and mounts the volumes a new sandbox shows
+// (node.Node.PrepareVolumes). The node's Images, when it implements it,
+// prepares volumes (a *node.Node does); without it a create that mounts a
+// volume is refused.
+type VolumePreparer interface {
+	PrepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error)
+}
+
 // EgressAuditor reads a node's egress audit journal
 // (node.Node.EgressAudit). The node's Images, when it implements it,
 // answers EgressAudit (a *node.Node does).
@@ -195,8 +203,13 @@ func (n *Node) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.S
 		n.opDone("create", req.SandboxID, err)
 		return nodeapi.Sandbox{}, err
 	}
+	vols, err := n.prepareVolumes(ctx, req.Volumes)
+	if err != nil {
+		n.opDone("create", req.SandboxID, err)
+		return nodeapi.Sandbox{}, err
+	}
 	es, err := n.eng.Create(ctx, engine.CreateOptions{ID: req.SandboxID, AccessToken: req.AccessToken, Template: req.Template,
-		Env: req.Env, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Policy: toNetPolicy(req.Policy)})
+		Env: req.Env, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Policy: toNetPolicy(req.Policy), Volumes: vols})
 	n.opDone("create", req.SandboxID, err)
 	if err != nil {
 		return nodeapi.Sandbox{}, err
@@ -670,4 +683,35 @@ func (n *Node) peerScheme() string {
 		return "http"
 	}
 	return n.cfg.PeerScheme
+}
+
+// VolumeDeleter removes a volume's content from the node
+// (node.Node.DeleteVolume); a node without it stores none.
+type VolumeDeleter interface {
+	DeleteVolume(ctx context.Context, volumeID string) error
+}
+
+// DeleteVolume removes a volume's content from the node.
+func (n *Node) DeleteVolume(ctx context.Context, volumeID string) error {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("volume ID", volumeID); err != nil {
+		return err
+	}
+	vd, ok := n.cfg.Images.(VolumeDeleter)
+	if !ok {
+		return nil
+	}
+	return vd.DeleteVolume(ctx, volumeID)
+}
+
+// prepareVolumes has the node make and mount a create's volumes.
+func (n *Node) prepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error) {
+	if len(mounts) == 0 {
+		return nil, nil
+	}
+	vp, ok := n.cfg.Images.(VolumePreparer)
+	if !ok {
+		return nil, fmt.Errorf("%w: node %s cannot mount volumes", errdefs.ErrConflict, n.cfg.ID)
+	}
+	return vp.PrepareVolumes(ctx, mounts)
 }

@@ -109,11 +109,20 @@ func (c *Client) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 // Create makes (or, replayed, returns) a sandbox.
 func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.Sandbox, error) {
 	res, err := call(ctx, c.c.Create, &nodev1.CreateRequest{SandboxId: req.SandboxID, AccessToken: req.AccessToken, Template: req.Template,
-		Env: req.Env, Vcpus: req.VCPUs, MemoryMb: req.MemoryMB, Policy: policyOrNil(req.Policy), Peers: req.Peers})
+		Env: req.Env, Vcpus: req.VCPUs, MemoryMb: req.MemoryMB, Policy: policyOrNil(req.Policy), Peers: req.Peers,
+		Volumes: volumesPB(req.Volumes)})
 	if err != nil {
 		return nodeapi.Sandbox{}, err
 	}
 	return sandbox(res.GetSandbox())
+}
+
+func volumesPB(vs []nodeapi.VolumeMount) []*nodev1.VolumeMount {
+	var out []*nodev1.VolumeMount
+	for _, v := range vs {
+		out = append(out, &nodev1.VolumeMount{VolumeId: v.VolumeID, SizeBytes: v.SizeBytes, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return out
 }
 
 // Adopt takes over a sandbox hibernated on another node.
@@ -184,6 +193,12 @@ func (c *Client) Quiesce(ctx context.Context, id string, grace time.Duration) (i
 		return 0, err
 	}
 	return int(res.GetInFlight()), nil
+}
+
+// DeleteVolume removes a volume's content from the node.
+func (c *Client) DeleteVolume(ctx context.Context, volumeID string) error {
+	_, err := call(ctx, c.c.DeleteVolume, &nodev1.DeleteVolumeRequest{VolumeId: volumeID})
+	return err
 }
 
 // Snapshot takes (or, replayed, returns) a snapshot.

@@ -230,7 +230,8 @@ func (s *server) Create(ctx context.Context, req *connect.Request[nodev1.CreateR
 		return nil, toConnect(err)
 	}
 	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{SandboxID: m.GetSandboxId(), AccessToken: m.GetAccessToken(),
-		Template: m.GetTemplate(), Env: m.GetEnv(), VCPUs: m.GetVcpus(), MemoryMB: m.GetMemoryMb(), Policy: p, Peers: m.GetPeers()})
+		Template: m.GetTemplate(), Env: m.GetEnv(), VCPUs: m.GetVcpus(), MemoryMB: m.GetMemoryMb(), Policy: p, Peers: m.GetPeers(),
+		Volumes: volumes(m.GetVolumes())})
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -309,6 +310,13 @@ func (s *server) Quiesce(ctx context.Context, req *connect.Request[nodev1.Quiesc
 		return nil, toConnect(err)
 	}
 	return ok(&nodev1.QuiesceResponse{InFlight: int32(n)})
+}
+
+func (s *server) DeleteVolume(ctx context.Context, req *connect.Request[nodev1.DeleteVolumeRequest]) (*connect.Response[nodev1.DeleteVolumeResponse], error) {
+	if err := s.node.DeleteVolume(ctx, req.Msg.GetVolumeId()); err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.DeleteVolumeResponse{})
 }
 
 func (s *server) Snapshot(ctx context.Context, req *connect.Request[nodev1.SnapshotRequest]) (*connect.Response[nodev1.SnapshotResponse], error) {
@@ -492,4 +500,12 @@ func (s *server) EgressAudit(ctx context.Context, req *connect.Request[nodev1.Eg
 		}
 	}
 	return ok(&nodev1.EgressAuditResponse{Entries: out})
+}
+
+func volumes(vs []*nodev1.VolumeMount) []nodeapi.VolumeMount {
+	var out []nodeapi.VolumeMount
+	for _, v := range vs {
+		out = append(out, nodeapi.VolumeMount{VolumeID: v.GetVolumeId(), SizeBytes: v.GetSizeBytes(), Path: v.GetPath(), ReadOnly: v.GetReadOnly()})
+	}
+	return out
 }

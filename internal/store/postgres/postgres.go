@@ -137,6 +137,13 @@ var migrations = []string{
 		key_id TEXT NOT NULL,
 		bound_at TIMESTAMPTZ NOT NULL
 	);`,
+	// 7: volumes (docs/volumes.md).
+	`CREATE TABLE volumes (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		data JSONB NOT NULL
+	);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

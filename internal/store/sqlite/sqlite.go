@@ -135,6 +135,13 @@ var migrations = []string{
 		key_id TEXT NOT NULL,
 		bound_at INTEGER NOT NULL
 	);`,
+	// 7: volumes (docs/volumes.md).
+	`CREATE TABLE volumes (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		data TEXT NOT NULL
+	);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with

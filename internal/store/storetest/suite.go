@@ -67,6 +67,8 @@ func Run(t *testing.T, b Backend) {
 	t.Run("TwoHandles/BuildLogsConcurrentAppends", func(t *testing.T) { testBuildLogsConcurrent(t, two) })
 	t.Run("Secrets", func(t *testing.T) { testSecrets(t, open(t)) })
 	t.Run("TwoHandles/SecretNoLostUpdate", func(t *testing.T) { testSecretNoLostUpdate(t, two) })
+	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
+	t.Run("TwoHandles/VolumeDeleteVersusHold", func(t *testing.T) { testVolumeDeleteVersusHold(t, two) })
 }
 
 func (b Backend) handle(t *testing.T, db string) store.Store {

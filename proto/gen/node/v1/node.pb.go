@@ -952,7 +952,9 @@ type CreateRequest struct {
 	Policy      *Policy                `protobuf:"bytes,7,opt,name=policy,proto3" json:"policy,omitempty"` // unset: internet allowed
 	// Nodes (host:port) that may hold the snapshot's chunks, tried before the
 	// blob store when the node fetches it.
-	Peers         []string `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []string `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
+	// Volumes to show in the sandbox (docs/volumes.md).
+	Volumes       []*VolumeMount `protobuf:"bytes,9,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1043,6 +1045,13 @@ func (x *CreateRequest) GetPeers() []string {
 	return nil
 }
 
+func (x *CreateRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 type CreateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -1087,6 +1096,76 @@ func (x *CreateResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+// A volume shown in a new sandbox: the node makes its image (size_bytes,
+// the quota) the first time, and mounts it.
+type VolumeMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	SizeBytes     int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_node_v1_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *VolumeMount) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1096,7 +1175,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1187,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[14]
+	mi := &file_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1200,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetId() string {
@@ -1140,7 +1219,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1231,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[15]
+	mi := &file_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1244,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetSandbox() *Sandbox {
@@ -1183,7 +1262,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1274,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[16]
+	mi := &file_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1287,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 type ListResponse struct {
@@ -1220,7 +1299,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1311,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[17]
+	mi := &file_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1324,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1264,7 +1343,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1355,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[18]
+	mi := &file_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1368,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KillRequest) GetId() string {
@@ -1307,7 +1386,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1398,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[19]
+	mi := &file_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1411,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 type PauseRequest struct {
@@ -1344,7 +1423,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1435,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[20]
+	mi := &file_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1448,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -1387,7 +1466,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1478,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[21]
+	mi := &file_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1491,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 type ResumeRequest struct {
@@ -1424,7 +1503,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1515,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[22]
+	mi := &file_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1528,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -1468,7 +1547,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1559,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[23]
+	mi := &file_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1572,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -1512,7 +1591,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1603,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[24]
+	mi := &file_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1616,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -1555,7 +1634,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1646,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[25]
+	mi := &file_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1659,87 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 type QuiesceRequest struct {
@@ -1593,7 +1752,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1764,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[26]
+	mi := &file_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1777,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *QuiesceRequest) GetId() string {
@@ -1644,7 +1803,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +1815,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[27]
+	mi := &file_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +1828,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *QuiesceResponse) GetInFlight() int32 {
@@ -1691,7 +1850,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1862,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[28]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1875,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1756,7 +1915,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1768,7 +1927,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1781,7 +1940,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1801,7 +1960,7 @@ type ForkChildSpec struct {
 
 func (x *ForkChildSpec) Reset() {
 	*x = ForkChildSpec{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1972,7 @@ func (x *ForkChildSpec) String() string {
 func (*ForkChildSpec) ProtoMessage() {}
 
 func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1985,7 @@ func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChildSpec.ProtoReflect.Descriptor instead.
 func (*ForkChildSpec) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForkChildSpec) GetSandboxId() string {
@@ -1854,7 +2013,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2025,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2038,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -1914,7 +2073,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2085,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2098,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -1965,7 +2124,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2136,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2149,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkChild {
@@ -2010,7 +2169,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2181,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2194,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RollbackRequest) GetId() string {
@@ -2061,7 +2220,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2232,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2245,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RollbackResponse) GetSandbox() *Sandbox {
@@ -2105,7 +2264,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2276,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2289,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetSnapshotRequest) GetRef() string {
@@ -2149,7 +2308,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2320,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2333,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -2193,7 +2352,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2364,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2377,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteSnapshotRequest) GetRef() string {
@@ -2236,7 +2395,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2407,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2420,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 // BuildImageRequest: template name from image ref ("registry/repo:tag"
@@ -2280,7 +2439,7 @@ type BuildImageRequest struct {
 
 func (x *BuildImageRequest) Reset() {
 	*x = BuildImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2451,7 @@ func (x *BuildImageRequest) String() string {
 func (*BuildImageRequest) ProtoMessage() {}
 
 func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2464,7 @@ func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
 func (*BuildImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BuildImageRequest) GetName() string {
@@ -2352,7 +2511,7 @@ type BuildImageResponse struct {
 
 func (x *BuildImageResponse) Reset() {
 	*x = BuildImageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2523,7 @@ func (x *BuildImageResponse) String() string {
 func (*BuildImageResponse) ProtoMessage() {}
 
 func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2536,7 @@ func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
 func (*BuildImageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
@@ -2405,7 +2564,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2576,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2589,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExportRequest) GetSandboxId() string {
@@ -2491,7 +2650,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2662,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2675,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExportResponse) GetRef() string {
@@ -2590,7 +2749,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2761,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2774,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2655,7 +2814,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2667,7 +2826,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2680,7 +2839,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2699,7 +2858,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +2870,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +2883,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2744,7 +2903,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +2915,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +2928,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2798,7 +2957,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +2969,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +2982,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -2853,7 +3012,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3024,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3037,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -2924,7 +3083,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3095,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3108,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 type SnapshotsResponse struct {
@@ -2961,7 +3120,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3132,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3145,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -3006,7 +3165,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3177,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3190,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -3056,7 +3215,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3068,7 +3227,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3081,7 +3240,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 type ReconfigureRequest struct {
@@ -3095,7 +3254,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3266,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3279,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -3153,7 +3312,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3165,7 +3324,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3178,7 +3337,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -3197,7 +3356,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3368,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3381,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -3246,7 +3405,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3417,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3430,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -3324,7 +3483,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3495,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3508,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 type Event struct {
@@ -3367,7 +3526,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3538,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3551,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Event) GetKind() string {
@@ -3454,7 +3613,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3625,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3638,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3500,7 +3659,7 @@ type EgressAuditRequest struct {
 
 func (x *EgressAuditRequest) Reset() {
 	*x = EgressAuditRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3671,7 @@ func (x *EgressAuditRequest) String() string {
 func (*EgressAuditRequest) ProtoMessage() {}
 
 func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3684,7 @@ func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
 func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EgressAuditRequest) GetSandboxId() string {
@@ -3568,7 +3727,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_node_v1_node_proto_msgTypes[62]
+	mi := &file_node_v1_node_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3580,7 +3739,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[62]
+	mi := &file_node_v1_node_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3593,7 +3752,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
@@ -3682,7 +3841,7 @@ type EgressAuditResponse struct {
 
 func (x *EgressAuditResponse) Reset() {
 	*x = EgressAuditResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3853,7 @@ func (x *EgressAuditResponse) String() string {
 func (*EgressAuditResponse) ProtoMessage() {}
 
 func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3866,7 @@ func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
 func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
@@ -3805,7 +3964,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"Overcommit\x12\x16\n" +
 	"\x06memory\x18\x01 \x01(\x01R\x06memory\x12\x14\n" +
-	"\x05vcpus\x18\x02 \x01(\x01R\x05vcpus\"\xf7\x01\n" +
+	"\x05vcpus\x18\x02 \x01(\x01R\x05vcpus\"\xad\x02\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
@@ -3815,9 +3974,16 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05vcpus\x18\x05 \x01(\x01R\x05vcpus\x12\x1b\n" +
 	"\tmemory_mb\x18\x06 \x01(\x03R\bmemoryMb\x12-\n" +
 	"\x06policy\x18\a \x01(\v2\x15.spore.node.v1.PolicyR\x06policy\x12\x14\n" +
-	"\x05peers\x18\b \x03(\tR\x05peers\"B\n" +
+	"\x05peers\x18\b \x03(\tR\x05peers\x124\n" +
+	"\avolumes\x18\t \x03(\v2\x1a.spore.node.v1.VolumeMountR\avolumes\"B\n" +
 	"\x0eCreateResponse\x120\n" +
-	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\x1c\n" +
+	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"z\n" +
+	"\vVolumeMount\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"?\n" +
@@ -3838,7 +4004,10 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x13\n" +
-	"\x11HibernateResponse\";\n" +
+	"\x11HibernateResponse\"2\n" +
+	"\x13DeleteVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
+	"\x14DeleteVolumeResponse\";\n" +
 	"\x0eQuiesceRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bgrace_ms\x18\x02 \x01(\x03R\agraceMs\".\n" +
@@ -3984,7 +4153,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\abytesIn\x12\x12\n" +
 	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
 	"\x13EgressAuditResponse\x124\n" +
-	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xe0\x0e\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xb9\x0f\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -3994,7 +4163,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Pause\x12\x1b.spore.node.v1.PauseRequest\x1a\x1c.spore.node.v1.PauseResponse\x12E\n" +
 	"\x06Resume\x12\x1c.spore.node.v1.ResumeRequest\x1a\x1d.spore.node.v1.ResumeResponse\x12N\n" +
 	"\tHibernate\x12\x1f.spore.node.v1.HibernateRequest\x1a .spore.node.v1.HibernateResponse\x12H\n" +
-	"\aQuiesce\x12\x1d.spore.node.v1.QuiesceRequest\x1a\x1e.spore.node.v1.QuiesceResponse\x12K\n" +
+	"\aQuiesce\x12\x1d.spore.node.v1.QuiesceRequest\x1a\x1e.spore.node.v1.QuiesceResponse\x12W\n" +
+	"\fDeleteVolume\x12\".spore.node.v1.DeleteVolumeRequest\x1a#.spore.node.v1.DeleteVolumeResponse\x12K\n" +
 	"\bSnapshot\x12\x1e.spore.node.v1.SnapshotRequest\x1a\x1f.spore.node.v1.SnapshotResponse\x12?\n" +
 	"\x04Fork\x12\x1a.spore.node.v1.ForkRequest\x1a\x1b.spore.node.v1.ForkResponse\x12K\n" +
 	"\bRollback\x12\x1e.spore.node.v1.RollbackRequest\x1a\x1f.spore.node.v1.RollbackResponse\x12T\n" +
@@ -4025,7 +4195,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -4041,157 +4211,163 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*Overcommit)(nil),             // 11: spore.node.v1.Overcommit
 	(*CreateRequest)(nil),          // 12: spore.node.v1.CreateRequest
 	(*CreateResponse)(nil),         // 13: spore.node.v1.CreateResponse
-	(*GetRequest)(nil),             // 14: spore.node.v1.GetRequest
-	(*GetResponse)(nil),            // 15: spore.node.v1.GetResponse
-	(*ListRequest)(nil),            // 16: spore.node.v1.ListRequest
-	(*ListResponse)(nil),           // 17: spore.node.v1.ListResponse
-	(*KillRequest)(nil),            // 18: spore.node.v1.KillRequest
-	(*KillResponse)(nil),           // 19: spore.node.v1.KillResponse
-	(*PauseRequest)(nil),           // 20: spore.node.v1.PauseRequest
-	(*PauseResponse)(nil),          // 21: spore.node.v1.PauseResponse
-	(*ResumeRequest)(nil),          // 22: spore.node.v1.ResumeRequest
-	(*ResumeResponse)(nil),         // 23: spore.node.v1.ResumeResponse
-	(*HibernateRequest)(nil),       // 24: spore.node.v1.HibernateRequest
-	(*HibernateResponse)(nil),      // 25: spore.node.v1.HibernateResponse
-	(*QuiesceRequest)(nil),         // 26: spore.node.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),        // 27: spore.node.v1.QuiesceResponse
-	(*SnapshotRequest)(nil),        // 28: spore.node.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 29: spore.node.v1.SnapshotResponse
-	(*ForkChildSpec)(nil),          // 30: spore.node.v1.ForkChildSpec
-	(*ForkRequest)(nil),            // 31: spore.node.v1.ForkRequest
-	(*ForkChild)(nil),              // 32: spore.node.v1.ForkChild
-	(*ForkResponse)(nil),           // 33: spore.node.v1.ForkResponse
-	(*RollbackRequest)(nil),        // 34: spore.node.v1.RollbackRequest
-	(*RollbackResponse)(nil),       // 35: spore.node.v1.RollbackResponse
-	(*GetSnapshotRequest)(nil),     // 36: spore.node.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),    // 37: spore.node.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),  // 38: spore.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 39: spore.node.v1.DeleteSnapshotResponse
-	(*BuildImageRequest)(nil),      // 40: spore.node.v1.BuildImageRequest
-	(*BuildImageResponse)(nil),     // 41: spore.node.v1.BuildImageResponse
-	(*ExportRequest)(nil),          // 42: spore.node.v1.ExportRequest
-	(*ExportResponse)(nil),         // 43: spore.node.v1.ExportResponse
-	(*AdoptRequest)(nil),           // 44: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 45: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 46: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 47: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 48: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 49: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 50: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 51: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 52: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 53: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 54: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 55: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 56: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 57: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 58: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 59: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 60: spore.node.v1.EventsResponse
-	(*EgressAuditRequest)(nil),     // 61: spore.node.v1.EgressAuditRequest
-	(*EgressEntry)(nil),            // 62: spore.node.v1.EgressEntry
-	(*EgressAuditResponse)(nil),    // 63: spore.node.v1.EgressAuditResponse
-	nil,                            // 64: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 65: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 66: google.protobuf.Duration
+	(*VolumeMount)(nil),            // 14: spore.node.v1.VolumeMount
+	(*GetRequest)(nil),             // 15: spore.node.v1.GetRequest
+	(*GetResponse)(nil),            // 16: spore.node.v1.GetResponse
+	(*ListRequest)(nil),            // 17: spore.node.v1.ListRequest
+	(*ListResponse)(nil),           // 18: spore.node.v1.ListResponse
+	(*KillRequest)(nil),            // 19: spore.node.v1.KillRequest
+	(*KillResponse)(nil),           // 20: spore.node.v1.KillResponse
+	(*PauseRequest)(nil),           // 21: spore.node.v1.PauseRequest
+	(*PauseResponse)(nil),          // 22: spore.node.v1.PauseResponse
+	(*ResumeRequest)(nil),          // 23: spore.node.v1.ResumeRequest
+	(*ResumeResponse)(nil),         // 24: spore.node.v1.ResumeResponse
+	(*HibernateRequest)(nil),       // 25: spore.node.v1.HibernateRequest
+	(*HibernateResponse)(nil),      // 26: spore.node.v1.HibernateResponse
+	(*DeleteVolumeRequest)(nil),    // 27: spore.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 28: spore.node.v1.DeleteVolumeResponse
+	(*QuiesceRequest)(nil),         // 29: spore.node.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),        // 30: spore.node.v1.QuiesceResponse
+	(*SnapshotRequest)(nil),        // 31: spore.node.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 32: spore.node.v1.SnapshotResponse
+	(*ForkChildSpec)(nil),          // 33: spore.node.v1.ForkChildSpec
+	(*ForkRequest)(nil),            // 34: spore.node.v1.ForkRequest
+	(*ForkChild)(nil),              // 35: spore.node.v1.ForkChild
+	(*ForkResponse)(nil),           // 36: spore.node.v1.ForkResponse
+	(*RollbackRequest)(nil),        // 37: spore.node.v1.RollbackRequest
+	(*RollbackResponse)(nil),       // 38: spore.node.v1.RollbackResponse
+	(*GetSnapshotRequest)(nil),     // 39: spore.node.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),    // 40: spore.node.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),  // 41: spore.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 42: spore.node.v1.DeleteSnapshotResponse
+	(*BuildImageRequest)(nil),      // 43: spore.node.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),     // 44: spore.node.v1.BuildImageResponse
+	(*ExportRequest)(nil),          // 45: spore.node.v1.ExportRequest
+	(*ExportResponse)(nil),         // 46: spore.node.v1.ExportResponse
+	(*AdoptRequest)(nil),           // 47: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 48: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 49: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 50: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 51: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 52: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 53: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 54: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 55: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 56: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 57: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 58: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 59: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 60: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 61: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 62: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 63: spore.node.v1.EventsResponse
+	(*EgressAuditRequest)(nil),     // 64: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 65: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 66: spore.node.v1.EgressAuditResponse
+	nil,                            // 67: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 68: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 69: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
 	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
-	65, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	68, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	65, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	68, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	65, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	68, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	64, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	67, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
-	6,  // 14: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	6,  // 15: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	6,  // 16: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
-	6,  // 17: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	7,  // 18: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	30, // 19: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
-	6,  // 20: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
-	8,  // 21: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	32, // 22: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
-	6,  // 23: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	7,  // 24: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	7,  // 25: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 26: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
-	6,  // 27: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	66, // 28: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
-	7,  // 29: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
-	2,  // 30: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
-	2,  // 31: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
-	6,  // 32: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	65, // 33: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	66, // 34: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	65, // 35: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	59, // 36: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	65, // 37: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	65, // 38: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	65, // 39: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
-	62, // 40: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
-	9,  // 41: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	12, // 42: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	14, // 43: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	16, // 44: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	18, // 45: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	20, // 46: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	22, // 47: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	24, // 48: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	26, // 49: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
-	28, // 50: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	31, // 51: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	34, // 52: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	36, // 53: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	38, // 54: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	50, // 55: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	52, // 56: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	54, // 57: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	56, // 58: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	46, // 59: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	44, // 60: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	48, // 61: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	40, // 62: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	42, // 63: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	61, // 64: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	58, // 65: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	10, // 66: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	13, // 67: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	15, // 68: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	17, // 69: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	19, // 70: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	21, // 71: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	23, // 72: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	25, // 73: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	27, // 74: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
-	29, // 75: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	33, // 76: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	35, // 77: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	37, // 78: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	39, // 79: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	51, // 80: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	53, // 81: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	55, // 82: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	57, // 83: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	47, // 84: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	45, // 85: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	49, // 86: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	41, // 87: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	43, // 88: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	63, // 89: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	60, // 90: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	66, // [66:91] is the sub-list for method output_type
-	41, // [41:66] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	14, // 14: spore.node.v1.CreateRequest.volumes:type_name -> spore.node.v1.VolumeMount
+	6,  // 15: spore.node.v1.CreateResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 16: spore.node.v1.GetResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	6,  // 17: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
+	6,  // 18: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	7,  // 19: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	33, // 20: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	6,  // 21: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
+	8,  // 22: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
+	35, // 23: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	6,  // 24: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	7,  // 25: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	7,  // 26: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 27: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
+	6,  // 28: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	69, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	7,  // 30: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
+	2,  // 31: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
+	2,  // 32: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
+	6,  // 33: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
+	68, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	69, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	68, // 36: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	62, // 37: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	68, // 38: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	68, // 39: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	68, // 40: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	65, // 41: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	9,  // 42: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	12, // 43: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	15, // 44: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	17, // 45: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	19, // 46: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	21, // 47: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	23, // 48: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	25, // 49: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	29, // 50: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
+	27, // 51: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
+	31, // 52: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	34, // 53: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	37, // 54: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	39, // 55: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	41, // 56: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	53, // 57: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	55, // 58: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	57, // 59: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	59, // 60: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	49, // 61: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	47, // 62: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	51, // 63: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	43, // 64: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	45, // 65: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	64, // 66: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	61, // 67: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 68: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 69: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	16, // 70: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	18, // 71: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	20, // 72: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	22, // 73: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	24, // 74: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	26, // 75: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	30, // 76: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
+	28, // 77: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
+	32, // 78: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	36, // 79: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	38, // 80: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	40, // 81: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	42, // 82: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	54, // 83: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	56, // 84: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	58, // 85: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	60, // 86: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	50, // 87: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	48, // 88: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	52, // 89: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	44, // 90: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	46, // 91: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	66, // 92: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	63, // 93: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	68, // [68:94] is the sub-list for method output_type
+	42, // [42:68] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4206,7 +4382,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   65,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,6 +60,8 @@ const (
 	NodeHibernateProcedure = "/spore.node.v1.Node/Hibernate"
 	// NodeQuiesceProcedure is the fully-qualified name of the Node's Quiesce RPC.
 	NodeQuiesceProcedure = "/spore.node.v1.Node/Quiesce"
+	// NodeDeleteVolumeProcedure is the fully-qualified name of the Node's DeleteVolume RPC.
+	NodeDeleteVolumeProcedure = "/spore.node.v1.Node/DeleteVolume"
 	// NodeSnapshotProcedure is the fully-qualified name of the Node's Snapshot RPC.
 	NodeSnapshotProcedure = "/spore.node.v1.Node/Snapshot"
 	// NodeForkProcedure is the fully-qualified name of the Node's Fork RPC.
@@ -108,6 +110,9 @@ type NodeClient interface {
 	// the node's proxy forwards the sandbox nothing new and the call waits
 	// for what it is forwarding to end, up to grace_ms.
 	Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error)
+	// DeleteVolume removes a deleted volume's content from the node (an
+	// unknown volume is not an error; one a sandbox there shows is refused).
+	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -200,6 +205,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			httpClient,
 			baseURL+NodeQuiesceProcedure,
 			connect.WithSchema(nodeMethods.ByName("Quiesce")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteVolume: connect.NewClient[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse](
+			httpClient,
+			baseURL+NodeDeleteVolumeProcedure,
+			connect.WithSchema(nodeMethods.ByName("DeleteVolume")),
 			connect.WithClientOptions(opts...),
 		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
@@ -312,6 +323,7 @@ type nodeClient struct {
 	resume         *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	hibernate      *connect.Client[v1.HibernateRequest, v1.HibernateResponse]
 	quiesce        *connect.Client[v1.QuiesceRequest, v1.QuiesceResponse]
+	deleteVolume   *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	rollback       *connect.Client[v1.RollbackRequest, v1.RollbackResponse]
@@ -373,6 +385,11 @@ func (c *nodeClient) Hibernate(ctx context.Context, req *connect.Request[v1.Hibe
 // Quiesce calls spore.node.v1.Node.Quiesce.
 func (c *nodeClient) Quiesce(ctx context.Context, req *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error) {
 	return c.quiesce.CallUnary(ctx, req)
+}
+
+// DeleteVolume calls spore.node.v1.Node.DeleteVolume.
+func (c *nodeClient) DeleteVolume(ctx context.Context, req *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return c.deleteVolume.CallUnary(ctx, req)
 }
 
 // Snapshot calls spore.node.v1.Node.Snapshot.
@@ -469,6 +486,9 @@ type NodeHandler interface {
 	// the node's proxy forwards the sandbox nothing new and the call waits
 	// for what it is forwarding to end, up to grace_ms.
 	Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error)
+	// DeleteVolume removes a deleted volume's content from the node (an
+	// unknown volume is not an error; one a sandbox there shows is refused).
+	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -557,6 +577,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		NodeQuiesceProcedure,
 		svc.Quiesce,
 		connect.WithSchema(nodeMethods.ByName("Quiesce")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeDeleteVolumeHandler := connect.NewUnaryHandler(
+		NodeDeleteVolumeProcedure,
+		svc.DeleteVolume,
+		connect.WithSchema(nodeMethods.ByName("DeleteVolume")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeSnapshotHandler := connect.NewUnaryHandler(
@@ -675,6 +701,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeHibernateHandler.ServeHTTP(w, r)
 		case NodeQuiesceProcedure:
 			nodeQuiesceHandler.ServeHTTP(w, r)
+		case NodeDeleteVolumeProcedure:
+			nodeDeleteVolumeHandler.ServeHTTP(w, r)
 		case NodeSnapshotProcedure:
 			nodeSnapshotHandler.ServeHTTP(w, r)
 		case NodeForkProcedure:
@@ -750,6 +778,10 @@ func (UnimplementedNodeHandler) Hibernate(context.Context, *connect.Request[v1.H
 
 func (UnimplementedNodeHandler) Quiesce(context.Context, *connect.Request[v1.QuiesceRequest]) (*connect.Response[v1.QuiesceResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Quiesce is not implemented"))
+}
+
+func (UnimplementedNodeHandler) DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.DeleteVolume is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/volume"
+)
+
+func newVolumeCmd(f *cliFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "volume",
+		Short: "Manage volumes: named file trees that outlive sandboxes",
+		Long: `Volumes are E2B's, with Spore's modes: a shared volume (the default, what the
+stock SDK creates) is read-write by many sandboxes and outside snapshots; an
+exclusive one (--exclusive) is held by one sandbox at a time and captured with
+its snapshots. Each has a size (its quota). See docs/volumes.md for what works
+today: sandboxes cannot mount volumes yet.`,
+	}
+	cmd.AddCommand(newVolumeCreateCmd(f), newVolumeListCmd(f), newVolumeInfoCmd(f), newVolumeRmCmd(f))
+	return cmd
+}
+
+func newVolumeCreateCmd(f *cliFlags) *cobra.Command {
+	var exclusive bool
+	var size string
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a volume",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var sizeMB int64
+			if size != "" {
+				n, err := volume.ParseSize(size)
+				if err != nil {
+					return err
+				}
+				if n < volume.MiB {
+					return fmt.Errorf("--size %s: the smallest volume is %s", size, volume.FormatSize(volume.MinSize))
+				}
+				sizeMB = n / volume.MiB
+			}
+			mode := store.VolumeShared
+			if exclusive {
+				mode = store.VolumeExclusive
+			}
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(cmd.Context(), args[0], mode, sizeMB)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %s\n", v.VolumeID, v.Name, v.Mode, volume.FormatSize(v.SizeMB*volume.MiB))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&exclusive, "exclusive", false, "one sandbox at a time, captured with its snapshots (default: shared)")
+	cmd.Flags().StringVar(&size, "size", "", "the quota, like 512M or 10G (default "+volume.FormatSize(volume.DefaultSize)+")")
+	return cmd
+}
+
+func volumeRow(v api.Volume) []string {
+	return []string{v.VolumeID, v.Name, v.Mode, volume.FormatSize(v.SizeMB * volume.MiB), ago(v.CreatedAt)}
+}
+
+func newVolumeListCmd(f *cliFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List volumes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Volumes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			var rows [][]string
+			for _, v := range list {
+				rows = append(rows, volumeRow(v))
+			}
+			table(cmd.OutOrStdout(), "ID\tNAME\tMODE\tSIZE\tCREATED", rows)
+			return nil
+		},
+	}
+}
+
+func newVolumeInfoCmd(f *cliFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "info NAME|ID",
+		Short: "Show a volume (--json: with its content token)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.Volume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			table(cmd.OutOrStdout(), "ID\tNAME\tMODE\tSIZE\tCREATED", [][]string{volumeRow(v.Volume)})
+			return nil
+		},
+	}
+}
+
+func newVolumeRmCmd(f *cliFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME|ID...",
+		Short: "Delete volumes and their content (a volume a sandbox holds is refused)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			for _, ref := range args {
+				if err := c.DeleteVolume(cmd.Context(), ref); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s deleted\n", ref)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/volume"
+)
+
+// Volume is E2B's Volume (GET /volumes), with Spore's settings beside
+// its fields: the stock SDK reads volumeID and name and ignores the rest.
+type Volume struct {
+	VolumeID  string `json:"volumeID"`
+	Name      string `json:"name"`
+	Mode      string `json:"mode"`
+	SizeMB    int64  `json:"sizeMB"` // the quota, MiB
+	CreatedAt string `json:"createdAt"`
+}
+
+// VolumeAndToken is E2B's VolumeAndToken (POST /volumes, GET
+// /volumes/{volumeID}): the volume and the token of its content API.
+type VolumeAndToken struct {
+	Volume
+	Token string `json:"token"`
+}
+
+// NewVolume is E2B's NewVolume (POST /volumes): the stock SDK sends the
+// name; mode and sizeMB are Spore's.
+type NewVolume struct {
+	Name string `json:"name"`
+	// Mode is "shared" (the default: many sandboxes, outside snapshots)
+	// or "exclusive" (one sandbox, captured with its snapshots).
+	Mode string `json:"mode,omitempty"`
+	// SizeMB is the quota in MiB (0: volume.DefaultSize).
+	SizeMB int64 `json:"sizeMB,omitempty"`
+}
+
+func volumeOf(v store.Volume) Volume {
+	return Volume{VolumeID: v.ID, Name: v.Name, Mode: v.Mode, SizeMB: v.SizeBytes / volume.MiB, CreatedAt: rfc3339(v.CreatedAt)}
+}
+
+func (s *Server) volumeRoutes() []route {
+	return []route{
+		{"GET /volumes", s.listVolumes, user},
+		{"POST /volumes", s.createVolume, user},
+		{"GET /volumes/{volumeID}", s.getVolume, user},
+		{"DELETE /volumes/{volumeID}", s.deleteVolume, user},
+	}
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r.URL.Query(), volume.MaxPage)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	list, next, err := s.vols.List(r.Context(), limit, r.URL.Query().Get("nextToken"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]Volume, 0, len(list))
+	for _, v := range list {
+		out = append(out, volumeOf(v))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	var body NewVolume
+	if !decode(w, r, &body) {
+		return
+	}
+	if body.SizeMB < 0 || body.SizeMB > volume.MaxSize/volume.MiB {
+		s.fail(w, r, errdefs.Invalidf("volume sizeMB %d: must be between %d and %d (0: %d)", body.SizeMB, volume.MinSize/volume.MiB, volume.MaxSize/volume.MiB, volume.DefaultSize/volume.MiB))
+		return
+	}
+	v, err := s.vols.Create(r.Context(), volume.CreateOptions{Name: body.Name, Mode: body.Mode, Size: body.SizeMB * volume.MiB})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, VolumeAndToken{volumeOf(v), v.Token})
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.vols.Get(r.Context(), r.PathValue("volumeID"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, VolumeAndToken{volumeOf(v), v.Token})
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.vols.Delete(r.Context(), r.PathValue("volumeID"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if s.c != nil {
+		s.c.DropVolumeContent(v)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,192 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/volume"
+)
+
+// E2B's volume API: create (the stock SDK sends only a name: a shared
+// volume of the default size), read by ID or name with its token, list by
+// pages, delete; Spore's mode and size; bad input is a 4xx that changes
+// nothing; a volume a sandbox holds is not deleted.
+func TestVolumesAPI(t *testing.T) {
+	f := newFnode(t)
+	var v api.VolumeAndToken
+	b := f.want(201, "POST", "/volumes", `{"name":"data"}`)
+	if err := json.Unmarshal(b, &v); err != nil || !volume.IsID(v.VolumeID) || v.Name != "data" || v.Mode != store.VolumeShared ||
+		v.SizeMB != volume.DefaultSize/volume.MiB || !strings.HasPrefix(v.Token, volume.TokenPrefix) || v.CreatedAt == "" {
+		t.Fatalf("create = %s (%v)", b, err)
+	}
+	var x api.VolumeAndToken
+	for _, ref := range []string{v.VolumeID, "data"} {
+		b = f.want(200, "GET", "/volumes/"+ref, "")
+		if json.Unmarshal(b, &x); x != v {
+			t.Fatalf("GET /volumes/%s = %s, want %+v", ref, b, v)
+		}
+	}
+	b = f.want(201, "POST", "/volumes", `{"name":"scratch","mode":"exclusive","sizeMB":64}`)
+	var e api.VolumeAndToken
+	if json.Unmarshal(b, &e); e.Mode != store.VolumeExclusive || e.SizeMB != 64 || e.Token == v.Token {
+		t.Fatalf("exclusive create = %s", b)
+	}
+
+	// Refused, nothing stored.
+	f.want(409, "POST", "/volumes", `{"name":"data"}`)
+	for _, body := range []string{
+		`{"name":""}`, `{"name":"../etc"}`, `{"name":"a/b"}`, `{"name":"-x"}`, `{"name":"` + strings.Repeat("n", 64) + `"}`,
+		`{"name":"` + volume.NewID() + `"}`, // shaped like an ID
+		`{"name":"ok","mode":"private"}`, `{"name":"ok","sizeMB":-1}`, `{"name":"ok","sizeMB":1}`,
+		`{"name":"ok","sizeMB":99999999999999}`, `{"name":"ok","extra":1}`, `{"name":1}`,
+	} {
+		f.want(400, "POST", "/volumes", body)
+	}
+	f.want(404, "GET", "/volumes/nope", "")
+	f.want(404, "GET", "/volumes/"+volume.NewID(), "")
+	f.want(400, "GET", "/volumes/a%7Bb", "")
+	f.want(404, "DELETE", "/volumes/nope", "")
+
+	// Pages, oldest first; a list carries no tokens.
+	for i := range 3 {
+		f.want(201, "POST", "/volumes", fmt.Sprintf(`{"name":"v%d"}`, i))
+	}
+	b = f.want(200, "GET", "/volumes", "")
+	var all []map[string]any
+	if json.Unmarshal(b, &all); len(all) != 5 || all[0]["name"] != "data" || all[4]["name"] != "v2" {
+		t.Fatalf("list = %s", b)
+	}
+	if strings.Contains(string(b), volume.TokenPrefix) {
+		t.Fatalf("the list carries tokens: %s", b)
+	}
+	names := []string{}
+	next := ""
+	for range 10 {
+		code, body, hdr := f.do("GET", "/volumes?limit=2&nextToken="+next, "")
+		if code != 200 {
+			t.Fatalf("page: %d %s", code, body)
+		}
+		var page []api.Volume
+		json.Unmarshal(body, &page)
+		for _, p := range page {
+			names = append(names, p.Name)
+		}
+		if next = hdr.Get("X-Next-Token"); next == "" {
+			break
+		}
+	}
+	if got := strings.Join(names, ","); got != "data,scratch,v0,v1,v2" {
+		t.Fatalf("pages = %s", got)
+	}
+	f.want(400, "GET", "/volumes?nextToken=garbage", "")
+
+	// A volume a sandbox holds stays; once let go, it is deleted.
+	ctx := context.Background()
+	if _, err := f.st.UpdateVolume(ctx, "scratch", func(x *store.Volume) error { x.Holder = "isandbox"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if b := f.want(409, "DELETE", "/volumes/scratch", ""); !strings.Contains(string(b), "isandbox") {
+		t.Fatalf("delete of a held volume: %s", b)
+	}
+	f.want(200, "GET", "/volumes/scratch", "")
+	if _, err := f.st.UpdateVolume(ctx, "scratch", func(x *store.Volume) error { x.Holder = ""; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.want(204, "DELETE", "/volumes/scratch", "")
+	f.want(204, "DELETE", "/volumes/"+v.VolumeID, "")
+	f.want(404, "GET", "/volumes/data", "")
+	f.want(404, "DELETE", "/volumes/data", "")
+}
+
+// The volume routes need an API key; the content routes, which the SDK
+// calls with the volume's token, answer 501 (not served yet), never a
+// 404 the SDK would read as "no such path".
+func TestVolumeRoutesAuthAndContent(t *testing.T) {
+	f := newFnode(t)
+	for _, r := range []string{"GET /volumes", "POST /volumes", "GET /volumes/x", "DELETE /volumes/x"} {
+		m, p, _ := strings.Cut(r, " ")
+		if code, b := callKey(t, f.url, "", m, p, `{"name":"x"}`); code != 401 {
+			t.Fatalf("%s without a key: %d %s", r, code, b)
+		}
+	}
+	for _, r := range []string{"GET /volumecontent/v1/dir?path=/", "PUT /volumecontent/v1/file?path=/a", "DELETE /volumecontent/v1/path?path=/a"} {
+		m, p, _ := strings.Cut(r, " ")
+		if code, b := callKey(t, f.url, "", m, p, ""); code != 501 || !strings.Contains(string(b), "volumecontent") {
+			t.Fatalf("%s: %d %s", r, code, b)
+		}
+	}
+}
+
+// Authorize: the volume's own token only; a wrong token, another volume's
+// token and an unknown volume are all the same refusal.
+func TestVolumeTokenAuthorizesOneVolume(t *testing.T) {
+	f := newFnode(t)
+	cat := volume.NewCatalog(f.st)
+	ctx := context.Background()
+	a, err := cat.Create(ctx, volume.CreateOptions{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cat.Create(ctx, volume.CreateOptions{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cat.Authorize(ctx, a.ID, a.Token); err != nil || got.ID != a.ID {
+		t.Fatalf("own token: %+v %v", got, err)
+	}
+	for _, c := range []struct{ ref, token string }{
+		{a.ID, b.Token}, {a.ID, a.Token + "x"}, {a.ID, ""}, {a.ID, strings.TrimPrefix(a.Token, volume.TokenPrefix)},
+		{volume.NewID(), a.Token}, {"../a", a.Token},
+	} {
+		if _, err := cat.Authorize(ctx, c.ref, c.token); err == nil || !strings.Contains(err.Error(), volume.ErrBadToken.Error()) {
+			t.Fatalf("Authorize(%q, %q) = %v, want refused", c.ref, c.token, err)
+		}
+	}
+}
+
+// volumeMounts on create: every bad mount is refused with a 4xx naming
+// what is wrong, before anything is made; a node that cannot mount
+// volumes refuses the create (409) and leaves nothing; the volume is
+// deleted afterwards all the same (its user never came alive).
+func TestVolumeMountsRefused(t *testing.T) {
+	f := newFnode(t)
+	f.want(201, "POST", "/volumes", `{"name":"data"}`)
+	f.want(201, "POST", "/volumes", `{"name":"other"}`)
+	f.want(201, "POST", "/volumes", `{"name":"excl","mode":"exclusive"}`)
+	for _, c := range []struct {
+		code int
+		body string
+		says string
+	}{
+		{404, `{"volumeMounts":[{"name":"nope","path":"/data"}]}`, "no volume"},
+		{400, `{"volumeMounts":[{"name":"../x","path":"/data"}]}`, "volume"},
+		{400, `{"volumeMounts":[{"name":"data","path":"data"}]}`, "absolute"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/home/../etc"}]}`, "clean"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/proc/x"}]}`, "/proc"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/etc"}]}`, "system directory"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/run/spore/volumes/0"}]}`, "/run"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/"}]}`, "system directory"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"other","path":"/a/b"}]}`, "overlap"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"data","path":"/b"}]}`, "twice"},
+		{400, `{"volumeMounts":[{"name":"excl","path":"/a"}]}`, "exclusive"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/a","size":1}]}`, "size"},
+		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"other","path":"/b"},{"name":"excl","path":"/c","readOnly":true},{"name":"data","path":"/d"},{"name":"data","path":"/e"}]}`, "at most"},
+	} {
+		code, b, _ := f.do("POST", "/v2/sandboxes", c.body)
+		if code != c.code || !strings.Contains(string(b), c.says) {
+			t.Errorf("create %s = %d %s, want %d saying %q", c.body, code, b, c.code, c.says)
+		}
+	}
+	if b := f.want(409, "POST", "/v2/sandboxes", `{"volumeMounts":[{"name":"data","path":"/home/user/data"}]}`); !strings.Contains(string(b), "cannot mount volumes") {
+		t.Fatalf("a node without volumes: %s", b)
+	}
+	if b := f.want(200, "GET", "/v2/sandboxes", ""); string(b) != "[]\n" {
+		t.Fatalf("sandboxes left: %s", b)
+	}
+	f.want(204, "DELETE", "/volumes/data", "")
+}

@@ -1,0 +1,140 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/volume"
+)
+
+// VolumeRequest is a volume a create asks to show at Path (E2B's
+// volumeMounts entry, named by the volume's name or ID).
+type VolumeRequest struct {
+	Name     string
+	Path     string
+	ReadOnly bool
+}
+
+// resolveVolumes checks a create's volume mounts and reads their
+// volumes: the mounts to record, and the node that holds their content
+// ("" when none has yet). Volumes on two nodes cannot be mounted
+// together; an exclusive volume mounts read-only only, until its capture
+// with snapshots is built (docs/volumes.md).
+func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest) ([]store.VolumeMount, string, error) {
+	if len(reqs) == 0 {
+		return nil, "", nil
+	}
+	paths := make([]string, len(reqs))
+	for i, r := range reqs {
+		paths[i] = r.Path
+	}
+	if err := volume.ValidateMounts(paths); err != nil {
+		return nil, "", err
+	}
+	var out []store.VolumeMount
+	home := ""
+	for _, r := range reqs {
+		if err := volume.ValidateRef(r.Name); err != nil {
+			return nil, "", err
+		}
+		v, err := st.GetVolume(ctx, r.Name)
+		if errdefs.IsNotFound(err) {
+			return nil, "", fmt.Errorf("%w: no volume %q", errdefs.ErrNotFound, r.Name)
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		if slices.ContainsFunc(out, func(m store.VolumeMount) bool { return m.VolumeID == v.ID }) {
+			return nil, "", errdefs.Invalidf("volume %s is mounted twice", v.Name)
+		}
+		if v.Mode == store.VolumeExclusive && !r.ReadOnly {
+			return nil, "", errdefs.Invalidf("volume %s is exclusive: exclusive volumes mount read-only only, until their capture with snapshots is built (docs/volumes.md); mount it with readOnly, or use a shared volume", v.Name)
+		}
+		if v.NodeID != "" {
+			if home != "" && home != v.NodeID {
+				return nil, "", errdefs.Conflictf("volumes on different nodes (%s, %s) cannot be mounted in one sandbox", home, v.NodeID)
+			}
+			home = v.NodeID
+		}
+		out = append(out, store.VolumeMount{VolumeID: v.ID, Name: v.Name, Path: r.Path, ReadOnly: r.ReadOnly})
+	}
+	return out, home, nil
+}
+
+// volumesOf is what a create mounts: the volumes it asks for, or those of
+// the snapshot it is made from (which come with it: it asks for none).
+func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src *sourceInfo) ([]store.VolumeMount, string, error) {
+	if src == nil || len(src.volumes) == 0 {
+		return resolveVolumes(ctx, st, reqs)
+	}
+	if len(reqs) > 0 {
+		return nil, "", errdefs.Invalidf("snapshot %s brings its sandbox's volumes: mount none at create", src.id)
+	}
+	home := ""
+	for _, m := range src.volumes {
+		v, err := st.GetVolume(ctx, m.VolumeID)
+		if errdefs.IsNotFound(err) {
+			return nil, "", fmt.Errorf("%w: snapshot %s mounts volume %s, which was deleted", errdefs.ErrNotFound, src.id, m.Name)
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		if v.NodeID != "" {
+			home = v.NodeID
+		}
+	}
+	return src.volumes, home, nil
+}
+
+// claimVolumes records sandbox id as a user of its volumes, on nodeID:
+// the node a volume's content lives on is the first that mounts it. A
+// volume deleted meanwhile is ErrNotFound; one another create put on
+// another node meanwhile is ErrConflict. The node's mounts follow.
+func claimVolumes(ctx context.Context, st store.Volumes, id, nodeID string, mounts []store.VolumeMount) ([]nodeapi.VolumeMount, error) {
+	var out []nodeapi.VolumeMount
+	for _, m := range mounts {
+		v, err := st.UpdateVolume(ctx, m.VolumeID, func(v *store.Volume) error {
+			if v.NodeID == "" {
+				v.NodeID = nodeID
+			}
+			if v.NodeID != nodeID {
+				return errdefs.Conflictf("volume %s is on node %s, not %s", v.Name, v.NodeID, nodeID)
+			}
+			if !slices.Contains(v.Users, id) {
+				v.Users = append(v.Users, id)
+			}
+			return nil
+		})
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("%w: volume %s was deleted", errdefs.ErrNotFound, m.Name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, nodeapi.VolumeMount{VolumeID: v.ID, SizeBytes: v.SizeBytes, Path: m.Path, ReadOnly: m.ReadOnly})
+	}
+	return out, nil
+}
+
+// DropVolumeContent removes a deleted volume's content from the node that
+// holds it, after the answer (in the background, as a snapshot's drop): a
+// node that cannot be reached keeps the image, and the failure is logged
+// with the IDs.
+func (s *Service) DropVolumeContent(v store.Volume) {
+	if v.NodeID == "" {
+		return // never mounted: no node holds anything
+	}
+	s.inBackgroundCleanup(func(ctx context.Context) {
+		n, err := s.node(v.NodeID)
+		if err == nil {
+			err = n.DeleteVolume(ctx, v.ID)
+		}
+		if err != nil {
+			s.log.Warn("volume content left on its node", "volume_id", v.ID, "node_id", v.NodeID, "err", err)
+		}
+	})
+}

@@ -1,0 +1,231 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/envd"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/volume/pool"
+)
+
+// Volumes on a node (docs/volumes.md). Every template has
+// nodeapi.MaxVolumeMounts volume slots: mounts at envd.SlotPrefix+N bound,
+// when unused, to a read-only empty directory. A checkpoint restores only
+// with the mounts it was taken with (same destinations and options, gVisor
+// checks), but a mount's source may change: a sandbox that mounts a
+// volume is restored with the volume's directory behind a slot, and its
+// daemon binds the slot at the volume's path.
+type volumes struct {
+	dir      string // <data>/volumes
+	empty    string // the read-only empty directory behind unused slots; "" if it could not be made
+	err      error  // why there are no slots ("" empty)
+	poolSize int64
+	log      *slog.Logger
+
+	mu   sync.Mutex
+	pool *pool.Pool // opened by the first volume, or at start when it exists
+}
+
+// SlotPath is the sandbox path of volume slot i.
+func SlotPath(i int) string { return envd.SlotPrefix + strconv.Itoa(i) }
+
+// openVolumes sets up the empty slot directory and the volume pool. A
+// failure is not the node's: its sandboxes run, with no slots (no empty
+// directory) or no volumes (no pool), and a create that mounts one is
+// refused with the reason.
+func openVolumes(ctx context.Context, dataDir string, poolSize int64, log *slog.Logger) *volumes {
+	v := &volumes{dir: filepath.Join(dataDir, "volumes"), log: log}
+	empty := filepath.Join(v.dir, "empty")
+	if err := roEmpty(ctx, empty); err != nil {
+		v.err = fmt.Errorf("%w: this node cannot give sandboxes volume slots: %v", errdefs.ErrUnavailable, err)
+		log.Warn("no volume slots in this node's templates", "err", err)
+		return v
+	}
+	v.empty = empty
+	if poolSize <= 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dataDir, &st); err == nil {
+			poolSize = int64(st.Blocks) * st.Bsize
+		}
+	}
+	v.poolSize = max(poolSize, pool.MinPool)
+	// A pool made by an earlier run opens now, its volumes mounted, so
+	// its sandboxes restore (rollback, resume) after a restart.
+	if _, err := os.Stat(filepath.Join(v.dir, "pool.img")); err == nil {
+		if p, err := v.open(ctx); err == nil {
+			if err := p.MountAll(ctx); err != nil {
+				log.Warn("mount the volumes", "err", err)
+			}
+		}
+	}
+	return v
+}
+
+// open returns the pool, made and mounted the first time.
+func (v *volumes) open(ctx context.Context) (*pool.Pool, error) {
+	if v.err != nil {
+		return nil, v.err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.pool != nil {
+		return v.pool, nil
+	}
+	p, err := pool.Open(ctx, v.dir, v.poolSize, v.log)
+	if err != nil {
+		v.log.Warn("no volumes on this node", "err", err)
+		return nil, fmt.Errorf("%w: this node cannot store volumes: %v", errdefs.ErrUnavailable, err)
+	}
+	v.pool = p
+	return p, nil
+}
+
+// roEmpty mounts a read-only, empty tmpfs at dir (kept if mounted): what
+// an unused slot shows. A sandbox cannot write there, so nothing it puts
+// in a slot reaches another.
+func roEmpty(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if isMount(dir) {
+		return nil
+	}
+	return unix.Mount("spore-empty", dir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+}
+
+func isMount(dir string) bool {
+	var a, b unix.Stat_t
+	if unix.Stat(dir, &a) != nil || unix.Stat(filepath.Dir(dir), &b) != nil {
+		return false
+	}
+	return a.Dev != b.Dev
+}
+
+func (v *volumes) close() error {
+	var errs []error
+	v.mu.Lock()
+	if v.pool != nil {
+		errs = append(errs, v.pool.Close())
+	}
+	v.mu.Unlock()
+	if v.empty != "" && isMount(v.empty) {
+		if err := unix.Unmount(v.empty, 0); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", v.empty, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// slots are the templates' volume slot mounts (none when the node has no
+// empty directory to put behind them).
+func (v *volumes) slots() []runtime.Mount {
+	if v.empty == "" {
+		return nil
+	}
+	out := make([]runtime.Mount, nodeapi.MaxVolumeMounts)
+	for i := range out {
+		out[i] = runtime.Mount{Source: v.empty, Destination: SlotPath(i)}
+	}
+	return out
+}
+
+// localize points a fetched manifest's slots at this node's directories:
+// the empty one, or the volume's mount (or read-only view) here.
+func (v *volumes) localize(m *snapshot.Manifest) {
+	for i, mt := range m.Run.Mounts {
+		if !strings.HasPrefix(mt.Destination, envd.SlotPrefix) {
+			continue
+		}
+		if filepath.Base(filepath.Dir(mt.Source)) == "mounts" {
+			// The volume's mount (or read-only view) on this node.
+			m.Run.Mounts[i].Source = filepath.Join(v.dir, "mounts", filepath.Base(mt.Source))
+		} else {
+			m.Run.Mounts[i].Source = v.empty
+		}
+	}
+}
+
+// PrepareVolumes makes (the first time) and mounts each volume here, and
+// returns what the engine puts behind the slots: volume i in slot i.
+func (n *Node) PrepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error) {
+	v := n.vols
+	p, err := v.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(mounts) > nodeapi.MaxVolumeMounts {
+		return nil, errdefs.Invalidf("%d volume mounts: at most %d", len(mounts), nodeapi.MaxVolumeMounts)
+	}
+	out := make([]engine.Volume, 0, len(mounts))
+	for i, m := range mounts {
+		if !p.Exists(m.VolumeID) {
+			if err := makeImage(ctx, p, m.VolumeID, m.SizeBytes); err != nil {
+				return nil, err
+			}
+		}
+		var src string
+		if m.ReadOnly {
+			src, err = p.View(ctx, m.VolumeID)
+		} else {
+			src, err = p.Mount(ctx, m.VolumeID, false)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, engine.Volume{Source: src, VolumeMount: snapshot.VolumeMount{
+			Volume: m.VolumeID, Slot: SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly}})
+	}
+	return out, nil
+}
+
+// makeImage makes a volume's image: its root open to every user of the
+// sandbox (the sandbox decides who writes where inside).
+func makeImage(ctx context.Context, p *pool.Pool, id string, size int64) error {
+	if err := p.Create(ctx, id, size, 0, 0); err != nil && !errdefs.IsAlreadyExists(err) {
+		return err
+	}
+	mp, err := p.Mount(ctx, id, false)
+	if err != nil {
+		return err
+	}
+	return os.Chmod(mp, 0o1777)
+}
+
+// DeleteVolume removes a volume's image (and its mounts) from the node.
+// A volume a sandbox here shows (running, paused or hibernated) is
+// ErrConflict; an unknown one is not an error.
+func (n *Node) DeleteVolume(ctx context.Context, volumeID string) error {
+	for _, sb := range n.Engine.List(ctx) {
+		for _, m := range sb.Run.Volumes {
+			if m.Volume == volumeID {
+				return errdefs.Conflictf("volume %s is shown by sandbox %s on this node", volumeID, sb.ID)
+			}
+		}
+	}
+	v := n.vols
+	if v.err != nil {
+		return nil // no pool: nothing stored
+	}
+	if _, err := os.Stat(filepath.Join(v.dir, "pool.img")); err != nil {
+		return nil // no pool made yet
+	}
+	p, err := v.open(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Remove(ctx, volumeID)
+}

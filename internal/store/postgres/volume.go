@@ -1,0 +1,85 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// CreateVolume implements store.Store.
+func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
+	store.StampVolume(&v, time.Now().UTC())
+	data, _ := json.Marshal(v)
+	_, err := s.pool.Exec(ctx, `INSERT INTO volumes(id, name, data) VALUES ($1, $2, $3)`, v.ID, v.Name, string(data))
+	if isUnique(err) {
+		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("create volume %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// GetVolume implements store.Store.
+func (s *DB) GetVolume(ctx context.Context, ref string) (store.Volume, error) {
+	var v store.Volume
+	return v, getJSON(ctx, s.pool, &v, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1`, ref)
+}
+
+// UpdateVolume implements store.Store (the row locked from read to write).
+func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume) error) (store.Volume, error) {
+	var v store.Volume
+	err := updateJSON(ctx, s, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1 FOR UPDATE`, &v,
+		func(v *store.Volume) (string, []any, error) {
+			id, name, created := v.ID, v.Name, v.CreatedAt
+			if err := fn(v); err != nil {
+				return "", nil, err
+			}
+			v.ID, v.Name, v.CreatedAt = id, name, created
+			store.StampVolume(v, time.Now().UTC())
+			data, _ := json.Marshal(v)
+			return `UPDATE volumes SET data = $2 WHERE id = $1`, []any{id, string(data)}, nil
+		})
+	if err != nil {
+		return store.Volume{}, err
+	}
+	return v, nil
+}
+
+// ListVolumes implements store.Store.
+func (s *DB) ListVolumes(ctx context.Context, limit int, cursor string) ([]store.Volume, string, error) {
+	after, err := store.DecodeCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	return page[store.Volume](ctx, s.pool, where{q: `SELECT seq, data FROM volumes WHERE seq > $1`, args: []any{after}}, limit)
+}
+
+// DeleteVolume implements store.Store. The check runs on the row locked
+// (FOR UPDATE) until the delete commits, so an update that would make it
+// refuse (a mount recorded by another replica) waits or is waited for.
+// Without a check, the delete is one statement.
+func (s *DB) DeleteVolume(ctx context.Context, ref string, check func(store.Volume) error) error {
+	if check == nil {
+		return s.deleteRow(ctx, `DELETE FROM volumes WHERE id = $1 OR name = $1`, "volume", ref)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var v store.Volume
+		if err := getJSON(ctx, tx, &v, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1 FOR UPDATE`, ref); err != nil {
+			return err
+		}
+		if err := check(v); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM volumes WHERE id = $1`, v.ID); err != nil {
+			return fmt.Errorf("volume %s: %w", ref, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,111 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+)
+
+// CreateVolume implements store.Store.
+func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
+	store.StampVolume(&v, s.now().UTC())
+	data, _ := json.Marshal(v)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(id, name, data) VALUES (?, ?, ?)`, v.ID, v.Name, string(data))
+	if isUnique(err) {
+		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return fmt.Errorf("create volume %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+func getVolume(ctx context.Context, q querier, ref string) (store.Volume, error) {
+	var data string
+	var v store.Volume
+	err := q.QueryRowContext(ctx, `SELECT data FROM volumes WHERE id = ? OR name = ?`, ref, ref).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, fmt.Errorf("volume %s: %w", ref, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return v, fmt.Errorf("volume %s: %w", ref, err)
+	}
+	if err := json.Unmarshal([]byte(data), &v); err != nil {
+		return v, fmt.Errorf("volume %s: decode: %w", ref, err)
+	}
+	return v, nil
+}
+
+// GetVolume implements store.Store.
+func (s *DB) GetVolume(ctx context.Context, ref string) (store.Volume, error) {
+	return getVolume(ctx, s.db, ref)
+}
+
+// UpdateVolume implements store.Store (IMMEDIATE: the write lock is held
+// from the read to the write).
+func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume) error) (store.Volume, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return store.Volume{}, fmt.Errorf("volume %s: %w", ref, err)
+	}
+	defer tx.Rollback()
+	v, err := getVolume(ctx, tx, ref)
+	if err != nil {
+		return store.Volume{}, err
+	}
+	id, name, created := v.ID, v.Name, v.CreatedAt
+	if err := fn(&v); err != nil {
+		return store.Volume{}, err
+	}
+	v.ID, v.Name, v.CreatedAt = id, name, created
+	store.StampVolume(&v, s.now().UTC())
+	data, _ := json.Marshal(v)
+	if _, err := tx.ExecContext(ctx, `UPDATE volumes SET data = ? WHERE id = ?`, string(data), id); err != nil {
+		return store.Volume{}, fmt.Errorf("volume %s: %w", ref, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return store.Volume{}, fmt.Errorf("volume %s: %w", ref, err)
+	}
+	return v, nil
+}
+
+// ListVolumes implements store.Store.
+func (s *DB) ListVolumes(ctx context.Context, limit int, cursor string) ([]store.Volume, string, error) {
+	after, err := decodeCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	return page[store.Volume](ctx, s.db, `SELECT seq, data FROM volumes WHERE seq > ?`, []any{after}, limit)
+}
+
+// DeleteVolume implements store.Store. The check runs on the row read
+// under the write lock (IMMEDIATE), so no mount recorded after it can be
+// lost to the delete.
+func (s *DB) DeleteVolume(ctx context.Context, ref string, check func(store.Volume) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", ref, err)
+	}
+	defer tx.Rollback()
+	v, err := getVolume(ctx, tx, ref)
+	if err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(v); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, v.ID); err != nil {
+		return fmt.Errorf("volume %s: %w", ref, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("volume %s: %w", ref, err)
+	}
+	return nil
+}

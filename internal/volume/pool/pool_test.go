@@ -1,0 +1,277 @@
+package pool_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/testenv"
+	"github.com/spore-run/spore/internal/volume/pool"
+)
+
+// open makes a pool in a fresh directory; the test's cleanup closes it and
+// checks that no loop device is left on its images.
+func open(t testing.TB, size ...int64) (*pool.Pool, string) {
+	t.Helper()
+	testenv.RealTier(t)
+	dir := t.TempDir()
+	sz := int64(2 << 30)
+	if len(size) > 0 {
+		sz = size[0]
+	}
+	p, err := pool.Open(context.Background(), dir, sz, nil)
+	if err != nil {
+		t.Fatalf("open the pool (needs root, loop devices and xfsprogs): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		if out, _ := exec.Command("losetup", "-j", filepath.Join(dir, "pool.img")).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
+			t.Errorf("loop devices left: %s", out)
+		}
+	})
+	return p, dir
+}
+
+func write(t testing.TB, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func read(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// A capture of a mounted volume holds what was written before it, even
+// unsynced (the freeze writes it to the image), and nothing written
+// after; a copy of the capture is a volume of its own.
+func TestCaptureAndCopy(t *testing.T) {
+	p, _ := open(t)
+	ctx := context.Background()
+	if err := p.Create(ctx, "va", 64<<20, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := p.Mount(ctx, "va", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(mp, &st); err != nil || st.Uid != 1000 || st.Gid != 1000 {
+		t.Fatalf("the volume's root: uid %d gid %d (%v), want 1000", st.Uid, st.Gid, err)
+	}
+	write(t, filepath.Join(mp, "f"), "one")
+	if err := p.Capture(ctx, "va", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(mp, "f"), "two")
+	write(t, filepath.Join(mp, "g"), "after")
+	if err := p.Copy(ctx, "s1", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := p.Mount(ctx, "c1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(cp, "f")); got != "one" {
+		t.Fatalf("the copy of the capture holds %q, want one", got)
+	}
+	if _, err := os.Stat(filepath.Join(cp, "g")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a file written after the capture is in its copy: %v", err)
+	}
+	write(t, filepath.Join(cp, "f"), "child")
+	if got := read(t, filepath.Join(mp, "f")); got != "two" {
+		t.Fatalf("the original holds %q after the copy's write, want two", got)
+	}
+	// Refused, nothing changed.
+	for _, err := range []error{p.Capture(ctx, "va", "s1"), p.Copy(ctx, "va", "c1"), p.Create(ctx, "va", 64<<20, 0, 0)} {
+		if !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("onto an existing image: %v", err)
+		}
+	}
+	if err := p.Copy(ctx, "missing", "c2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("copy of a missing image: %v", err)
+	}
+	for _, bad := range []string{"../x", "a/b", "", "."} {
+		if err := p.Create(ctx, bad, 64<<20, 0, 0); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("Create(%q): %v", bad, err)
+		}
+		if _, err := p.Mount(ctx, bad, false); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("Mount(%q): %v", bad, err)
+		}
+	}
+	if err := p.Remove(ctx, "c1"); err != nil || p.Exists("c1") {
+		t.Fatalf("remove: %v", err)
+	}
+	if err := p.Remove(ctx, "c1"); err != nil {
+		t.Fatalf("remove again: %v", err)
+	}
+}
+
+// The image's size is the quota: a write past it is ENOSPC, what was
+// written stays readable, and room freed is usable again.
+func TestQuotaIsENOSPC(t *testing.T) {
+	p, _ := open(t)
+	ctx := context.Background()
+	if err := p.Create(ctx, "vq", 32<<20, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := p.Mount(ctx, "vq", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(mp, "keep"), "kept")
+	f, err := os.Create(filepath.Join(mp, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte{7}, 1<<20)
+	var werr error
+	for i := 0; i < 64 && werr == nil; i++ {
+		_, werr = f.Write(chunk)
+	}
+	if werr == nil {
+		werr = f.Sync()
+	}
+	f.Close()
+	if !errors.Is(werr, syscall.ENOSPC) {
+		t.Fatalf("64 MiB into a 32 MiB volume: %v, want ENOSPC", werr)
+	}
+	used, capacity, err := p.Usage("vq")
+	if err != nil || capacity > 32<<20 || used < capacity*9/10 {
+		t.Fatalf("usage of a full volume: %d of %d (%v)", used, capacity, err)
+	}
+	if got := read(t, filepath.Join(mp, "keep")); got != "kept" {
+		t.Fatalf("after ENOSPC: %q", got)
+	}
+	os.Remove(filepath.Join(mp, "big"))
+	write(t, filepath.Join(mp, "again"), "room")
+}
+
+// A read-only mount refuses writes with EROFS.
+func TestReadOnlyMount(t *testing.T) {
+	p, _ := open(t)
+	ctx := context.Background()
+	if err := p.Create(ctx, "vr", 32<<20, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := p.Mount(ctx, "vr", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mp, "x"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write on a read-only mount: %v, want EROFS", err)
+	}
+	// A read-only view of a read-write mount: the writer's files show,
+	// the view refuses writes.
+	if err := p.Create(ctx, "vw", 32<<20, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	rw, err := p.Mount(ctx, "vw", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vp, err := p.View(ctx, "vw")
+	if err != nil || vp == rw {
+		t.Fatalf("view %q (mount %q): %v", vp, rw, err)
+	}
+	write(t, filepath.Join(rw, "f"), "from the writer")
+	if got := read(t, filepath.Join(vp, "f")); got != "from the writer" {
+		t.Fatalf("through the view: %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(vp, "g"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write through the view: %v, want EROFS", err)
+	}
+	if again, err := p.View(ctx, "vw"); err != nil || again != vp {
+		t.Fatalf("view again: %q %v", again, err)
+	}
+}
+
+// The pool outlives the node process: reopened, its images are there.
+func TestReopen(t *testing.T) {
+	testenv.RealTier(t)
+	dir := t.TempDir()
+	ctx := context.Background()
+	p, err := pool.Open(ctx, dir, 2<<30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Create(ctx, "vk", 32<<20, 0, 0); err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	mp, err := p.Mount(ctx, "vk", false)
+	if err == nil {
+		write(t, filepath.Join(mp, "f"), "persisted")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q, err := pool.Open(ctx, dir, 2<<30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	mp, err = q.Mount(ctx, "vk", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(mp, "f")); got != "persisted" {
+		t.Fatalf("after reopen: %q", got)
+	}
+	if _, err := pool.Open(ctx, t.TempDir(), 1<<20, nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "at least") {
+		t.Fatalf("a pool too small: %v", err)
+	}
+}
+
+// BenchmarkCapture: a capture of a mounted 1 GiB volume with 512 MiB
+// rewritten since the last one (the rewrite is outside the timer):
+// dirty, the freeze writes those 512 MiB back first; written-back (a
+// sync outside the timer), the capture is the freeze and the reflink.
+func BenchmarkCapture(b *testing.B) {
+	for _, synced := range []bool{false, true} {
+		name := "dirty"
+		if synced {
+			name = "written-back"
+		}
+		b.Run(name, func(b *testing.B) {
+			p, _ := open(b, 64<<30)
+			ctx := context.Background()
+			if err := p.Create(ctx, "vb", 1<<30, 0, 0); err != nil {
+				b.Fatal(err)
+			}
+			mp, err := p.Mount(ctx, "vb", false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			half := bytes.Repeat([]byte{1}, 512<<20)
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				half[0] = byte(i)
+				write(b, filepath.Join(mp, "half"), string(half))
+				if synced {
+					syscall.Sync()
+				}
+				b.StartTimer()
+				if err := p.Capture(ctx, "vb", fmt.Sprintf("snap%d", i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,69 @@
+package sdk
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/spore-run/spore/internal/api"
+)
+
+// E2B's volume API through the stock SDK's Volume module (volumes.mjs)
+// and through `spore volume`: what exists of volumes today (records, modes,
+// sizes, tokens), and the clear refusals where they stop (content, mounts).
+func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
+	s := newServer(t)
+	out := s.node("volumes.mjs")
+	t.Log(out)
+	if !strings.Contains(out, "9 passed, 0 failed") {
+		t.Fatal("the SDK part did not pass")
+	}
+	got, errs, code := s.cli("", "volume", "create", "--exclusive", "--size", "2G", "cli-vol", "--json")
+	var v api.VolumeAndToken
+	if code != 0 || json.Unmarshal([]byte(got), &v) != nil || v.Name != "cli-vol" || v.Mode != "exclusive" || v.SizeMB != 2048 {
+		t.Fatalf("spore volume create: %d %s %s", code, got, errs)
+	}
+	if out := s.ok("volume", "ls"); !strings.Contains(out, v.VolumeID) || !strings.Contains(out, "2 GiB") || strings.Contains(out, v.Token) {
+		t.Fatalf("spore volume ls: %s", out)
+	}
+	for _, bad := range [][]string{
+		{"volume", "create", "cli-vol"}, {"volume", "create", "--size", "lots", "x"}, {"volume", "info", "missing"}, {"volume", "rm", "missing"},
+	} {
+		if _, errs, code := s.cli("", bad...); code == 0 || strings.TrimSpace(errs) == "" {
+			t.Errorf("spore %v: exit %d, stderr %q", bad, code, errs)
+		}
+	}
+	// spore start --volume: a shared volume, read-write and read-only.
+	if _, errs, code := s.cli("", "volume", "create", "cli-shared", "--size", "64M"); code != 0 {
+		t.Fatalf("spore volume create: %s", errs)
+	}
+	rw := s.ok("start", "base", "--volume", "cli-shared:/home/user/work")
+	ro := s.ok("start", "base", "--volume", "cli-shared:/mnt/work:ro")
+	s.ok("exec", rw, "--", "echo from-the-cli > /home/user/work/f")
+	if got := s.ok("exec", ro, "--", "cat /mnt/work/f"); got != "from-the-cli" {
+		t.Fatalf("the read-only mount shows %q", got)
+	}
+	if _, _, code := s.cli("", "exec", ro, "--", "touch /mnt/work/g"); code == 0 {
+		t.Fatal("a write on a read-only mount passed")
+	}
+	if out := s.ok("info", ro); !strings.Contains(out, "cli-shared:/mnt/work:ro") {
+		t.Fatalf("spore info of a sandbox with a volume: %s", out)
+	}
+	for _, bad := range [][]string{{"start", "base", "--volume", "cli-shared"}, {"start", "base", "--volume", "cli-shared:rel"}, {"start", "base", "--volume", "missing:/data"}} {
+		if _, errs, code := s.cli("", bad...); code == 0 || strings.TrimSpace(errs) == "" {
+			t.Errorf("spore %v: exit %d, stderr %q", bad, code, errs)
+		}
+	}
+	if _, errs, code := s.cli("", "volume", "rm", "cli-shared"); code == 0 || !strings.Contains(errs, "mounted by sandbox") {
+		t.Fatalf("spore volume rm of a mounted volume: %d %s", code, errs)
+	}
+	s.ok("kill", rw)
+	s.ok("kill", ro)
+	s.ok("volume", "rm", "cli-shared")
+	if out := s.ok("volume", "rm", "cli-vol"); !strings.Contains(out, "deleted") {
+		t.Fatalf("spore volume rm: %s", out)
+	}
+	if out := s.ok("volume", "ls"); strings.Contains(out, "cli-vol") {
+		t.Fatalf("after rm: %s", out)
+	}
+}
