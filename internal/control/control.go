@@ -432,6 +432,9 @@ func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.S
 		s.dropRow(ctx, rec)
 		return Sandbox{}, err
 	}
+	if src != nil && len(src.volumes) > 0 {
+		vols = nil // they come with the snapshot (its image has them behind its slots)
+	}
 	req := nodeapi.CreateRequest{SandboxID: rec.ID, AccessToken: rec.EnvdAccessToken, Template: source,
 		Env: env, VCPUs: float64(r.CPUCount), MemoryMB: int64(r.MemoryMB), Policy: &policy, Peers: peers, Volumes: vols}
 	ns, err := retryNodeCall(ctx, s, "create", rec.ID, func(ctx context.Context) (nodeapi.Sandbox, error) { return n.Create(ctx, req) })

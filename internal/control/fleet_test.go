@@ -29,7 +29,7 @@ func newFleetOver(t *testing.T, wrap func(store.Store) store.Store) *fleet {
 	c := controltest.ConfigOf(t)
 	st := wrap(c.Store(t))
 	a, b := controltest.New(t), controltest.New(t)
-	la, lb := local.New(a.Engine, local.Config{ID: "na"}), local.New(b.Engine, local.Config{ID: "nb"})
+	la, lb := local.New(a.Engine, local.Config{ID: "na", Images: a.Volumes}), local.New(b.Engine, local.Config{ID: "nb", Images: b.Volumes})
 	h := &harness{t: t, n: a, st: st, clk: &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}}
 	h.nodes = control.Nodes{"na": c.Node(t, la), "nb": c.Node(t, lb)}
 	h.ctl = control.New(control.Config{Store: st, Nodes: h.nodes, Now: h.clk.Now})

@@ -123,7 +123,10 @@ func (v *volumes) close() error {
 	}
 	v.mu.Unlock()
 	if v.empty != "" && isMount(v.empty) {
-		if err := unix.Unmount(v.empty, 0); err != nil {
+		// Detached even if an instance still holds it (a restore target
+		// the runtime has yet to purge): it is empty and read-only, and
+		// goes with the last holder.
+		if err := unix.Unmount(v.empty, unix.MNT_DETACH); err != nil {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", v.empty, err))
 		}
 	}

@@ -42,6 +42,8 @@ type Node struct {
 	Engine  *engine.Engine
 	// Local is the node contract over Engine, as `spore up` has it.
 	Local *local.Node
+	// Volumes is its volume store (templates have volume slots).
+	Volumes *Volumes
 }
 
 // NodeID is the fake node's ID (the one `spore up` uses).
@@ -76,10 +78,15 @@ func New(t testing.TB) *Node {
 		t.Fatalf("open engine: %v", err)
 	}
 	t.Cleanup(func() { n.Engine.Close() })
-	n.Local = local.New(n.Engine, local.Config{ID: NodeID})
+	n.Volumes = newVolumes(filepath.Join(n.Dir, "volumes"))
+	n.Local = local.New(n.Engine, local.Config{ID: NodeID, Images: n.Volumes})
+	slots, err := n.Volumes.slots()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range Templates {
 		if _, err := n.Engine.BuildTemplate(ctx, engine.TemplateSpec{
-			Name: name, Run: snapshot.RunConfig{Args: []string{"init"}, Env: []string{"PATH=/usr/bin:/bin"}}, Ready: []string{"true"},
+			Name: name, Run: snapshot.RunConfig{Args: []string{"init"}, Env: []string{"PATH=/usr/bin:/bin"}, Mounts: slots}, Ready: []string{"true"},
 		}); err != nil {
 			t.Fatalf("build template %s: %v", name, err)
 		}

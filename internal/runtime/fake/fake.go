@@ -311,8 +311,12 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	if err := json.Unmarshal(b, &img); err != nil || img.Version != 1 {
 		return fmt.Errorf("restore instance %s: image %s is damaged: %w", spec.ID, imageDir, errdefs.ErrInternal)
 	}
-	// As runsc does, a restore must be given the checkpoint's mounts.
-	if !slices.Equal(img.Mounts, spec.Mounts) {
+	// As runsc does, a restore must be given the checkpoint's mounts:
+	// the same destinations and options; a source may differ (runsc
+	// restores a bind mount over another directory: docs/volumes.md).
+	if !slices.EqualFunc(img.Mounts, spec.Mounts, func(a, b runtime.Mount) bool {
+		return a.Destination == b.Destination && a.ReadOnly == b.ReadOnly
+	}) {
 		return fmt.Errorf("restore instance %s: mounts differ from the checkpoint's: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	if err := r.enter(OpRestore, spec.ID); err != nil {

@@ -1,0 +1,93 @@
+package controltest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/snapshot"
+)
+
+// Volumes is the fake node's volume store: a directory per volume, made
+// at its first mount, put behind the template's slots as the real node
+// does (internal/node/volumes.go). It records what it was asked.
+type Volumes struct {
+	dir string
+
+	mu      sync.Mutex
+	made    map[string]int64 // volume ID -> size
+	deleted []string
+}
+
+func newVolumes(dir string) *Volumes {
+	return &Volumes{dir: dir, made: map[string]int64{}}
+}
+
+// slots are the fake templates' volume slots, over an empty directory.
+func (v *Volumes) slots() ([]runtime.Mount, error) {
+	empty := filepath.Join(v.dir, "empty")
+	if err := os.MkdirAll(empty, 0o755); err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Mount, nodeapi.MaxVolumeMounts)
+	for i := range out {
+		out[i] = runtime.Mount{Source: empty, Destination: node.SlotPath(i)}
+	}
+	return out, nil
+}
+
+// BuildImage: the fake node builds no image templates.
+func (v *Volumes) BuildImage(context.Context, node.ImageTemplateSpec) (snapshot.Manifest, error) {
+	return snapshot.Manifest{}, errdefs.Conflictf("the fake node builds no image templates")
+}
+
+// PrepareVolumes makes each volume's directory (the first time) and puts
+// volume i behind slot i.
+func (v *Volumes) PrepareVolumes(_ context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error) {
+	if len(mounts) > nodeapi.MaxVolumeMounts {
+		return nil, errdefs.Invalidf("too many volume mounts")
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []engine.Volume
+	for i, m := range mounts {
+		src := filepath.Join(v.dir, "mounts", m.VolumeID)
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return nil, err
+		}
+		v.made[m.VolumeID] = m.SizeBytes
+		out = append(out, engine.Volume{Source: src, VolumeMount: snapshot.VolumeMount{
+			Volume: m.VolumeID, Slot: node.SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly}})
+	}
+	return out, nil
+}
+
+// DeleteVolume removes a volume's directory.
+func (v *Volumes) DeleteVolume(_ context.Context, id string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.made, id)
+	v.deleted = append(v.deleted, id)
+	return os.RemoveAll(filepath.Join(v.dir, "mounts", id))
+}
+
+// Made reports whether the node made the volume, and its size.
+func (v *Volumes) Made(id string) (int64, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	size, ok := v.made[id]
+	return size, ok
+}
+
+// Deleted lists the volumes whose content the node was told to delete.
+func (v *Volumes) Deleted() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.deleted...)
+}

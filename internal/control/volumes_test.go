@@ -1,0 +1,135 @@
+package control_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/control"
+	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/volume"
+)
+
+// Volumes on a two-node fleet: a volume's content lives on the first node
+// that mounts it, and everything that shows it goes there (creates, fork
+// children, creates from a snapshot of a sandbox with it); the rows record
+// the mounts and the users; a volume a live sandbox was given is not
+// deleted, and once they are gone the delete tells its node to drop the
+// content. In process and over the node protocol (controltest.Each).
+func TestVolumesPlacedWhereTheirContentIs(t *testing.T) { controltest.Each(t, testVolumesPlaced) }
+
+func testVolumesPlaced(t *testing.T, _ controltest.Config) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	cat := volume.NewCatalog(f.st)
+	data, err := cat.Create(ctx, volume.CreateOptions{Name: "data", Size: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := cat.Create(ctx, volume.CreateOptions{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*controltest.Node{"na": f.a, "nb": f.b}
+
+	// On nb by the operator's hint: the volume's content is now there.
+	first, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, NodeID: "nb", Volumes: []control.VolumeRequest{{Name: "data", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size, ok := f.b.Volumes.Made(data.ID); !ok || size != 64<<20 {
+		t.Fatalf("nb made the volume: %v (size %d)", ok, size)
+	}
+	got, _ := f.st.GetVolume(ctx, "data")
+	if got.NodeID != "nb" || !slices.Contains(got.Users, first.ID) {
+		t.Fatalf("volume row %+v", got)
+	}
+	if len(first.VolumeMounts) != 1 || first.VolumeMounts[0] != (store.VolumeMount{VolumeID: data.ID, Name: "data", Path: "/data"}) {
+		t.Fatalf("sandbox row mounts %+v", first.VolumeMounts)
+	}
+	// Every later create with it goes to nb, whatever the spread says.
+	for range 3 {
+		sb, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: data.ID, Path: "/mnt/d", ReadOnly: true}}})
+		if err != nil || sb.NodeID != "nb" {
+			t.Fatalf("a create with the volume went to %q: %v", sb.NodeID, err)
+		}
+	}
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, NodeID: "na", Volumes: []control.VolumeRequest{{Name: "data", Path: "/data"}}}); !errdefs.IsConflict(err) {
+		t.Fatalf("a create with the volume on another node: %v", err)
+	}
+	// A volume on na and one on nb cannot be mounted together.
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, NodeID: "na", Volumes: []control.VolumeRequest{{Name: "other", Path: "/o"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: "data", Path: "/d"}, {Name: "other", Path: "/o"}}}); !errdefs.IsConflict(err) {
+		t.Fatalf("volumes on two nodes in one sandbox: %v", err)
+	}
+
+	// Fork children stay on nb and are users too.
+	kids, err := f.ctl.Fork(ctx, first.ID, 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if k.Err != nil || k.Sandbox.NodeID != "nb" || len(k.Sandbox.VolumeMounts) != 1 {
+			t.Fatalf("fork child %+v", k)
+		}
+	}
+	// A snapshot records the mount; a sandbox made from it mounts the
+	// same volume, on nb, and may not ask for others.
+	snap, err := f.ctl.Snapshot(ctx, first.ID, "with-data", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.VolumeMounts) != 1 {
+		t.Fatalf("snapshot row %+v", snap)
+	}
+	from, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour})
+	if err != nil || from.NodeID != "nb" || len(from.VolumeMounts) != 1 || from.VolumeMounts[0].VolumeID != data.ID {
+		t.Fatalf("a create from the snapshot: %+v %v", from, err)
+	}
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: "other", Path: "/o"}}}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("a create from the snapshot asking for another volume: %v", err)
+	}
+	if _, err := f.ctl.Snapshot(ctx, first.ID, "as-template", true); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("a template of a sandbox with volumes: %v", err)
+	}
+
+	// Not deleted while any of them lives; then deleted, and nb told.
+	got, _ = f.st.GetVolume(ctx, "data")
+	if len(got.Users) != 1+3+2+1 {
+		t.Fatalf("users %v", got.Users)
+	}
+	if _, err := cat.Delete(ctx, "data"); !errdefs.IsConflict(err) {
+		t.Fatalf("delete of a mounted volume: %v", err)
+	}
+	for _, id := range got.Users {
+		if err := f.ctl.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+	gone, err := cat.Delete(ctx, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot outlives the volume, but a sandbox made from it would
+	// have nothing behind its mount: refused, naming it.
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour}); !errdefs.IsNotFound(err) {
+		t.Fatalf("a create from a snapshot whose volume was deleted: %v", err)
+	}
+	f.ctl.DropVolumeContent(gone) // in the background, after the answer
+	for deadline := time.Now().Add(30 * time.Second); !slices.Contains(nodes["nb"].Volumes.Deleted(), data.ID) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !slices.Contains(nodes["nb"].Volumes.Deleted(), data.ID) || slices.Contains(nodes["na"].Volumes.Deleted(), data.ID) {
+		t.Fatalf("deleted on na %v, nb %v", f.a.Volumes.Deleted(), f.b.Volumes.Deleted())
+	}
+	if _, ok := f.b.Volumes.Made(data.ID); ok {
+		t.Fatal("nb still has the volume's content")
+	}
+	if _, ok := f.a.Volumes.Made(other.ID); !ok {
+		t.Fatal("na lost the other volume")
+	}
+}
