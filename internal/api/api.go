@@ -30,6 +30,7 @@ import (
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/timing"
 	"github.com/spore-run/spore/internal/volume"
+	"github.com/spore-run/spore/internal/volume/content"
 )
 
 //go:embed openapi.yaml
@@ -65,6 +66,10 @@ type Config struct {
 	// read from it (nil: POST .../export with format oci-layout answers
 	// 409).
 	Blobs blob.Store
+	// VolumeContent opens a volume's directory for E2B's volume content
+	// API (the all-in-one server's node holds every volume); nil: the
+	// content routes answer 501.
+	VolumeContent func(ctx context.Context, v store.Volume) (*os.Root, error)
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -90,6 +95,7 @@ type Server struct {
 	builds *build.Service
 	blobs  blob.Store
 	vols   *volume.Catalog
+	volFS  func(ctx context.Context, v store.Volume) (*os.Root, error)
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -101,7 +107,7 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
-		vols: volume.NewCatalog(cfg.Store)}
+		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
@@ -244,10 +250,14 @@ func (s *Server) routes() {
 	for _, p := range e2bUnimplemented {
 		s.mux.HandleFunc(p, s.auth(notImplemented(p), false))
 	}
-	for _, p := range volumeContentRoutes {
-		// The SDK sends the volume's token, not an API key: nothing to
-		// check before saying the route is not served.
-		s.mux.HandleFunc(p, notImplemented(p))
+	for _, p := range content.Routes {
+		if s.volFS == nil {
+			// The SDK sends the volume's token, not an API key: nothing
+			// to check before saying the route is not served here.
+			s.mux.HandleFunc(p, notImplemented(p))
+			continue
+		}
+		s.mux.HandleFunc(p, withTiming(content.Handler(s.openVolume)))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

@@ -28,20 +28,6 @@ var e2bUnimplemented = []string{
 	"GET /v2/templates",
 }
 
-// volumeContentRoutes are E2B's volume content API (the stock SDK's
-// Volume.list, readFile, writeFile...: its own base URL,
-// E2B_VOLUME_API_URL, which may be the API's). Not served yet: they answer
-// 501, never the 404 the SDK would read as "no such path".
-var volumeContentRoutes = []string{
-	"GET /volumecontent/{volumeID}/dir",
-	"POST /volumecontent/{volumeID}/dir",
-	"GET /volumecontent/{volumeID}/path",
-	"PATCH /volumecontent/{volumeID}/path",
-	"DELETE /volumecontent/{volumeID}/path",
-	"GET /volumecontent/{volumeID}/file",
-	"PUT /volumecontent/{volumeID}/file",
-}
-
 // E2BUnimplemented lists the E2B routes that answer 501 (for tests).
 func E2BUnimplemented() []string { return append([]string(nil), e2bUnimplemented...) }
 

@@ -1,11 +1,15 @@
 package api
 
 import (
+	"errors"
 	"net/http"
+	"os"
+	"strings"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/volume"
+	"github.com/spore-run/spore/internal/volume/content"
 )
 
 // Volume is E2B's Volume (GET /volumes), with Spore's settings beside
@@ -106,4 +110,26 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 		s.c.DropVolumeContent(v)
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// openVolume is the content API's way in: the volume's own token
+// (Authorization: Bearer spv_..., as the stock SDK sends it), then its
+// directory. A wrong token and an unknown volume are the same 401.
+func (s *Server) openVolume(r *http.Request, ref string) (*os.Root, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		token = ""
+	}
+	v, err := s.vols.Authorize(r.Context(), ref, token)
+	if errors.Is(err, volume.ErrBadToken) {
+		return nil, content.StatusError(http.StatusUnauthorized, err.Error())
+	}
+	if err != nil {
+		return nil, content.StatusError(StatusOf(err), s.publicMessage(r, StatusOf(err), err))
+	}
+	root, err := s.volFS(r.Context(), v)
+	if err != nil {
+		return nil, content.StatusError(StatusOf(err), s.publicMessage(r, StatusOf(err), err))
+	}
+	return root, nil
 }

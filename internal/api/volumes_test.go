@@ -4,6 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -195,4 +200,54 @@ func TestVolumeMountsRefused(t *testing.T) {
 	f.want(409, "DELETE", "/volumes/data", "")
 	f.want(204, "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	f.want(204, "DELETE", "/volumes/data", "")
+}
+
+// The content API with a volume's token (Authorization: Bearer, as the
+// stock SDK sends it): its own volume only; no token, a wrong one, an API
+// key and another volume's token are the same 401, and reach no file.
+func TestVolumeContentNeedsTheVolumesToken(t *testing.T) {
+	f := newFnode(t)
+	dir := t.TempDir()
+	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: f.st, VolumeContent: func(_ context.Context, v store.Volume) (*os.Root, error) {
+		os.MkdirAll(filepath.Join(dir, v.ID), 0o755)
+		return os.OpenRoot(filepath.Join(dir, v.ID))
+	}}))
+	t.Cleanup(srv.Close)
+	var a, b api.VolumeAndToken
+	json.Unmarshal(f.want(201, "POST", "/volumes", `{"name":"a"}`), &a)
+	json.Unmarshal(f.want(201, "POST", "/volumes", `{"name":"b"}`), &b)
+	call := func(method, path, auth, body string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	put := "/volumecontent/" + a.VolumeID + "/file?path=/notes.txt"
+	for _, auth := range []string{"", "Bearer ", "Bearer " + b.Token, "Bearer " + a.Token + "x", "Bearer " + key, a.Token} {
+		if code, out := call("PUT", put, auth, "x"); code != 401 {
+			t.Fatalf("PUT with %q: %d %s", auth, code, out)
+		}
+	}
+	if code, out := call("PUT", "/volumecontent/"+volume.NewID()+"/file?path=/x", "Bearer "+a.Token, "x"); code != 401 {
+		t.Fatalf("an unknown volume: %d %s", code, out)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("refused requests reached a volume: %v", ents)
+	}
+	if code, out := call("PUT", put, "Bearer "+a.Token, "mine"); code != 200 || !strings.Contains(out, `"name":"notes.txt"`) {
+		t.Fatalf("PUT with the token: %d %s", code, out)
+	}
+	if code, out := call("GET", "/volumecontent/a/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 200 || out != "mine" {
+		t.Fatalf("GET by name with the token: %d %s", code, out)
+	}
+	if code, out := call("GET", "/volumecontent/"+b.VolumeID+"/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 401 {
+		t.Fatalf("a's token on b: %d %s", code, out)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
@@ -205,6 +206,11 @@ func makeImage(ctx context.Context, p *pool.Pool, id string, size int64) error {
 	if err != nil {
 		return err
 	}
+	// mkfs's lost+found is no file of the user's (fsck makes it again
+	// when it needs it).
+	if err := os.Remove(filepath.Join(mp, "lost+found")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
 	return os.Chmod(mp, 0o1777)
 }
 
@@ -231,4 +237,26 @@ func (n *Node) DeleteVolume(ctx context.Context, volumeID string) error {
 		return err
 	}
 	return p.Remove(ctx, volumeID)
+}
+
+// VolumeRoot opens a volume's directory on this node (its image made and
+// mounted the first time), for the volume content API.
+func (n *Node) VolumeRoot(ctx context.Context, volumeID string, size int64) (*os.Root, error) {
+	if err := ids.Validate("volume ID", volumeID); err != nil {
+		return nil, err
+	}
+	p, err := n.vols.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !p.Exists(volumeID) {
+		if err := makeImage(ctx, p, volumeID, size); err != nil {
+			return nil, err
+		}
+	}
+	mp, err := p.Mount(ctx, volumeID, false)
+	if err != nil {
+		return nil, err
+	}
+	return os.OpenRoot(mp)
 }

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -132,5 +135,46 @@ func TestSharedVolumeInSandboxes(t *testing.T) {
 	}
 	if err := e.n.DeleteVolume(ctx, "vunknownvolume00000"); err != nil {
 		t.Fatalf("delete of an unknown volume: %v", err)
+	}
+}
+
+// After a restart of the host (the node process gone and every mount with
+// it), the node mounts its volumes again at its start, so a hibernated
+// sandbox that shows one resumes with its content.
+func TestVolumesAfterAHostRestart(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxFor(t)
+	const vol = "vtestvolumerestart1"
+	vols, err := e.n.PrepareVolumes(ctx, []nodeapi.VolumeMount{{VolumeID: vol, SizeBytes: 32 << 20, Path: "/data"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := e.create(ctx, engine.CreateOptions{Template: node.TemplateBase, Volumes: vols})
+	e.sh(ctx, sb.ID, "echo kept > /data/f")
+	if err := e.n.Engine.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.n.Close() // a sandbox is left (hibernated): the volumes stay mounted
+	// What a host restart does to them: every mount of the data directory
+	// gone, the loop devices detached.
+	mounts := filepath.Join(e.dir, "volumes")
+	for _, m := range []string{"mounts/" + vol, "pool", "empty"} {
+		// The pool's file system is busy until the kernel has detached
+		// the volume's loop device, a moment after its unmount.
+		err := unix.Unmount(filepath.Join(mounts, m), 0)
+		for deadline := time.Now().Add(time.Minute); err == unix.EBUSY && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+			err = unix.Unmount(filepath.Join(mounts, m), 0)
+		}
+		if err != nil {
+			t.Fatalf("unmount %s: %v", m, err)
+		}
+	}
+	e.open()
+	if err := e.n.Engine.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.sh(ctx, sb.ID, "cat /data/f"); got != "kept" {
+		t.Fatalf("after the restart the volume holds %q", got)
 	}
 }

@@ -158,7 +158,22 @@ func Run(ctx context.Context, cfg Config) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs,
+		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {
+			// The one node holds every volume: one whose content is
+			// written before any sandbox mounts it is made here.
+			if v.NodeID == "" {
+				if _, err := st.UpdateVolume(ctx, v.ID, func(x *store.Volume) error {
+					if x.NodeID == "" {
+						x.NodeID = LocalNodeID
+					}
+					return nil
+				}); err != nil {
+					return nil, err
+				}
+			}
+			return n.VolumeRoot(ctx, v.ID, v.SizeBytes)
+		}})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

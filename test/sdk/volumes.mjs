@@ -1,8 +1,8 @@
 // The stock SDK's Volume module against Spore, unchanged: create, getInfo
 // by ID, connect, list, destroy (true, then false), the not-found errors;
 // the content API (its own base URL, E2B_VOLUME_API_URL, here the API's)
-// answers a clear "not implemented" error rather than "path not found";
-// a volume mounted in two sandboxes shares its files.
+// with the volume's token; a volume mounted in two sandboxes shares its
+// files with them and with the content API.
 // Prints "N passed, 0 failed".
 import assert from 'node:assert/strict'
 import { Sandbox, Volume, VolumeError, VolumeNotFoundError, VolumePathNotFoundError } from 'e2b'
@@ -37,9 +37,24 @@ await assert.rejects(Volume.create('../etc'), (e) => e instanceof VolumeError &&
 await assert.rejects(Volume.getInfo('vnonexistent000000000'), VolumeNotFoundError)
 ok('refusals: a name in use, a bad name, an unknown volume')
 
-await assert.rejects(vol.list('/'), (e) => e instanceof VolumeError && !(e instanceof VolumePathNotFoundError) && /volumecontent/.test(e.message))
-await assert.rejects(vol.writeFile('/a.txt', 'x'), (e) => e instanceof VolumeError && !(e instanceof VolumePathNotFoundError))
-ok('the content API says it is not served')
+// The content API, with the volume's token: files without a sandbox.
+const made = await vol.makeDir('/docs')
+assert.equal(made.type, 'directory')
+const written = await vol.writeFile('/docs/readme.md', 'hello from the SDK')
+assert.deepEqual([written.type, written.size, written.path], ['file', 18, '/docs/readme.md'])
+assert.equal(await vol.readFile('/docs/readme.md'), 'hello from the SDK')
+assert.deepEqual(Buffer.from(await vol.readFile('/docs/readme.md', { format: 'bytes' })).toString(), 'hello from the SDK')
+assert.deepEqual((await vol.list('/')).map((e) => e.name), ['docs'])
+assert.deepEqual((await vol.list('/', { depth: 2 })).map((e) => e.path).sort(), ['/docs', '/docs/readme.md'])
+assert.equal(await vol.exists('/docs/readme.md'), true)
+assert.equal(await vol.exists('/docs/nope.md'), false)
+assert.equal((await vol.getInfo('/docs')).type, 'directory')
+assert.ok((await vol.getInfo('/docs/readme.md')).mtime instanceof Date)
+assert.equal((await vol.updateMetadata('/docs/readme.md', { mode: 0o600 })).mode, 0o600)
+await assert.rejects(vol.readFile('/docs/nope.md'), VolumePathNotFoundError)
+await assert.rejects(vol.readFile('/../../etc/passwd'), (e) => e instanceof VolumeError && !/root:/.test(e.message))
+await assert.rejects(new Volume(vol.volumeId, name, other.token).readFile('/docs/readme.md'), (e) => !(e instanceof VolumePathNotFoundError) && /token/.test(e.message))
+ok('the content API: makeDir, writeFile, readFile, list, exists, getInfo, updateMetadata; refusals')
 
 // Mounted in two sandboxes (by Volume and by name): each sees the
 // other's writes; getInfo reports the mounts; a mounted volume is not
@@ -51,6 +66,9 @@ try {
   assert.equal((await b.commands.run('cat /mnt/shared/note.txt')).stdout, 'written-in-a\n')
   await b.files.write('/mnt/shared/from-b.txt', 'hello from b')
   assert.equal(await a.files.read('/home/user/data/from-b.txt'), 'hello from b')
+  // The content API and the sandboxes see the same files.
+  assert.equal((await a.commands.run('cat /home/user/data/docs/readme.md')).stdout, 'hello from the SDK')
+  assert.equal(await vol.readFile('/from-b.txt'), 'hello from b')
   const ai = await Sandbox.getInfo(a.sandboxId)
   assert.deepEqual(ai.volumeMounts, [{ name, path: '/home/user/data' }])
   ok('a volume mounted in two sandboxes')
@@ -70,6 +88,10 @@ try {
     await ro.kill()
   }
   ok('a read-only mount')
+  await vol.remove('/docs')
+  assert.equal(await vol.exists('/docs'), false)
+  assert.equal((await a.commands.run('test -e /home/user/data/docs || echo gone')).stdout, 'gone\n')
+  ok('vol.remove, seen in a sandbox')
 
   await assert.rejects(Volume.destroy(vol.volumeId), (e) => e instanceof VolumeError && /mounted by sandbox/.test(e.message))
   await assert.rejects(Sandbox.create({ volumeMounts: { '/etc': vol } }), (e) => /system directory/.test(e.message))

@@ -15,7 +15,7 @@ func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
 	s := newServer(t)
 	out := s.node("volumes.mjs")
 	t.Log(out)
-	if !strings.Contains(out, "9 passed, 0 failed") {
+	if !strings.Contains(out, "10 passed, 0 failed") {
 		t.Fatal("the SDK part did not pass")
 	}
 	got, errs, code := s.cli("", "volume", "create", "--exclusive", "--size", "2G", "cli-vol", "--json")

@@ -1,0 +1,72 @@
+package fleet
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVolumesOnAFleet: a shared volume on a two-node fleet (node agents
+// over mutual TLS, PostgreSQL). Its content lives on the first node that
+// mounts it (here the operator's choice): later sandboxes that mount it
+// go there whatever the spread says, read-write or read-only, and see
+// each other's files; a create that names the other node is a 409; a
+// mounted volume is not deleted; once its sandboxes are gone it is, and
+// its image leaves the node.
+func TestVolumesOnAFleet(t *testing.T) {
+	h := upFleet(t, 2, "vo")
+	api := h.st.APIURLs[0]
+	home, other := h.st.Nodes[1], h.st.Nodes[0]
+	code, b := h.rest(api, "POST", "/volumes", `{"name":"fleet-vol","sizeMB":64}`)
+	var vol struct {
+		VolumeID string `json:"volumeID"`
+	}
+	if json.Unmarshal(b, &vol); code != 201 || vol.VolumeID == "" {
+		t.Fatalf("create the volume: %d %s", code, b)
+	}
+	create := func(body string) sandbox {
+		t.Helper()
+		code, b := h.rest(api, "POST", "/v2/sandboxes", body)
+		var sb sandbox
+		if json.Unmarshal(b, &sb); code != 201 {
+			t.Fatalf("create %s: %d %s", body, code, b)
+		}
+		return sb
+	}
+	a := create(fmt.Sprintf(`{"templateID":"base","sporeNodeID":%q,"volumeMounts":[{"name":"fleet-vol","path":"/data"}]}`, home.ID))
+	h.run(api, a.SandboxID, "echo on-the-home-node > /data/f")
+	var more []sandbox
+	for i := range 3 {
+		sb := create(fmt.Sprintf(`{"templateID":"base","volumeMounts":[{"name":"fleet-vol","path":"/v%d","readOnly":%v}]}`, i, i%2 == 0))
+		if sb.ClientID != home.ID {
+			t.Fatalf("a sandbox with the volume went to %s, not %s", sb.ClientID, home.ID)
+		}
+		if got := h.run(api, sb.SandboxID, fmt.Sprintf("cat /v%d/f", i)); strings.TrimSpace(got) != "on-the-home-node" {
+			t.Fatalf("sandbox %d sees %q", i, got)
+		}
+		more = append(more, sb)
+	}
+	code, b = h.rest(api, "POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","sporeNodeID":%q,"volumeMounts":[{"name":"fleet-vol","path":"/data"}]}`, other.ID))
+	if code != 409 {
+		t.Fatalf("a create with the volume on the other node: %d %s", code, b)
+	}
+	if code, b := h.rest(api, "DELETE", "/volumes/fleet-vol", ""); code != 409 {
+		t.Fatalf("delete of a mounted volume: %d %s", code, b)
+	}
+	for _, sb := range append(more, a) {
+		if code, b := h.rest(api, "DELETE", "/sandboxes/"+sb.SandboxID, ""); code != 204 {
+			t.Fatalf("kill %s: %d %s", sb.SandboxID, code, b)
+		}
+	}
+	if code, b := h.rest(api, "DELETE", "/volumes/fleet-vol", ""); code != 204 {
+		t.Fatalf("delete: %d %s", code, b)
+	}
+	img := filepath.Join(home.DataDir, "volumes", "pool", vol.VolumeID+".img")
+	if !waitFor(2*time.Minute, func() bool { _, err := os.Stat(img); return os.IsNotExist(err) }) {
+		t.Fatalf("the volume's image is still on its node: %s", img)
+	}
+}
