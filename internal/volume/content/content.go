@@ -101,8 +101,10 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.msg }
 
-func badRequest(f string, a ...any) error { return &httpError{http.StatusBadRequest, fmt.Sprintf(f, a...)} }
-func notFound(f string, a ...any) error   { return &httpError{http.StatusNotFound, fmt.Sprintf(f, a...)} }
+func badRequest(f string, a ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(f, a...)}
+}
+func notFound(f string, a ...any) error { return &httpError{http.StatusNotFound, fmt.Sprintf(f, a...)} }
 
 // StatusError lets an Opener's error choose its status.
 func StatusError(status int, msg string) error { return &httpError{status, msg} }

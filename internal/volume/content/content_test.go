@@ -77,7 +77,7 @@ func TestContentAPI(t *testing.T) {
 		t.Fatalf("read after overwrite = %q", b)
 	}
 	c.want(404, "PUT", "/file?path=/no/parent.txt", "x") // no force: the parent must exist
-	c.want(400, "PUT", "/file?path=/a", "x")            // a directory
+	c.want(400, "PUT", "/file?path=/a", "x")             // a directory
 	c.want(400, "PUT", "/file?path=/", "x")
 	if ents, _ := os.ReadDir(filepath.Join(dir, "a/b")); len(ents) != 1 {
 		t.Fatalf("an upload left files: %v", ents)
