@@ -70,6 +70,10 @@ type Config struct {
 	// API (the all-in-one server's node holds every volume); nil: the
 	// content routes answer 501.
 	VolumeContent func(ctx context.Context, v store.Volume) (*os.Root, error)
+	// VolumeForward, on a fleet's replicas, serves a content request for
+	// a volume (its token already checked) from the node that holds it;
+	// nil (and VolumeContent nil): the content routes answer 501.
+	VolumeForward func(w http.ResponseWriter, r *http.Request, v store.Volume)
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -96,6 +100,7 @@ type Server struct {
 	blobs  blob.Store
 	vols   *volume.Catalog
 	volFS  func(ctx context.Context, v store.Volume) (*os.Root, error)
+	volFwd func(w http.ResponseWriter, r *http.Request, v store.Volume)
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -107,7 +112,7 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
-		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent}
+		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
@@ -251,13 +256,16 @@ func (s *Server) routes() {
 		s.mux.HandleFunc(p, s.auth(notImplemented(p), false))
 	}
 	for _, p := range content.Routes {
-		if s.volFS == nil {
+		switch {
+		case s.volFS != nil:
+			s.mux.HandleFunc(p, withTiming(content.Handler(s.openVolume)))
+		case s.volFwd != nil:
+			s.mux.HandleFunc(p, withTiming(s.forwardVolume))
+		default:
 			// The SDK sends the volume's token, not an API key: nothing
 			// to check before saying the route is not served here.
 			s.mux.HandleFunc(p, notImplemented(p))
-			continue
 		}
-		s.mux.HandleFunc(p, withTiming(content.Handler(s.openVolume)))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

@@ -112,20 +112,41 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// openVolume is the content API's way in: the volume's own token
-// (Authorization: Bearer spv_..., as the stock SDK sends it), then its
-// directory. A wrong token and an unknown volume are the same 401.
-func (s *Server) openVolume(r *http.Request, ref string) (*os.Root, error) {
+// volumeToken checks a content request's token (Authorization: Bearer
+// spv_..., as the stock SDK sends it) and returns its volume.
+func (s *Server) volumeToken(r *http.Request, ref string) (store.Volume, error) {
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok {
 		token = ""
 	}
 	v, err := s.vols.Authorize(r.Context(), ref, token)
 	if errors.Is(err, volume.ErrBadToken) {
-		return nil, content.StatusError(http.StatusUnauthorized, err.Error())
+		return v, content.StatusError(http.StatusUnauthorized, err.Error())
 	}
 	if err != nil {
-		return nil, content.StatusError(StatusOf(err), s.publicMessage(r, StatusOf(err), err))
+		return v, content.StatusError(StatusOf(err), s.publicMessage(r, StatusOf(err), err))
+	}
+	return v, nil
+}
+
+// forwardVolume serves a content request on a fleet's replica: its token
+// checked here, the files served by the node that holds the volume.
+func (s *Server) forwardVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.volumeToken(r, r.PathValue("volumeID"))
+	if err != nil {
+		content.Fail(w, err)
+		return
+	}
+	s.volFwd(w, r, v)
+}
+
+// openVolume is the content API's way in: the volume's own token
+// (Authorization: Bearer spv_..., as the stock SDK sends it), then its
+// directory. A wrong token and an unknown volume are the same 401.
+func (s *Server) openVolume(r *http.Request, ref string) (*os.Root, error) {
+	v, err := s.volumeToken(r, ref)
+	if err != nil {
+		return nil, err
 	}
 	root, err := s.volFS(r.Context(), v)
 	if err != nil {

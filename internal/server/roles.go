@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/postgres"
 	"github.com/spore-run/spore/internal/store/sqlite"
+	"github.com/spore-run/spore/internal/volume/content"
 )
 
 // APIConfig configures `spore api`: a stateless API replica (REST API,
@@ -209,7 +211,8 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs})
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs,
+		VolumeForward: volumeForwarder(st, reg, fleet, log)})
 	mux := http.NewServeMux()
 	register := registerHandler(ctl, st, reg, fleet, log)
 	if fleet.IsSecure() {
@@ -399,7 +402,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	defer n.Close()
 	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit,
 		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n, PeerScheme: fleet.Scheme()})
-	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, log)
+	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, n, log)
 	if err != nil {
 		return err
 	}
@@ -423,7 +426,12 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 // belongs to the sandbox). Anything else is 401. The proxy ends its
 // streams to an instance when it goes, until ctx ends (see nodeResolver);
 // the node's Quiesce waits for what it forwards (gatedNode).
-func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, log *slog.Logger) (http.Handler, error) {
+// VolumeRooter opens a volume's directory on a node (node.Node.VolumeRoot).
+type VolumeRooter interface {
+	VolumeRoot(ctx context.Context, volumeID string, size int64) (*os.Root, error)
+}
+
+func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, vols VolumeRooter, log *slog.Logger) (http.Handler, error) {
 	nodePx := proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log).AsNodeSide()
 	rpcPath, rpcH, err := rpc.NewFleetHandler(gatedNode{n, nodePx}, fleet)
 	if err != nil {
@@ -441,10 +449,23 @@ func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sy
 		chunks, manifests = fleet.Guard(ch, false, members), fleet.Guard(sync.ManifestHandler(), false, members)
 	}
 	refuse := fleet.Guard(http.NotFoundHandler(), false, members)
+	var volumes http.Handler = refuse
+	if vols != nil {
+		// A volume's files, for a replica that checked the volume's token.
+		volumes = fleet.Guard(content.Handler(func(r *http.Request, id string) (*os.Root, error) {
+			size, err := strconv.ParseInt(r.Header.Get(content.SizeHeader), 10, 64)
+			if err != nil {
+				return nil, content.StatusError(http.StatusBadRequest, "no volume size")
+			}
+			return vols.VolumeRoot(r.Context(), id, size)
+		}), true, replicas)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Header.Get("E2b-Sandbox-Id") != "":
 			px.ServeHTTP(w, r) // a request naming a sandbox goes to it, whatever its path
+		case strings.HasPrefix(r.URL.Path, "/volumecontent/"):
+			volumes.ServeHTTP(w, r)
 		case strings.HasPrefix(r.URL.Path, rpcPath):
 			rpcH.ServeHTTP(w, r) // checks the caller itself (Connect's Unauthenticated)
 		case chunks != nil && strings.HasPrefix(r.URL.Path, chunk.PeerPath):

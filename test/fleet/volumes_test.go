@@ -1,8 +1,11 @@
 package fleet
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,6 +53,30 @@ func TestVolumesOnAFleet(t *testing.T) {
 		}
 		more = append(more, sb)
 	}
+	// The content API through the replica, served by the home node: the
+	// volume's token only; the node's content route answers only a
+	// replica of the fleet.
+	var full struct {
+		Token string `json:"token"`
+	}
+	_, b = h.rest(api, "GET", "/volumes/fleet-vol", "")
+	json.Unmarshal(b, &full)
+	files := api + "/volumecontent/" + vol.VolumeID + "/file?path=/from-the-api.txt"
+	if code, out := h.raw("PUT", files, "Bearer "+full.Token, "written through the replica"); code != 200 {
+		t.Fatalf("PUT through the replica: %d %s", code, out)
+	}
+	if got := h.run(api, a.SandboxID, "cat /data/from-the-api.txt"); strings.TrimSpace(got) != "written through the replica" {
+		t.Fatalf("the sandbox sees %q", got)
+	}
+	if code, out := h.raw("GET", api+"/volumecontent/"+vol.VolumeID+"/file?path=/f", "Bearer "+full.Token, ""); code != 200 || out != "on-the-home-node\n" {
+		t.Fatalf("GET through the replica: %d %q", code, out)
+	}
+	if code, out := h.raw("GET", files, "Bearer spv_wrong", ""); code != 401 {
+		t.Fatalf("a wrong token: %d %s", code, out)
+	}
+	if code, out := h.raw("GET", "https://"+home.Listen+"/volumecontent/"+vol.VolumeID+"/file?path=/f", "Bearer "+full.Token, ""); code == 200 || strings.Contains(out, "on-the-home-node") {
+		t.Fatalf("the node's content route answered a stranger: %d %s", code, out)
+	}
 	code, b = h.rest(api, "POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","sporeNodeID":%q,"volumeMounts":[{"name":"fleet-vol","path":"/data"}]}`, other.ID))
 	if code != 409 {
 		t.Fatalf("a create with the volume on the other node: %d %s", code, b)
@@ -69,4 +96,23 @@ func TestVolumesOnAFleet(t *testing.T) {
 	if !waitFor(2*time.Minute, func() bool { _, err := os.Stat(img); return os.IsNotExist(err) }) {
 		t.Fatalf("the volume's image is still on its node: %s", img)
 	}
+}
+
+// raw sends a request with only an Authorization header (no API key): a
+// status and the body; a connection refused or a TLS handshake a
+// stranger cannot complete is status 0.
+func (h *harness) raw(method, url, auth, body string) (int, string) {
+	h.t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	c := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
 }

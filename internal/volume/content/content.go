@@ -40,6 +40,12 @@ type EntryStat struct {
 	Target string `json:"target,omitempty"` // a symbolic link's
 }
 
+// SizeHeader carries, from a fleet's replica to the node that holds a
+// volume, the volume's size: the node makes its image with it the first
+// time (the replica checked the request's token; only replicas reach
+// the node's content routes).
+const SizeHeader = "Spore-Volume-Size"
+
 // MaxDepth bounds a listing's depth.
 const MaxDepth = 32
 
@@ -108,6 +114,9 @@ func notFound(f string, a ...any) error { return &httpError{http.StatusNotFound,
 
 // StatusError lets an Opener's error choose its status.
 func StatusError(status int, msg string) error { return &httpError{status, msg} }
+
+// Fail answers err as the content API does (a JSON {code, message}).
+func Fail(w http.ResponseWriter, err error) { fail(w, err) }
 
 func fail(w http.ResponseWriter, err error) {
 	status, msg := http.StatusInternalServerError, "internal error"
