@@ -96,10 +96,14 @@ func get(ns, addr string) (string, error) {
 	return string(out), nil
 }
 
+// eventually waits for f to hold: a hang guard, not a time limit (the
+// batched conntrack flush runs 2 s after a teardown, then dumps the
+// host's whole table, which the fleet tests beside this package fill: it
+// took over 5 s on two busy cores).
 func eventually(t *testing.T, f func() error) {
 	t.Helper()
 	var err error
-	for range 50 {
+	for range 300 {
 		if err = f(); err == nil {
 			return
 		}

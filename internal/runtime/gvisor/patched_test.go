@@ -215,7 +215,9 @@ func logMatches(t *testing.T, dir string, re *regexp.Regexp) [][][]byte {
 // await waits for the guest's answer in /tmp/answer.
 func await(t *testing.T, out func(string, ...string) (string, int), id string) string {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	// A hang guard: the guest hashes its sparse memory, which took over a
+	// minute on two cores busy with the rest of the suite.
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if s, code := out(id, "cat", "/tmp/answer"); code == 0 && s != "" {
 			return s
 		}
