@@ -317,6 +317,9 @@ func Validate(r CreateRequest) error {
 	if _, err := ParsePolicy(r.AllowInternet, r.AllowOut, r.DenyOut); err != nil {
 		return err
 	}
+	if err := validateVolumeRequests(r.Volumes); err != nil {
+		return err
+	}
 	_, err := ParseRules(r.Rules)
 	return err
 }

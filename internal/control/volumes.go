@@ -19,6 +19,19 @@ type VolumeRequest struct {
 	ReadOnly bool
 }
 
+// validateVolumeRequests checks a create's mounts without the store:
+// names or IDs well formed, paths valid and apart, at most MaxMounts.
+func validateVolumeRequests(reqs []VolumeRequest) error {
+	paths := make([]string, len(reqs))
+	for i, r := range reqs {
+		if err := volume.ValidateRef(r.Name); err != nil {
+			return err
+		}
+		paths[i] = r.Path
+	}
+	return volume.ValidateMounts(paths)
+}
+
 // resolveVolumes checks a create's volume mounts and reads their
 // volumes: the mounts to record, and the node that holds their content
 // ("" when none has yet). Volumes on two nodes cannot be mounted
