@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
 )
 
 // Opener opens a volume's directory (ErrNotFound-kinded errors answer
@@ -68,13 +70,20 @@ func Handler(open Opener) http.HandlerFunc {
 			fail(w, err)
 			return
 		}
-		root, err := open(r, r.PathValue("volumeID"))
+		// The volume and the kind from the path itself: the handler is
+		// also served behind a prefix, not a ServeMux pattern (a node's).
+		parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/volumecontent/"), "/")
+		if len(parts) != 2 || parts[0] == "" {
+			fail(w, notFound("no route %s %s", r.Method, r.URL.Path))
+			return
+		}
+		root, err := open(r, parts[0])
 		if err != nil {
 			fail(w, err)
 			return
 		}
 		defer root.Close()
-		kind := path.Base(r.URL.Path)
+		kind := parts[1]
 		switch r.Method + " " + kind {
 		case "GET dir":
 			err = list(w, r, root, name)
@@ -124,6 +133,14 @@ func fail(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status, msg = he.status, he.msg
+	case errdefs.IsInvalidArgument(err):
+		status, msg = http.StatusBadRequest, err.Error()
+	case errdefs.IsNotFound(err):
+		status, msg = http.StatusNotFound, err.Error()
+	case errdefs.IsConflict(err) || errdefs.IsAlreadyExists(err):
+		status, msg = http.StatusConflict, err.Error()
+	case errdefs.IsUnavailable(err):
+		status, msg = http.StatusServiceUnavailable, "the volume is not available now; retry later"
 	case errors.Is(err, fs.ErrNotExist):
 		status, msg = http.StatusNotFound, "path not found"
 	case errors.Is(err, fs.ErrExist):

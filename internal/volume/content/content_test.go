@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/volume/content"
 )
 
@@ -143,4 +144,32 @@ func TestContentAPI(t *testing.T) {
 	if code, b := (client{t, strings.TrimSuffix(c.url, "/vol") + "/other"}).do("GET", "/dir?path=/", ""); code != 404 || !strings.Contains(string(b), "no volume") {
 		t.Fatalf("unknown volume: %d %s", code, b)
 	}
+}
+
+// Behind a prefix (a node serves it so, not with ServeMux patterns): the
+// volume and the route come from the path; a bad path is a 404, an
+// opener's kinded error its status.
+func TestHandlerBehindAPrefix(t *testing.T) {
+	dir := t.TempDir()
+	h := content.Handler(func(r *http.Request, id string) (*os.Root, error) {
+		if id != "vol" {
+			return nil, errdefs.NotFoundf("volume %s", id)
+		}
+		return os.OpenRoot(dir)
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
+			h(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := client{t, srv.URL}
+	c.want(200, "PUT", "/volumecontent/vol/file?path=/x", "behind a prefix")
+	if b := c.want(200, "GET", "/volumecontent/vol/file?path=/x", ""); string(b) != "behind a prefix" {
+		t.Fatalf("read = %q", b)
+	}
+	c.want(404, "GET", "/volumecontent/other/file?path=/x", "")
+	c.want(404, "GET", "/volumecontent/vol/file/extra?path=/x", "")
+	c.want(404, "GET", "/volumecontent//file?path=/x", "")
+	c.want(404, "GET", "/volumecontent/vol/nothing?path=/x", "")
 }
