@@ -67,7 +67,9 @@ try {
   await b.files.write('/mnt/shared/from-b.txt', 'hello from b')
   assert.equal(await a.files.read('/home/user/data/from-b.txt'), 'hello from b')
   // The content API and the sandboxes see the same files.
-  assert.equal((await a.commands.run('cat /home/user/data/docs/readme.md')).stdout, 'hello from the SDK')
+  // (readme.md is 0600 and root's since updateMetadata: user cannot read it.)
+  await assert.rejects(a.commands.run('cat /home/user/data/docs/readme.md'), (e) => /Permission denied/.test(e.stderr))
+  assert.equal((await a.commands.run('cat /home/user/data/docs/readme.md', { user: 'root' })).stdout, 'hello from the SDK')
   assert.equal(await vol.readFile('/from-b.txt'), 'hello from b')
   const ai = await Sandbox.getInfo(a.sandboxId)
   assert.deepEqual(ai.volumeMounts, [{ name, path: '/home/user/data' }])
