@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/client"
 )
 
 func newSecretCmd(f *cliFlags) *cobra.Command {
@@ -153,9 +155,14 @@ func newSecretGetCmd(f *cliFlags) *cobra.Command {
 }
 
 func newSecretRmCmd(f *cliFlags) *cobra.Command {
+	return newRmCmd(f, "rm NAME|ID...", "Delete secrets", (*client.Client).DeleteSecret)
+}
+
+// newRmCmd is a verb that deletes each ref given with del, saying so.
+func newRmCmd(f *cliFlags, use, short string, del func(*client.Client, context.Context, string) error) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm NAME|ID...",
-		Short: "Delete secrets",
+		Use:   use,
+		Short: short,
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
@@ -163,7 +170,7 @@ func newSecretRmCmd(f *cliFlags) *cobra.Command {
 				return err
 			}
 			for _, ref := range args {
-				if err := c.DeleteSecret(cmd.Context(), ref); err != nil {
+				if err := del(c, cmd.Context(), ref); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s deleted\n", ref)

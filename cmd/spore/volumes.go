@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/client"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/volume"
 )
@@ -122,22 +123,5 @@ func newVolumeInfoCmd(f *cliFlags) *cobra.Command {
 }
 
 func newVolumeRmCmd(f *cliFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:   "rm NAME|ID...",
-		Short: "Delete volumes and their content (a volume a sandbox holds is refused)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.client()
-			if err != nil {
-				return err
-			}
-			for _, ref := range args {
-				if err := c.DeleteVolume(cmd.Context(), ref); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s deleted\n", ref)
-			}
-			return nil
-		},
-	}
+	return newRmCmd(f, "rm NAME|ID...", "Delete volumes and their content (a volume a sandbox holds is refused)", (*client.Client).DeleteVolume)
 }
