@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,13 @@ import (
 )
 
 const prefix = "e" // namespaces ef1..ef3, table spore-fleet-e
+
+// The fleet's own namespaces (ef1, ef1-sb-...) and host links (ef1h) as
+// `ip netns list` and `ip -o link` print them.
+var (
+	ownNetns = regexp.MustCompile(`(?m)^` + prefix + `f[0-9]+(\s|-|$)`)
+	ownLink  = regexp.MustCompile(`(?m)^[0-9]+: ` + prefix + `f[0-9]+`)
+)
 
 type harness struct {
 	t    testing.TB
@@ -685,10 +693,13 @@ func TestFleet(t *testing.T) {
 		t.Errorf("left after down: %v", left)
 	}
 	// Independent checks, with the system's own tools.
-	if out, _ := exec.Command("ip", "netns", "list").CombinedOutput(); strings.Contains(string(out), prefix+"f") {
+	// By exact name: the fleet group runs beside the node tests, whose
+	// live namespaces have random IDs that may contain "ef" (one did, and
+	// a substring check failed this test on another test's namespace).
+	if out, _ := exec.Command("ip", "netns", "list").CombinedOutput(); ownNetns.Match(out) {
 		t.Errorf("namespaces left: %s", out)
 	}
-	if out, _ := exec.Command("ip", "-o", "link").CombinedOutput(); strings.Contains(string(out), ": "+prefix+"f") {
+	if out, _ := exec.Command("ip", "-o", "link").CombinedOutput(); ownLink.Match(out) {
 		t.Errorf("links left: %s", out)
 	}
 	if out, err := exec.Command("nft", "list", "tables").CombinedOutput(); err == nil && strings.Contains(string(out), "spore-fleet-"+prefix) {
