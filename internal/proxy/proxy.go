@@ -106,6 +106,9 @@ type Proxy struct {
 	// replayFor bounds how long a request is sent again to a sandbox in
 	// transition on its node (forwardReplaying).
 	replayFor time.Duration
+	// viaGoneGrace: how long an exchange through a node's proxy outlives
+	// its instance (forward).
+	viaGoneGrace time.Duration
 }
 
 type ctxKey struct{}
@@ -128,7 +131,7 @@ func New(res Resolver, isKey KeyCheck, log *slog.Logger) *Proxy {
 	if isKey == nil {
 		isKey = func(context.Context, string) bool { return true }
 	}
-	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}, replayFor: defaultReplayFor,
+	p := &Proxy{res: res, isKey: isKey, log: log, transports: map[netip.Addr]*http.Transport{}, replayFor: defaultReplayFor, viaGoneGrace: defaultViaGoneGrace,
 		q: quiesce{inflight: map[string]int{}, marked: map[string]time.Time{}, idle: map[string]chan struct{}{}}}
 	p.rp = &httputil.ReverseProxy{
 		Transport:     roundTripper{p},
@@ -497,6 +500,14 @@ func (p *Proxy) resolve(ctx context.Context, id string, port int) (target, *refu
 		}
 	}
 	switch {
+	case !found && p.nodeSide:
+		// The replica in front found the sandbox running on this node:
+		// it is no longer here (its hibernation or move ended before the
+		// replica's row caught up), and the request was not forwarded.
+		// Like a transition: the replica looks it up again and sends the
+		// request where the sandbox is now, or answers as its row says.
+		return t, &refusal{id: id, port: port, status: http.StatusServiceUnavailable, transition: true,
+			msg: "sandbox " + id + " is not on this node (hibernated, moved or gone): retry"}
 	case !found:
 		return t, &refusal{id: id, port: port, status: http.StatusBadGateway, msg: "sandbox " + id + " not found"}
 	case !running && p.nodeSide:
@@ -523,12 +534,35 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t target) {
 	go func() {
 		select {
 		case <-t.gone:
-			cancel(errInstanceGone)
 		case <-ctx.Done():
+			return
 		}
+		if t.via != "" {
+			// The node's proxy sees the instance go on its node and ends
+			// the exchange itself, with the answer that says whether the
+			// request entered the sandbox (502, went away) or never did
+			// (503 in transition, which forwardReplaying sends again).
+			// Ending it here at once lost that answer: a request that
+			// reached node 1 while a drain hibernated its sandbox got a
+			// 502 when the row changed (TestRollingUpgrade). The replica
+			// ends it itself only when the node does not answer within
+			// viaGoneGrace (a node lost with its sandboxes).
+			tm := time.NewTimer(p.viaGoneGrace)
+			defer tm.Stop()
+			select {
+			case <-tm.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+		cancel(errInstanceGone)
 	}()
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// defaultViaGoneGrace bounds how long a replica waits for a node's proxy
+// to end an exchange whose sandbox instance went away (forward).
+const defaultViaGoneGrace = 10 * time.Second
 
 // errInstanceGone ends an exchange whose sandbox instance went away.
 var errInstanceGone = errors.New("the sandbox's instance went away")

@@ -30,6 +30,9 @@ type moving struct {
 	hibernated, dead bool
 	autoResume       bool
 	wakes            int
+	// gone, when set, is the instance's gone channel (closed when the
+	// row says it went); otherwise each lookup gets one never closed.
+	gone chan struct{}
 }
 
 func (m *moving) LookupVia(string) (string, netip.Addr, bool, bool, <-chan struct{}) {
@@ -37,6 +40,9 @@ func (m *moving) LookupVia(string) (string, netip.Addr, bool, bool, <-chan struc
 	defer m.mu.Unlock()
 	if m.hibernated || m.dead {
 		return "", netip.Addr{}, false, false, nil
+	}
+	if m.gone != nil {
+		return m.via, netip.MustParseAddr("127.0.0.1"), true, true, m.gone
 	}
 	return m.via, netip.MustParseAddr("127.0.0.1"), true, true, make(chan struct{})
 }
@@ -75,13 +81,14 @@ type pausedHere struct {
 	loopback
 	n        atomic.Int32
 	onLookup func(n int)
+	notHere  bool // the node no longer holds the sandbox at all
 }
 
 func (p *pausedHere) Lookup(string) (netip.Addr, bool, bool, <-chan struct{}) {
 	if n := int(p.n.Add(1)); p.onLookup != nil {
 		p.onLookup(n)
 	}
-	return netip.MustParseAddr("127.0.0.1"), false, true, nil
+	return netip.MustParseAddr("127.0.0.1"), false, !p.notHere, nil
 }
 
 // replayRig is a replica's proxy in front of two nodes' proxies: on node
@@ -97,7 +104,13 @@ type replayRig struct {
 }
 
 func newReplayRig(t *testing.T, answer func(w http.ResponseWriter)) *replayRig {
-	rig := &replayRig{nodeA: &pausedHere{}, answer: answer}
+	return newReplayRigWith(t, answer, &pausedHere{}, nil)
+}
+
+// newReplayRigWith is newReplayRig with node A's resolver, and wrap (when
+// set) around node A's proxy.
+func newReplayRigWith(t *testing.T, answer func(w http.ResponseWriter), nodeA *pausedHere, wrap func(http.Handler) http.Handler) *replayRig {
+	rig := &replayRig{nodeA: nodeA, answer: answer}
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rig.requests.Add(1)
 		if rig.answer != nil {
@@ -109,7 +122,11 @@ func newReplayRig(t *testing.T, answer func(w http.ResponseWriter)) *replayRig {
 	}))
 	t.Cleanup(app.Close)
 	_, rig.port, _ = net.SplitHostPort(app.Listener.Addr().String())
-	a := httptest.NewServer(proxy.New(rig.nodeA, isKey, nil).AsNodeSide())
+	var nodeAProxy http.Handler = proxy.New(rig.nodeA, isKey, nil).AsNodeSide()
+	if wrap != nil {
+		nodeAProxy = wrap(nodeAProxy)
+	}
+	a := httptest.NewServer(nodeAProxy)
 	t.Cleanup(a.Close)
 	b := httptest.NewServer(proxy.New(loopback{}, isKey, nil).AsNodeSide())
 	t.Cleanup(b.Close)
@@ -157,6 +174,82 @@ func TestReplicaSendsAgainOnceTheSandboxMoved(t *testing.T) {
 	rig.sb.set(func(m *moving) { wakes = m.wakes })
 	if n, got := rig.nodeA.n.Load(), rig.requests.Load(); n != 2 || got != 1 || wakes != 1 {
 		t.Fatalf("node A looked up %d times (want 2), the sandbox got %d requests (want 1), %d wakes (want 1)", n, got, wakes)
+	}
+}
+
+// A request that reaches node A after its hibernation ended there but
+// before the replica's row says so: node A no longer holds the sandbox.
+// Its proxy answers as for a transition (the request was not forwarded),
+// and the replica sends it again where the sandbox woke. Before, node A
+// answered 502 "not found", which the client got (TestRollingUpgrade:
+// "Sandbox is probably not running anymore" during a drain).
+func TestReplicaSendsAgainWhenTheNodeNoLongerHoldsTheSandbox(t *testing.T) {
+	rig := newReplayRigWith(t, nil, &pausedHere{notHere: true}, nil)
+	rig.nodeA.onLookup = func(n int) {
+		if n == 2 {
+			rig.sb.set(func(m *moving) { m.hibernated = true })
+		}
+	}
+	code, _, body := rig.post(t, "echo op-4")
+	if code != http.StatusOK || body != "got echo op-4" || rig.requests.Load() != 1 {
+		t.Fatalf("%d %q, %d requests: want 200 and the sandbox's answer, once", code, body, rig.requests.Load())
+	}
+}
+
+// The replica's row says the sandbox's instance went (the drain recorded
+// its hibernation) while a request waits for node A's answer: the replica
+// lets node A answer (it is in transition there: the request never
+// entered the sandbox) and sends the request again where the sandbox
+// woke. Before, the replica ended the exchange when the row changed and
+// the client got a 502 "went away" for a request that never ran
+// (TestRollingUpgrade, op-4 during node-1's drain).
+func TestReplicaLetsTheNodeAnswerWhenTheInstanceGoes(t *testing.T) {
+	var once sync.Once
+	var rig *replayRig
+	wrap := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			once.Do(func() {
+				// The row changes while node A holds the first try; the
+				// old replica cut the exchange at once (its hop
+				// request's context ends here).
+				rig.sb.set(func(m *moving) { m.hibernated = true; close(m.gone) })
+				select {
+				case <-r.Context().Done():
+				case <-time.After(500 * time.Millisecond):
+				}
+			})
+			next.ServeHTTP(w, r)
+		})
+	}
+	rig = newReplayRigWith(t, nil, &pausedHere{}, wrap)
+	rig.sb.set(func(m *moving) { m.gone = make(chan struct{}) })
+	code, _, body := rig.post(t, "echo op-4")
+	if code != http.StatusOK || body != "got echo op-4" || rig.requests.Load() != 1 {
+		t.Fatalf("%d %q, %d requests: want 200 and the sandbox's answer, once", code, body, rig.requests.Load())
+	}
+}
+
+// A node that does not answer once the instance went (lost with its
+// sandboxes): the replica ends the exchange itself after the grace, with
+// the 502 that says the sandbox went away.
+func TestReplicaEndsAnExchangeTheNodeNeverAnswers(t *testing.T) {
+	var rig *replayRig
+	hold := make(chan struct{})
+	wrap := func(http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rig.sb.set(func(m *moving) { m.dead = true; close(m.gone) })
+			select {
+			case <-r.Context().Done():
+			case <-hold:
+			}
+		})
+	}
+	rig = newReplayRigWith(t, nil, &pausedHere{}, wrap)
+	t.Cleanup(func() { close(hold) }) // before the servers close: they wait for their handlers
+	rig.sb.set(func(m *moving) { m.gone = make(chan struct{}) })
+	proxy.SetViaGoneGrace(rig.replica.Config.Handler.(*proxy.Proxy), 100*time.Millisecond)
+	if code, _, body := rig.post(t, "x"); code != http.StatusBadGateway || !strings.Contains(body, "went away") {
+		t.Fatalf("%d %q: want 502 saying the sandbox went away", code, body)
 	}
 }
 
