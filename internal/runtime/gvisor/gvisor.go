@@ -564,6 +564,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Info, error) {
 
 // Recover implements runtime.Runtime.
 func (d *Driver) Recover(ctx context.Context, id string) (runtime.Info, error) {
+	d.awaitDetached(ctx, id)
 	info, err := d.State(ctx, id)
 	if err != nil {
 		if !errdefs.IsNotFound(err) && d.torn(id) {
@@ -705,6 +706,12 @@ func (d *Driver) runscCmd(ctx context.Context, bin, cgroupOf string, timeout tim
 	// If the engine dies, its in-flight runsc calls die with it, so a
 	// restarted engine never races a half-finished call it did not start.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	v := verbOf(args)
+	if outlivesCaller(v) {
+		// Except pause and resume, which finish on their own (in
+		// milliseconds) and which Recover waits for (see detached.go).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	cmd.WaitDelay = time.Second
 	cmd.Stdin = stdin
 	// Output goes to unlinked files, never to pipes: a process runsc
@@ -713,7 +720,6 @@ func (d *Driver) runscCmd(ctx context.Context, bin, cgroupOf string, timeout tim
 	// a call that succeeded then failed with "WaitDelay expired before
 	// I/O complete" (a checkpoint under load, once in CI). A file is
 	// complete when runsc exits, whoever else holds it.
-	v := verbOf(args)
 	outf, err := d.outputFile(v)
 	if err != nil {
 		return nil, err
