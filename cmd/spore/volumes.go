@@ -18,10 +18,11 @@ func newVolumeCmd(f *cliFlags) *cobra.Command {
 		Long: `Volumes are E2B's, with Spore's modes: a shared volume (the default, what the
 stock SDK creates) is read-write by many sandboxes and outside snapshots; an
 exclusive one (--exclusive) is held by one sandbox at a time and captured with
-its snapshots. Each has a size (its quota). See docs/volumes.md for what works
-today: sandboxes cannot mount volumes yet.`,
+its snapshots. Each has a size (its quota). Sandboxes mount them with
+spore start --volume NAME:/path[:ro]; spore volume cp and files reach their
+content from here. See docs/volumes.md for what works today.`,
 	}
-	cmd.AddCommand(newVolumeCreateCmd(f), newVolumeListCmd(f), newVolumeInfoCmd(f), newVolumeRmCmd(f))
+	cmd.AddCommand(newVolumeCreateCmd(f), newVolumeListCmd(f), newVolumeInfoCmd(f), newVolumeRmCmd(f), newVolumeCpCmd(f), newVolumeFilesCmd(f))
 	return cmd
 }
 
@@ -102,7 +103,7 @@ func newVolumeListCmd(f *cliFlags) *cobra.Command {
 func newVolumeInfoCmd(f *cliFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "info NAME|ID",
-		Short: "Show a volume (--json: with its content token)",
+		Short: "Show a volume and its usage (--json: with its content token)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
@@ -116,7 +117,11 @@ func newVolumeInfoCmd(f *cliFlags) *cobra.Command {
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
-			table(cmd.OutOrStdout(), "ID\tNAME\tMODE\tSIZE\tCREATED", [][]string{volumeRow(v.Volume)})
+			used := "-" // no node holds any content yet, or its node did not answer
+			if v.Usage != nil {
+				used = fmt.Sprintf("%s of %s", volume.FormatSize(v.Usage.UsedBytes), volume.FormatSize(v.Usage.CapacityBytes))
+			}
+			table(cmd.OutOrStdout(), "ID\tNAME\tMODE\tSIZE\tCREATED\tUSED", [][]string{append(volumeRow(v.Volume), used)})
 			return nil
 		},
 	}

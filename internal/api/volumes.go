@@ -27,6 +27,18 @@ type Volume struct {
 type VolumeAndToken struct {
 	Volume
 	Token string `json:"token"`
+	// Usage is Spore's, in GET /volumes/{volumeID} alone: the bytes in
+	// use and the capacity, from the node that holds the content; absent
+	// when no node holds any yet or its node did not answer.
+	Usage *VolumeUsage `json:"usage,omitempty"`
+}
+
+// VolumeUsage is a volume's bytes in use and its capacity, as the file
+// system of its image counts them (the capacity is the size less that
+// file system's own structures).
+type VolumeUsage struct {
+	UsedBytes     int64 `json:"usedBytes"`
+	CapacityBytes int64 `json:"capacityBytes"`
 }
 
 // NewVolume is E2B's NewVolume (POST /volumes): the stock SDK sends the
@@ -88,7 +100,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, VolumeAndToken{volumeOf(v), v.Token})
+	writeJSON(w, http.StatusCreated, VolumeAndToken{Volume: volumeOf(v), Token: v.Token})
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +109,15 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, VolumeAndToken{volumeOf(v), v.Token})
+	out := VolumeAndToken{Volume: volumeOf(v), Token: v.Token}
+	if s.c != nil && v.NodeID != "" {
+		if u, err := s.c.VolumeUsage(r.Context(), v); err == nil {
+			out.Usage = &VolumeUsage{UsedBytes: u.UsedBytes, CapacityBytes: u.CapacityBytes}
+		} else if !errdefs.IsNotFound(err) {
+			s.log.Warn("volume usage: its node did not answer", "volume_id", v.ID, "node_id", v.NodeID, "err", err)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {

@@ -197,6 +197,16 @@ func TestVolumeMountsRefused(t *testing.T) {
 	if len(d.VolumeMounts) != 2 || d.VolumeMounts[0] != (api.VolumeMount{Name: "data", Path: "/home/user/data"}) || !d.VolumeMounts[1].ReadOnly {
 		t.Fatalf("getInfo volumeMounts %+v", d.VolumeMounts)
 	}
+	// GET /volumes/{id} reports its usage from its node; one no node
+	// holds yet has none.
+	var info api.VolumeAndToken
+	json.Unmarshal(f.want(200, "GET", "/volumes/data", ""), &info)
+	if info.Usage == nil || info.Usage.CapacityBytes != 10<<30 || info.Usage.UsedBytes != 0 {
+		t.Fatalf("volume info's usage %+v", info.Usage)
+	}
+	if b := f.want(200, "GET", "/volumes/other", ""); strings.Contains(string(b), "usage") {
+		t.Fatalf("usage of a volume no node holds: %s", b)
+	}
 	f.want(409, "DELETE", "/volumes/data", "")
 	f.want(204, "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	f.want(204, "DELETE", "/volumes/data", "")

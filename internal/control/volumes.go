@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
@@ -132,6 +133,25 @@ func claimVolumes(ctx context.Context, st store.Volumes, id, nodeID string, moun
 	}
 	return out, nil
 }
+
+// VolumeUsage asks the node that holds a volume's content for its bytes
+// in use and its capacity. ErrNotFound when no node holds it yet (never
+// mounted, nothing written); ErrUnavailable when its node cannot answer.
+func (s *Service) VolumeUsage(ctx context.Context, v store.Volume) (nodeapi.VolumeUsage, error) {
+	if v.NodeID == "" {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s holds nothing yet", v.Name)
+	}
+	n, err := s.node(v.NodeID)
+	if err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, volumeUsageTimeout)
+	defer cancel()
+	return n.VolumeUsage(ctx, v.ID)
+}
+
+// volumeUsageTimeout bounds a volume info's wait for its node.
+const volumeUsageTimeout = 5 * time.Second
 
 // DropVolumeContent removes a deleted volume's content from the node that
 // holds it, after the answer (in the background, as a snapshot's drop): a

@@ -1,6 +1,8 @@
 package control_test
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -48,6 +50,17 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 	}
 	if len(first.VolumeMounts) != 1 || first.VolumeMounts[0] != (store.VolumeMount{VolumeID: data.ID, Name: "data", Path: "/data"}) {
 		t.Fatalf("sandbox row mounts %+v", first.VolumeMounts)
+	}
+	// Its usage comes from nb, which holds it; a volume no node holds
+	// yet has none.
+	if err := os.WriteFile(filepath.Join(f.b.Volumes.Dir(data.ID), "f"), make([]byte, 1000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := f.ctl.VolumeUsage(ctx, got); err != nil || u.UsedBytes != 1000 || u.CapacityBytes != 64<<20 {
+		t.Fatalf("usage of the volume on nb: %+v %v", u, err)
+	}
+	if u, err := f.ctl.VolumeUsage(ctx, other); !errdefs.IsNotFound(err) {
+		t.Fatalf("usage of a volume no node holds: %+v %v", u, err)
 	}
 	// Every later create with it goes to nb, whatever the spread says.
 	for range 3 {

@@ -239,6 +239,36 @@ func (n *Node) DeleteVolume(ctx context.Context, volumeID string) error {
 	return p.Remove(ctx, volumeID)
 }
 
+// VolumeUsage is a volume's bytes in use and its capacity, as the file
+// system of its image counts them (the image is mounted for it when it
+// is not). ErrNotFound when the node holds no image of the volume.
+func (n *Node) VolumeUsage(ctx context.Context, volumeID string) (nodeapi.VolumeUsage, error) {
+	if err := ids.Validate("volume ID", volumeID); err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	if n.vols.err != nil {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s: this node stores no volumes", volumeID)
+	}
+	if _, err := os.Stat(filepath.Join(n.vols.dir, "pool.img")); err != nil {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s is not on this node", volumeID)
+	}
+	p, err := n.vols.open(ctx)
+	if err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	if !p.Exists(volumeID) {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s is not on this node", volumeID)
+	}
+	if _, err := p.Mount(ctx, volumeID, false); err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	used, capacity, err := p.Usage(volumeID)
+	if err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	return nodeapi.VolumeUsage{UsedBytes: used, CapacityBytes: capacity}, nil
+}
+
 // VolumeRoot opens a volume's directory on this node (its image made and
 // mounted the first time), for the volume content API.
 func (n *Node) VolumeRoot(ctx context.Context, volumeID string, size int64) (*os.Root, error) {

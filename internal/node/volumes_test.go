@@ -105,6 +105,21 @@ func TestSharedVolumeInSandboxes(t *testing.T) {
 	}
 	e.sh(ctx, a.ID, "rm /data/big && echo still > /data/alive && cat /data/alive")
 
+	// Its usage, as the image's file system counts it: 8 MiB written
+	// count, and the capacity is the size less the file system's own.
+	base, err := e.n.VolumeUsage(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sh(ctx, a.ID, "dd if=/dev/urandom of=/data/eight bs=1M count=8 2>/dev/null && sync")
+	u, err := e.n.VolumeUsage(ctx, vol)
+	if err != nil || u.UsedBytes-base.UsedBytes < 8<<20 || u.CapacityBytes > 48<<20 || u.CapacityBytes < 40<<20 {
+		t.Fatalf("usage after 8 MiB: %+v (before %+v) %v", u, base, err)
+	}
+	if _, err := e.n.VolumeUsage(ctx, "vunknownvolume00000"); !errdefs.IsNotFound(err) {
+		t.Fatalf("usage of a volume the node does not hold: %v", err)
+	}
+
 	// Bad requests change nothing.
 	if _, err := e.n.PrepareVolumes(ctx, make([]nodeapi.VolumeMount, nodeapi.MaxVolumeMounts+1)); err == nil {
 		t.Fatal("more mounts than slots were prepared")
@@ -132,6 +147,9 @@ func TestSharedVolumeInSandboxes(t *testing.T) {
 	}
 	if _, err := os.Stat(img); !os.IsNotExist(err) {
 		t.Fatalf("the image after the delete: %v", err)
+	}
+	if _, err := e.n.VolumeUsage(ctx, vol); !errdefs.IsNotFound(err) {
+		t.Fatalf("usage of a deleted volume: %v", err)
 	}
 	if err := e.n.DeleteVolume(ctx, "vunknownvolume00000"); err != nil {
 		t.Fatalf("delete of an unknown volume: %v", err)

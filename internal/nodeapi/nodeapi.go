@@ -95,6 +95,10 @@ type Node interface {
 	// once the volume's record is gone. An unknown volume is not an
 	// error; one a sandbox on the node still shows is ErrConflict.
 	DeleteVolume(ctx context.Context, volumeID string) error
+	// VolumeUsage is a volume's bytes in use and its capacity, as the
+	// file system of its image on the node counts them. ErrNotFound when
+	// the node holds no image of it.
+	VolumeUsage(ctx context.Context, volumeID string) (VolumeUsage, error)
 	// Snapshot captures a running or paused sandbox live under
 	// req.SnapshotID. Idempotent by SnapshotID.
 	Snapshot(ctx context.Context, id string, req SnapshotRequest) (SnapshotInfo, error)
@@ -444,6 +448,12 @@ type VolumeMount struct {
 	SizeBytes int64
 	Path      string
 	ReadOnly  bool
+}
+
+// VolumeUsage is a volume's bytes in use and its capacity on its node.
+type VolumeUsage struct {
+	UsedBytes     int64 `json:"usedBytes"`
+	CapacityBytes int64 `json:"capacityBytes"`
 }
 
 // SnapshotRequest asks for a live snapshot.

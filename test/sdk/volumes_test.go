@@ -1,7 +1,11 @@
 package sdk
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -9,8 +13,9 @@ import (
 )
 
 // E2B's volume API through the stock SDK's Volume module (volumes.mjs)
-// and through `spore volume`: what exists of volumes today (records, modes,
-// sizes, tokens), and the clear refusals where they stop (content, mounts).
+// and through `spore volume`: records, modes, sizes, tokens, mounts in
+// sandboxes (read-write and read-only), copies in and out (cp, files),
+// usage, and the clear refusals where they stop.
 func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
 	s := newServer(t)
 	out := s.node("volumes.mjs")
@@ -45,6 +50,25 @@ func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
 	}
 	if _, _, code := s.cli("", "exec", ro, "--", "touch /mnt/work/g"); code == 0 {
 		t.Fatal("a write on a read-only mount passed")
+	}
+	// spore volume cp and files: a local tree into the volume, seen by
+	// the sandbox; the sandbox's file out of it; its usage in info.
+	up := t.TempDir()
+	os.MkdirAll(filepath.Join(up, "sub"), 0o755)
+	os.WriteFile(filepath.Join(up, "sub", "x.txt"), []byte("from-the-host"), 0o644)
+	os.WriteFile(filepath.Join(up, "big"), bytes.Repeat([]byte("0123456789abcdef"), 1<<16), 0o644) // 1 MiB
+	s.ok("volume", "cp", "-r", up, "cli-shared:/up")
+	if got := s.ok("exec", rw, "--", "cat /home/user/work/up/sub/x.txt; wc -c < /home/user/work/up/big"); got != "from-the-host\n1048576" {
+		t.Fatalf("the sandbox sees the uploaded tree as %q", got)
+	}
+	if got := s.ok("volume", "cp", "cli-shared:/f", "-"); got != "from-the-cli" {
+		t.Fatalf("spore volume cp of the sandbox's file: %q", got)
+	}
+	if out := s.ok("volume", "files", "-r", "cli-shared"); !strings.Contains(out, "/up/sub/x.txt") || !strings.Contains(out, "/f") {
+		t.Fatalf("spore volume files: %s", out)
+	}
+	if out := s.ok("volume", "info", "cli-shared"); !regexp.MustCompile(`USED[\s\S]*\d(\.\d)? MiB of \d+(\.\d)? MiB`).MatchString(out) {
+		t.Fatalf("spore volume info: no usage: %s", out)
 	}
 	if out := s.ok("info", ro); !strings.Contains(out, "cli-shared:/mnt/work:ro") {
 		t.Fatalf("spore info of a sandbox with a volume: %s", out)

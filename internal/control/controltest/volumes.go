@@ -91,3 +91,32 @@ func (v *Volumes) Deleted() []string {
 	defer v.mu.Unlock()
 	return append([]string(nil), v.deleted...)
 }
+
+// Dir is the directory behind a volume's mounts.
+func (v *Volumes) Dir(id string) string { return filepath.Join(v.dir, "mounts", id) }
+
+// VolumeUsage is the bytes of the files in a volume's directory, and the
+// size it was made with.
+func (v *Volumes) VolumeUsage(_ context.Context, id string) (nodeapi.VolumeUsage, error) {
+	v.mu.Lock()
+	size, ok := v.made[id]
+	v.mu.Unlock()
+	if !ok {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s is not on this node", id)
+	}
+	var used int64
+	err := filepath.WalkDir(filepath.Join(v.dir, "mounts", id), func(_ string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			used += fi.Size()
+		}
+		return nil
+	})
+	return nodeapi.VolumeUsage{UsedBytes: used, CapacityBytes: size}, err
+}

@@ -704,6 +704,25 @@ func (n *Node) DeleteVolume(ctx context.Context, volumeID string) error {
 	return vd.DeleteVolume(ctx, volumeID)
 }
 
+// VolumeUsager reports a volume's usage on the node
+// (node.Node.VolumeUsage); a node without it stores none.
+type VolumeUsager interface {
+	VolumeUsage(ctx context.Context, volumeID string) (nodeapi.VolumeUsage, error)
+}
+
+// VolumeUsage is a volume's bytes in use and its capacity on the node.
+func (n *Node) VolumeUsage(ctx context.Context, volumeID string) (nodeapi.VolumeUsage, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("volume ID", volumeID); err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	vu, ok := n.cfg.Images.(VolumeUsager)
+	if !ok {
+		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s: this node stores no volumes", volumeID)
+	}
+	return vu.VolumeUsage(ctx, volumeID)
+}
+
 // prepareVolumes has the node make and mount a create's volumes.
 func (n *Node) prepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error) {
 	if len(mounts) == 0 {

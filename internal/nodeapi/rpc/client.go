@@ -201,6 +201,15 @@ func (c *Client) DeleteVolume(ctx context.Context, volumeID string) error {
 	return err
 }
 
+// VolumeUsage is a volume's bytes in use and its capacity on the node.
+func (c *Client) VolumeUsage(ctx context.Context, volumeID string) (nodeapi.VolumeUsage, error) {
+	res, err := call(ctx, c.c.VolumeUsage, &nodev1.VolumeUsageRequest{VolumeId: volumeID})
+	if err != nil {
+		return nodeapi.VolumeUsage{}, err
+	}
+	return nodeapi.VolumeUsage{UsedBytes: res.GetUsedBytes(), CapacityBytes: res.GetCapacityBytes()}, nil
+}
+
 // Snapshot takes (or, replayed, returns) a snapshot.
 func (c *Client) Snapshot(ctx context.Context, id string, req nodeapi.SnapshotRequest) (nodeapi.SnapshotInfo, error) {
 	res, err := call(ctx, c.c.Snapshot, &nodev1.SnapshotRequest{Id: id, SnapshotId: req.SnapshotID, Names: req.Names, Template: req.Template})

@@ -319,6 +319,14 @@ func (s *server) DeleteVolume(ctx context.Context, req *connect.Request[nodev1.D
 	return ok(&nodev1.DeleteVolumeResponse{})
 }
 
+func (s *server) VolumeUsage(ctx context.Context, req *connect.Request[nodev1.VolumeUsageRequest]) (*connect.Response[nodev1.VolumeUsageResponse], error) {
+	u, err := s.node.VolumeUsage(ctx, req.Msg.GetVolumeId())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(&nodev1.VolumeUsageResponse{UsedBytes: u.UsedBytes, CapacityBytes: u.CapacityBytes})
+}
+
 func (s *server) Snapshot(ctx context.Context, req *connect.Request[nodev1.SnapshotRequest]) (*connect.Response[nodev1.SnapshotResponse], error) {
 	m := req.Msg
 	info, err := s.node.Snapshot(ctx, m.GetId(), nodeapi.SnapshotRequest{SnapshotID: m.GetSnapshotId(), Names: m.GetNames(), Template: m.GetTemplate()})

@@ -35,9 +35,12 @@ func (s *stubNode) Resume(context.Context, string) (nodeapi.Sandbox, error) {
 func (s *stubNode) Hibernate(context.Context, string) error                     { return s.hit() }
 func (s *stubNode) Quiesce(context.Context, string, time.Duration) (int, error) { return 0, s.hit() }
 func (s *stubNode) DeleteVolume(context.Context, string) error                  { return s.hit() }
-func (s *stubNode) DeleteSnapshot(context.Context, string) error                { return s.hit() }
-func (s *stubNode) Snapshots(context.Context) ([]nodeapi.SnapshotInfo, error)   { return nil, s.hit() }
-func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error     { return s.hit() }
+func (s *stubNode) VolumeUsage(context.Context, string) (nodeapi.VolumeUsage, error) {
+	return nodeapi.VolumeUsage{}, s.hit()
+}
+func (s *stubNode) DeleteSnapshot(context.Context, string) error              { return s.hit() }
+func (s *stubNode) Snapshots(context.Context) ([]nodeapi.SnapshotInfo, error) { return nil, s.hit() }
+func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error   { return s.hit() }
 func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 	return nodeapi.Stats{}, s.hit()
 }

@@ -1742,6 +1742,102 @@ func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
 	return file_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
+type VolumeUsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeUsageRequest) Reset() {
+	*x = VolumeUsageRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeUsageRequest) ProtoMessage() {}
+
+func (x *VolumeUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeUsageRequest.ProtoReflect.Descriptor instead.
+func (*VolumeUsageRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *VolumeUsageRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type VolumeUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UsedBytes     int64                  `protobuf:"varint,1,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	CapacityBytes int64                  `protobuf:"varint,2,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeUsageResponse) Reset() {
+	*x = VolumeUsageResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeUsageResponse) ProtoMessage() {}
+
+func (x *VolumeUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeUsageResponse.ProtoReflect.Descriptor instead.
+func (*VolumeUsageResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *VolumeUsageResponse) GetUsedBytes() int64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *VolumeUsageResponse) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
 type QuiesceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1752,7 +1848,7 @@ type QuiesceRequest struct {
 
 func (x *QuiesceRequest) Reset() {
 	*x = QuiesceRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1860,7 @@ func (x *QuiesceRequest) String() string {
 func (*QuiesceRequest) ProtoMessage() {}
 
 func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[29]
+	mi := &file_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1873,7 @@ func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
 func (*QuiesceRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *QuiesceRequest) GetId() string {
@@ -1803,7 +1899,7 @@ type QuiesceResponse struct {
 
 func (x *QuiesceResponse) Reset() {
 	*x = QuiesceResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1911,7 @@ func (x *QuiesceResponse) String() string {
 func (*QuiesceResponse) ProtoMessage() {}
 
 func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[30]
+	mi := &file_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1924,7 @@ func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
 func (*QuiesceResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *QuiesceResponse) GetInFlight() int32 {
@@ -1850,7 +1946,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1958,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[31]
+	mi := &file_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1971,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotRequest) GetId() string {
@@ -1915,7 +2011,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2023,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[32]
+	mi := &file_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2036,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -1960,7 +2056,7 @@ type ForkChildSpec struct {
 
 func (x *ForkChildSpec) Reset() {
 	*x = ForkChildSpec{}
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2068,7 @@ func (x *ForkChildSpec) String() string {
 func (*ForkChildSpec) ProtoMessage() {}
 
 func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[33]
+	mi := &file_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2081,7 @@ func (x *ForkChildSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChildSpec.ProtoReflect.Descriptor instead.
 func (*ForkChildSpec) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForkChildSpec) GetSandboxId() string {
@@ -2013,7 +2109,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2121,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[34]
+	mi := &file_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2134,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -2073,7 +2169,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2181,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[35]
+	mi := &file_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2194,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -2124,7 +2220,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2232,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[36]
+	mi := &file_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2245,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkResponse) GetChildren() []*ForkChild {
@@ -2169,7 +2265,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2277,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[37]
+	mi := &file_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2290,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RollbackRequest) GetId() string {
@@ -2220,7 +2316,7 @@ type RollbackResponse struct {
 
 func (x *RollbackResponse) Reset() {
 	*x = RollbackResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2328,7 @@ func (x *RollbackResponse) String() string {
 func (*RollbackResponse) ProtoMessage() {}
 
 func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[38]
+	mi := &file_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2341,7 @@ func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
 func (*RollbackResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RollbackResponse) GetSandbox() *Sandbox {
@@ -2264,7 +2360,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2372,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[39]
+	mi := &file_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2385,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetSnapshotRequest) GetRef() string {
@@ -2308,7 +2404,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2416,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[40]
+	mi := &file_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2429,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *SnapshotInfo {
@@ -2352,7 +2448,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2460,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[41]
+	mi := &file_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2473,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteSnapshotRequest) GetRef() string {
@@ -2395,7 +2491,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2503,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[42]
+	mi := &file_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2516,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 // BuildImageRequest: template name from image ref ("registry/repo:tag"
@@ -2439,7 +2535,7 @@ type BuildImageRequest struct {
 
 func (x *BuildImageRequest) Reset() {
 	*x = BuildImageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2547,7 @@ func (x *BuildImageRequest) String() string {
 func (*BuildImageRequest) ProtoMessage() {}
 
 func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[43]
+	mi := &file_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2560,7 @@ func (x *BuildImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageRequest.ProtoReflect.Descriptor instead.
 func (*BuildImageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BuildImageRequest) GetName() string {
@@ -2511,7 +2607,7 @@ type BuildImageResponse struct {
 
 func (x *BuildImageResponse) Reset() {
 	*x = BuildImageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2619,7 @@ func (x *BuildImageResponse) String() string {
 func (*BuildImageResponse) ProtoMessage() {}
 
 func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[44]
+	mi := &file_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2632,7 @@ func (x *BuildImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildImageResponse.ProtoReflect.Descriptor instead.
 func (*BuildImageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BuildImageResponse) GetSnapshot() *SnapshotInfo {
@@ -2564,7 +2660,7 @@ type ExportRequest struct {
 
 func (x *ExportRequest) Reset() {
 	*x = ExportRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2672,7 @@ func (x *ExportRequest) String() string {
 func (*ExportRequest) ProtoMessage() {}
 
 func (x *ExportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[45]
+	mi := &file_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2685,7 @@ func (x *ExportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRequest.ProtoReflect.Descriptor instead.
 func (*ExportRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExportRequest) GetSandboxId() string {
@@ -2650,7 +2746,7 @@ type ExportResponse struct {
 
 func (x *ExportResponse) Reset() {
 	*x = ExportResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2758,7 @@ func (x *ExportResponse) String() string {
 func (*ExportResponse) ProtoMessage() {}
 
 func (x *ExportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[46]
+	mi := &file_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2771,7 @@ func (x *ExportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportResponse.ProtoReflect.Descriptor instead.
 func (*ExportResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExportResponse) GetRef() string {
@@ -2749,7 +2845,7 @@ type AdoptRequest struct {
 
 func (x *AdoptRequest) Reset() {
 	*x = AdoptRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2857,7 @@ func (x *AdoptRequest) String() string {
 func (*AdoptRequest) ProtoMessage() {}
 
 func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[47]
+	mi := &file_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2870,7 @@ func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
 func (*AdoptRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AdoptRequest) GetSandboxId() string {
@@ -2814,7 +2910,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +2922,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[48]
+	mi := &file_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +2935,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AdoptResponse) GetSandbox() *Sandbox {
@@ -2858,7 +2954,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +2966,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[49]
+	mi := &file_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +2979,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UploadRequest) GetRef() string {
@@ -2903,7 +2999,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3011,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[50]
+	mi := &file_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3024,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UploadResponse) GetTotalBytes() int64 {
@@ -2957,7 +3053,7 @@ type CollectGarbageRequest struct {
 
 func (x *CollectGarbageRequest) Reset() {
 	*x = CollectGarbageRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3065,7 @@ func (x *CollectGarbageRequest) String() string {
 func (*CollectGarbageRequest) ProtoMessage() {}
 
 func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[51]
+	mi := &file_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2982,7 +3078,7 @@ func (x *CollectGarbageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageRequest.ProtoReflect.Descriptor instead.
 func (*CollectGarbageRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CollectGarbageRequest) GetGrace() *durationpb.Duration {
@@ -3012,7 +3108,7 @@ type CollectGarbageResponse struct {
 
 func (x *CollectGarbageResponse) Reset() {
 	*x = CollectGarbageResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3120,7 @@ func (x *CollectGarbageResponse) String() string {
 func (*CollectGarbageResponse) ProtoMessage() {}
 
 func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[52]
+	mi := &file_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3133,7 @@ func (x *CollectGarbageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGarbageResponse.ProtoReflect.Descriptor instead.
 func (*CollectGarbageResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CollectGarbageResponse) GetDeletedChunks() int64 {
@@ -3083,7 +3179,7 @@ type SnapshotsRequest struct {
 
 func (x *SnapshotsRequest) Reset() {
 	*x = SnapshotsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3191,7 @@ func (x *SnapshotsRequest) String() string {
 func (*SnapshotsRequest) ProtoMessage() {}
 
 func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[53]
+	mi := &file_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3204,7 @@ func (x *SnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 type SnapshotsResponse struct {
@@ -3120,7 +3216,7 @@ type SnapshotsResponse struct {
 
 func (x *SnapshotsResponse) Reset() {
 	*x = SnapshotsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3228,7 @@ func (x *SnapshotsResponse) String() string {
 func (*SnapshotsResponse) ProtoMessage() {}
 
 func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[54]
+	mi := &file_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3241,7 @@ func (x *SnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -3165,7 +3261,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3273,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[55]
+	mi := &file_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3286,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetPolicyRequest) GetId() string {
@@ -3215,7 +3311,7 @@ type SetPolicyResponse struct {
 
 func (x *SetPolicyResponse) Reset() {
 	*x = SetPolicyResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3227,7 +3323,7 @@ func (x *SetPolicyResponse) String() string {
 func (*SetPolicyResponse) ProtoMessage() {}
 
 func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[56]
+	mi := &file_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3240,7 +3336,7 @@ func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 type ReconfigureRequest struct {
@@ -3254,7 +3350,7 @@ type ReconfigureRequest struct {
 
 func (x *ReconfigureRequest) Reset() {
 	*x = ReconfigureRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3362,7 @@ func (x *ReconfigureRequest) String() string {
 func (*ReconfigureRequest) ProtoMessage() {}
 
 func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[57]
+	mi := &file_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3375,7 @@ func (x *ReconfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureRequest.ProtoReflect.Descriptor instead.
 func (*ReconfigureRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReconfigureRequest) GetId() string {
@@ -3312,7 +3408,7 @@ type ReconfigureResponse struct {
 
 func (x *ReconfigureResponse) Reset() {
 	*x = ReconfigureResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3324,7 +3420,7 @@ func (x *ReconfigureResponse) String() string {
 func (*ReconfigureResponse) ProtoMessage() {}
 
 func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[58]
+	mi := &file_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3337,7 +3433,7 @@ func (x *ReconfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigureResponse.ProtoReflect.Descriptor instead.
 func (*ReconfigureResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReconfigureResponse) GetSandbox() *Sandbox {
@@ -3356,7 +3452,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3464,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[59]
+	mi := &file_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3477,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StatsRequest) GetId() string {
@@ -3405,7 +3501,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3417,7 +3513,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[60]
+	mi := &file_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3430,7 +3526,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{60}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StatsResponse) GetAt() *timestamppb.Timestamp {
@@ -3483,7 +3579,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3495,7 +3591,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[61]
+	mi := &file_node_v1_node_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3508,7 +3604,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{61}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
 }
 
 type Event struct {
@@ -3526,7 +3622,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[62]
+	mi := &file_node_v1_node_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3538,7 +3634,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[62]
+	mi := &file_node_v1_node_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +3647,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{62}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Event) GetKind() string {
@@ -3613,7 +3709,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3721,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3734,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3659,7 +3755,7 @@ type EgressAuditRequest struct {
 
 func (x *EgressAuditRequest) Reset() {
 	*x = EgressAuditRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[64]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +3767,7 @@ func (x *EgressAuditRequest) String() string {
 func (*EgressAuditRequest) ProtoMessage() {}
 
 func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[64]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +3780,7 @@ func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
 func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{64}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EgressAuditRequest) GetSandboxId() string {
@@ -3727,7 +3823,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_node_v1_node_proto_msgTypes[65]
+	mi := &file_node_v1_node_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3739,7 +3835,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[65]
+	mi := &file_node_v1_node_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3752,7 +3848,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{65}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
@@ -3841,7 +3937,7 @@ type EgressAuditResponse struct {
 
 func (x *EgressAuditResponse) Reset() {
 	*x = EgressAuditResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[66]
+	mi := &file_node_v1_node_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +3949,7 @@ func (x *EgressAuditResponse) String() string {
 func (*EgressAuditResponse) ProtoMessage() {}
 
 func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[66]
+	mi := &file_node_v1_node_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +3962,7 @@ func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
 func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{66}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
@@ -4007,7 +4103,13 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x11HibernateResponse\"2\n" +
 	"\x13DeleteVolumeRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
-	"\x14DeleteVolumeResponse\";\n" +
+	"\x14DeleteVolumeResponse\"1\n" +
+	"\x12VolumeUsageRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"[\n" +
+	"\x13VolumeUsageResponse\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x01 \x01(\x03R\tusedBytes\x12%\n" +
+	"\x0ecapacity_bytes\x18\x02 \x01(\x03R\rcapacityBytes\";\n" +
 	"\x0eQuiesceRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bgrace_ms\x18\x02 \x01(\x03R\agraceMs\".\n" +
@@ -4153,7 +4255,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\abytesIn\x12\x12\n" +
 	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
 	"\x13EgressAuditResponse\x124\n" +
-	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xb9\x0f\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\x8f\x10\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -4164,7 +4266,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x06Resume\x12\x1c.spore.node.v1.ResumeRequest\x1a\x1d.spore.node.v1.ResumeResponse\x12N\n" +
 	"\tHibernate\x12\x1f.spore.node.v1.HibernateRequest\x1a .spore.node.v1.HibernateResponse\x12H\n" +
 	"\aQuiesce\x12\x1d.spore.node.v1.QuiesceRequest\x1a\x1e.spore.node.v1.QuiesceResponse\x12W\n" +
-	"\fDeleteVolume\x12\".spore.node.v1.DeleteVolumeRequest\x1a#.spore.node.v1.DeleteVolumeResponse\x12K\n" +
+	"\fDeleteVolume\x12\".spore.node.v1.DeleteVolumeRequest\x1a#.spore.node.v1.DeleteVolumeResponse\x12T\n" +
+	"\vVolumeUsage\x12!.spore.node.v1.VolumeUsageRequest\x1a\".spore.node.v1.VolumeUsageResponse\x12K\n" +
 	"\bSnapshot\x12\x1e.spore.node.v1.SnapshotRequest\x1a\x1f.spore.node.v1.SnapshotResponse\x12?\n" +
 	"\x04Fork\x12\x1a.spore.node.v1.ForkRequest\x1a\x1b.spore.node.v1.ForkResponse\x12K\n" +
 	"\bRollback\x12\x1e.spore.node.v1.RollbackRequest\x1a\x1f.spore.node.v1.RollbackResponse\x12T\n" +
@@ -4195,7 +4298,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -4226,61 +4329,63 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*HibernateResponse)(nil),      // 26: spore.node.v1.HibernateResponse
 	(*DeleteVolumeRequest)(nil),    // 27: spore.node.v1.DeleteVolumeRequest
 	(*DeleteVolumeResponse)(nil),   // 28: spore.node.v1.DeleteVolumeResponse
-	(*QuiesceRequest)(nil),         // 29: spore.node.v1.QuiesceRequest
-	(*QuiesceResponse)(nil),        // 30: spore.node.v1.QuiesceResponse
-	(*SnapshotRequest)(nil),        // 31: spore.node.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 32: spore.node.v1.SnapshotResponse
-	(*ForkChildSpec)(nil),          // 33: spore.node.v1.ForkChildSpec
-	(*ForkRequest)(nil),            // 34: spore.node.v1.ForkRequest
-	(*ForkChild)(nil),              // 35: spore.node.v1.ForkChild
-	(*ForkResponse)(nil),           // 36: spore.node.v1.ForkResponse
-	(*RollbackRequest)(nil),        // 37: spore.node.v1.RollbackRequest
-	(*RollbackResponse)(nil),       // 38: spore.node.v1.RollbackResponse
-	(*GetSnapshotRequest)(nil),     // 39: spore.node.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),    // 40: spore.node.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),  // 41: spore.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 42: spore.node.v1.DeleteSnapshotResponse
-	(*BuildImageRequest)(nil),      // 43: spore.node.v1.BuildImageRequest
-	(*BuildImageResponse)(nil),     // 44: spore.node.v1.BuildImageResponse
-	(*ExportRequest)(nil),          // 45: spore.node.v1.ExportRequest
-	(*ExportResponse)(nil),         // 46: spore.node.v1.ExportResponse
-	(*AdoptRequest)(nil),           // 47: spore.node.v1.AdoptRequest
-	(*AdoptResponse)(nil),          // 48: spore.node.v1.AdoptResponse
-	(*UploadRequest)(nil),          // 49: spore.node.v1.UploadRequest
-	(*UploadResponse)(nil),         // 50: spore.node.v1.UploadResponse
-	(*CollectGarbageRequest)(nil),  // 51: spore.node.v1.CollectGarbageRequest
-	(*CollectGarbageResponse)(nil), // 52: spore.node.v1.CollectGarbageResponse
-	(*SnapshotsRequest)(nil),       // 53: spore.node.v1.SnapshotsRequest
-	(*SnapshotsResponse)(nil),      // 54: spore.node.v1.SnapshotsResponse
-	(*SetPolicyRequest)(nil),       // 55: spore.node.v1.SetPolicyRequest
-	(*SetPolicyResponse)(nil),      // 56: spore.node.v1.SetPolicyResponse
-	(*ReconfigureRequest)(nil),     // 57: spore.node.v1.ReconfigureRequest
-	(*ReconfigureResponse)(nil),    // 58: spore.node.v1.ReconfigureResponse
-	(*StatsRequest)(nil),           // 59: spore.node.v1.StatsRequest
-	(*StatsResponse)(nil),          // 60: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 61: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 62: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 63: spore.node.v1.EventsResponse
-	(*EgressAuditRequest)(nil),     // 64: spore.node.v1.EgressAuditRequest
-	(*EgressEntry)(nil),            // 65: spore.node.v1.EgressEntry
-	(*EgressAuditResponse)(nil),    // 66: spore.node.v1.EgressAuditResponse
-	nil,                            // 67: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 68: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 69: google.protobuf.Duration
+	(*VolumeUsageRequest)(nil),     // 29: spore.node.v1.VolumeUsageRequest
+	(*VolumeUsageResponse)(nil),    // 30: spore.node.v1.VolumeUsageResponse
+	(*QuiesceRequest)(nil),         // 31: spore.node.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),        // 32: spore.node.v1.QuiesceResponse
+	(*SnapshotRequest)(nil),        // 33: spore.node.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 34: spore.node.v1.SnapshotResponse
+	(*ForkChildSpec)(nil),          // 35: spore.node.v1.ForkChildSpec
+	(*ForkRequest)(nil),            // 36: spore.node.v1.ForkRequest
+	(*ForkChild)(nil),              // 37: spore.node.v1.ForkChild
+	(*ForkResponse)(nil),           // 38: spore.node.v1.ForkResponse
+	(*RollbackRequest)(nil),        // 39: spore.node.v1.RollbackRequest
+	(*RollbackResponse)(nil),       // 40: spore.node.v1.RollbackResponse
+	(*GetSnapshotRequest)(nil),     // 41: spore.node.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),    // 42: spore.node.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),  // 43: spore.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 44: spore.node.v1.DeleteSnapshotResponse
+	(*BuildImageRequest)(nil),      // 45: spore.node.v1.BuildImageRequest
+	(*BuildImageResponse)(nil),     // 46: spore.node.v1.BuildImageResponse
+	(*ExportRequest)(nil),          // 47: spore.node.v1.ExportRequest
+	(*ExportResponse)(nil),         // 48: spore.node.v1.ExportResponse
+	(*AdoptRequest)(nil),           // 49: spore.node.v1.AdoptRequest
+	(*AdoptResponse)(nil),          // 50: spore.node.v1.AdoptResponse
+	(*UploadRequest)(nil),          // 51: spore.node.v1.UploadRequest
+	(*UploadResponse)(nil),         // 52: spore.node.v1.UploadResponse
+	(*CollectGarbageRequest)(nil),  // 53: spore.node.v1.CollectGarbageRequest
+	(*CollectGarbageResponse)(nil), // 54: spore.node.v1.CollectGarbageResponse
+	(*SnapshotsRequest)(nil),       // 55: spore.node.v1.SnapshotsRequest
+	(*SnapshotsResponse)(nil),      // 56: spore.node.v1.SnapshotsResponse
+	(*SetPolicyRequest)(nil),       // 57: spore.node.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 58: spore.node.v1.SetPolicyResponse
+	(*ReconfigureRequest)(nil),     // 59: spore.node.v1.ReconfigureRequest
+	(*ReconfigureResponse)(nil),    // 60: spore.node.v1.ReconfigureResponse
+	(*StatsRequest)(nil),           // 61: spore.node.v1.StatsRequest
+	(*StatsResponse)(nil),          // 62: spore.node.v1.StatsResponse
+	(*EventsRequest)(nil),          // 63: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 64: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 65: spore.node.v1.EventsResponse
+	(*EgressAuditRequest)(nil),     // 66: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 67: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 68: spore.node.v1.EgressAuditResponse
+	nil,                            // 69: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 70: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 71: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
 	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
-	68, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	70, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	68, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	70, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	68, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	70, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	67, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	69, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	14, // 14: spore.node.v1.CreateRequest.volumes:type_name -> spore.node.v1.VolumeMount
@@ -4289,28 +4394,28 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	6,  // 17: spore.node.v1.ListResponse.sandboxes:type_name -> spore.node.v1.Sandbox
 	6,  // 18: spore.node.v1.ResumeResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	7,  // 19: spore.node.v1.SnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
-	33, // 20: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
+	35, // 20: spore.node.v1.ForkRequest.children:type_name -> spore.node.v1.ForkChildSpec
 	6,  // 21: spore.node.v1.ForkChild.sandbox:type_name -> spore.node.v1.Sandbox
 	8,  // 22: spore.node.v1.ForkChild.error:type_name -> spore.node.v1.Error
-	35, // 23: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
+	37, // 23: spore.node.v1.ForkResponse.children:type_name -> spore.node.v1.ForkChild
 	6,  // 24: spore.node.v1.RollbackResponse.sandbox:type_name -> spore.node.v1.Sandbox
 	7,  // 25: spore.node.v1.GetSnapshotResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	7,  // 26: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 27: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 28: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	69, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	71, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	7,  // 30: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 31: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 32: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 33: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	68, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	69, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	68, // 36: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	62, // 37: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	68, // 38: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	68, // 39: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	68, // 40: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
-	65, // 41: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	70, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	71, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	70, // 36: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	64, // 37: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	70, // 38: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	70, // 39: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	70, // 40: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	67, // 41: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
 	9,  // 42: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
 	12, // 43: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
 	15, // 44: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
@@ -4319,52 +4424,54 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	21, // 47: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
 	23, // 48: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
 	25, // 49: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	29, // 50: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
+	31, // 50: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
 	27, // 51: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
-	31, // 52: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	34, // 53: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	37, // 54: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	39, // 55: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	41, // 56: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	53, // 57: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	55, // 58: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	57, // 59: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	59, // 60: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	49, // 61: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	47, // 62: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	51, // 63: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	43, // 64: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	45, // 65: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	64, // 66: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	61, // 67: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	10, // 68: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	13, // 69: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	16, // 70: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	18, // 71: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	20, // 72: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	22, // 73: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	24, // 74: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	26, // 75: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	30, // 76: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
-	28, // 77: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
-	32, // 78: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	36, // 79: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	38, // 80: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	40, // 81: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	42, // 82: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	54, // 83: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	56, // 84: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	58, // 85: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	60, // 86: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	50, // 87: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	48, // 88: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	52, // 89: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	44, // 90: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	46, // 91: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	66, // 92: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	63, // 93: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	68, // [68:94] is the sub-list for method output_type
-	42, // [42:68] is the sub-list for method input_type
+	29, // 52: spore.node.v1.Node.VolumeUsage:input_type -> spore.node.v1.VolumeUsageRequest
+	33, // 53: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	36, // 54: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	39, // 55: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	41, // 56: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	43, // 57: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	55, // 58: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	57, // 59: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	59, // 60: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	61, // 61: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	51, // 62: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	49, // 63: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	53, // 64: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	45, // 65: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	47, // 66: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	66, // 67: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	63, // 68: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 69: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 70: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	16, // 71: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	18, // 72: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	20, // 73: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	22, // 74: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	24, // 75: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	26, // 76: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	32, // 77: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
+	28, // 78: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
+	30, // 79: spore.node.v1.Node.VolumeUsage:output_type -> spore.node.v1.VolumeUsageResponse
+	34, // 80: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	38, // 81: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	40, // 82: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	42, // 83: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	44, // 84: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	56, // 85: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	58, // 86: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	60, // 87: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	62, // 88: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	52, // 89: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	50, // 90: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	54, // 91: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	46, // 92: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	48, // 93: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	68, // 94: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	65, // 95: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	69, // [69:96] is the sub-list for method output_type
+	42, // [42:69] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -4382,7 +4489,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   68,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -62,6 +62,8 @@ const (
 	NodeQuiesceProcedure = "/spore.node.v1.Node/Quiesce"
 	// NodeDeleteVolumeProcedure is the fully-qualified name of the Node's DeleteVolume RPC.
 	NodeDeleteVolumeProcedure = "/spore.node.v1.Node/DeleteVolume"
+	// NodeVolumeUsageProcedure is the fully-qualified name of the Node's VolumeUsage RPC.
+	NodeVolumeUsageProcedure = "/spore.node.v1.Node/VolumeUsage"
 	// NodeSnapshotProcedure is the fully-qualified name of the Node's Snapshot RPC.
 	NodeSnapshotProcedure = "/spore.node.v1.Node/Snapshot"
 	// NodeForkProcedure is the fully-qualified name of the Node's Fork RPC.
@@ -113,6 +115,9 @@ type NodeClient interface {
 	// DeleteVolume removes a deleted volume's content from the node (an
 	// unknown volume is not an error; one a sandbox there shows is refused).
 	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+	// VolumeUsage is a volume's bytes in use and its capacity on the node
+	// (not found: the node holds no image of it).
+	VolumeUsage(context.Context, *connect.Request[v1.VolumeUsageRequest]) (*connect.Response[v1.VolumeUsageResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -211,6 +216,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			httpClient,
 			baseURL+NodeDeleteVolumeProcedure,
 			connect.WithSchema(nodeMethods.ByName("DeleteVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeUsage: connect.NewClient[v1.VolumeUsageRequest, v1.VolumeUsageResponse](
+			httpClient,
+			baseURL+NodeVolumeUsageProcedure,
+			connect.WithSchema(nodeMethods.ByName("VolumeUsage")),
 			connect.WithClientOptions(opts...),
 		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
@@ -324,6 +335,7 @@ type nodeClient struct {
 	hibernate      *connect.Client[v1.HibernateRequest, v1.HibernateResponse]
 	quiesce        *connect.Client[v1.QuiesceRequest, v1.QuiesceResponse]
 	deleteVolume   *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
+	volumeUsage    *connect.Client[v1.VolumeUsageRequest, v1.VolumeUsageResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	fork           *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	rollback       *connect.Client[v1.RollbackRequest, v1.RollbackResponse]
@@ -390,6 +402,11 @@ func (c *nodeClient) Quiesce(ctx context.Context, req *connect.Request[v1.Quiesc
 // DeleteVolume calls spore.node.v1.Node.DeleteVolume.
 func (c *nodeClient) DeleteVolume(ctx context.Context, req *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
 	return c.deleteVolume.CallUnary(ctx, req)
+}
+
+// VolumeUsage calls spore.node.v1.Node.VolumeUsage.
+func (c *nodeClient) VolumeUsage(ctx context.Context, req *connect.Request[v1.VolumeUsageRequest]) (*connect.Response[v1.VolumeUsageResponse], error) {
+	return c.volumeUsage.CallUnary(ctx, req)
 }
 
 // Snapshot calls spore.node.v1.Node.Snapshot.
@@ -489,6 +506,9 @@ type NodeHandler interface {
 	// DeleteVolume removes a deleted volume's content from the node (an
 	// unknown volume is not an error; one a sandbox there shows is refused).
 	DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+	// VolumeUsage is a volume's bytes in use and its capacity on the node
+	// (not found: the node holds no image of it).
+	VolumeUsage(context.Context, *connect.Request[v1.VolumeUsageRequest]) (*connect.Response[v1.VolumeUsageResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	Rollback(context.Context, *connect.Request[v1.RollbackRequest]) (*connect.Response[v1.RollbackResponse], error)
@@ -583,6 +603,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		NodeDeleteVolumeProcedure,
 		svc.DeleteVolume,
 		connect.WithSchema(nodeMethods.ByName("DeleteVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeVolumeUsageHandler := connect.NewUnaryHandler(
+		NodeVolumeUsageProcedure,
+		svc.VolumeUsage,
+		connect.WithSchema(nodeMethods.ByName("VolumeUsage")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeSnapshotHandler := connect.NewUnaryHandler(
@@ -703,6 +729,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeQuiesceHandler.ServeHTTP(w, r)
 		case NodeDeleteVolumeProcedure:
 			nodeDeleteVolumeHandler.ServeHTTP(w, r)
+		case NodeVolumeUsageProcedure:
+			nodeVolumeUsageHandler.ServeHTTP(w, r)
 		case NodeSnapshotProcedure:
 			nodeSnapshotHandler.ServeHTTP(w, r)
 		case NodeForkProcedure:
@@ -782,6 +810,10 @@ func (UnimplementedNodeHandler) Quiesce(context.Context, *connect.Request[v1.Qui
 
 func (UnimplementedNodeHandler) DeleteVolume(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.DeleteVolume is not implemented"))
+}
+
+func (UnimplementedNodeHandler) VolumeUsage(context.Context, *connect.Request[v1.VolumeUsageRequest]) (*connect.Response[v1.VolumeUsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.VolumeUsage is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
