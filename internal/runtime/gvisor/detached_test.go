@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,8 @@ import (
 )
 
 // helperEnv makes this test binary, run again, a caller of one driver
-// call that the test SIGKILLs mid-call ("verb state-dir cgroup-parent id").
+// call that the test SIGKILLs mid-call ("verb state-dir cgroup-parent id
+// returned-marker").
 const helperEnv = "SPORE_GVISOR_KILLED_CALLER"
 
 // An engine SIGKILLed during a pause or a resume (a hibernate pauses
@@ -50,24 +52,36 @@ func TestPauseAndResumeOutliveTheirCaller(t *testing.T) {
 	}{{"pause", runtime.StatePaused}, {"resume", runtime.StateRunning}} {
 		// The caller: this binary again, killed as soon as its runsc
 		// call is under way.
+		returned := filepath.Join(t.TempDir(), "returned") // made by the caller after its call
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPauseAndResumeOutliveTheirCaller$")
-		cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{tc.verb, cfg.StateDir, cfg.CgroupParent, id}, " "))
-		out := new(strings.Builder)
+		cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{tc.verb, cfg.StateDir, cfg.CgroupParent, id, returned}, " "))
+		out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+		if err != nil {
+			t.Fatal(err)
+		}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(time.Minute)
-		for len(d.DetachedCallsOf(id)) == 0 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-		if len(d.DetachedCallsOf(id)) == 0 {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("%s: the caller's runsc call never showed: %s", tc.verb, out)
+		// Killed as soon as its runsc call shows (almost always: the call
+		// takes tens of milliseconds), or once it returned.
+		midCall := false
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if len(d.DetachedCallsOf(id)) > 0 {
+				midCall = true
+				break
+			}
+			if _, err := os.Stat(returned); err == nil {
+				break
+			}
 		}
 		cmd.Process.Kill()
 		cmd.Wait()
+		if _, err := os.Stat(returned); !midCall && err != nil {
+			b, _ := os.ReadFile(out.Name())
+			t.Fatalf("%s: the caller's runsc call never showed: %s", tc.verb, b)
+		}
+		t.Logf("%s: caller killed mid-call: %v", tc.verb, midCall)
 		info, err := d.Recover(ctx, id)
 		if err != nil {
 			t.Fatalf("recover after a killed %s: %v", tc.verb, err)
@@ -90,7 +104,7 @@ func TestPauseAndResumeOutliveTheirCaller(t *testing.T) {
 // killed.
 func killedCaller(t *testing.T, spec string) {
 	f := strings.Fields(spec)
-	if len(f) != 4 {
+	if len(f) != 5 {
 		t.Fatalf("%s=%q", helperEnv, spec)
 	}
 	d, err := gvisor.New(context.Background(), gvisor.Config{Runsc: testenv.Runsc(t), StateDir: f[1], CgroupParent: f[2]})
@@ -102,6 +116,9 @@ func killedCaller(t *testing.T, spec string) {
 		call = d.Resume
 	}
 	if err := call(context.Background(), f[3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f[4], nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Hour) // killed by the test
