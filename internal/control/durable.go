@@ -364,6 +364,13 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 		}
 	}
 	if rec.Hibernation == "" {
+		if known && origin.Draining {
+			// Recorded hibernated before its image was (a reconcile met
+			// the drain's hibernation): resuming it on the draining node
+			// would race the drain that moves it. Retried once the image
+			// is recorded.
+			return rec, false, drainRefusal("sandbox %s is being hibernated on node %s, which is draining: retry in a moment", rec.ID, origin.ID)
+		}
 		return rec, false, nil
 	}
 	if len(rec.VolumeMounts) > 0 {

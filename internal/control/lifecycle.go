@@ -310,6 +310,14 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 					return nil // claimed from the pool meanwhile: its create decides
 				}
 				x.State, x.Addr, x.NodeID = state, ns.Addr, nodeID
+				if state == store.StateHibernated && ns.Hibernation != x.Hibernation {
+					// With its image: a hibernated row without one looks
+					// like a sandbox only its node can resume, and a
+					// connect resumed it on a draining node while the drain
+					// that hibernated it was about to record it
+					// (TestReconcileDuringADrainsHibernationRecordsTheImage).
+					x.Hibernation, x.HibernationDurable = ns.Hibernation, false
+				}
 				if state != store.StateError {
 					// Alive after all (its node was lost and came back).
 					x.Reason, x.ReasonDetail = "", ""

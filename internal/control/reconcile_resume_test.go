@@ -95,3 +95,75 @@ func testReconcileDuringAResumeKeepsTheAddress(t *testing.T, c controltest.Confi
 		t.Fatalf("the proxy's lookup: running %v found %v", running, found)
 	}
 }
+
+// hibernatingNode runs hook, once armed, when a Hibernate has hibernated
+// the sandbox on the node and before its caller records it: the moment a
+// drain's hibernation is done on the node and not yet in the row.
+type hibernatingNode struct {
+	nodeapi.Node
+	hook *func(id string)
+}
+
+func (n hibernatingNode) Hibernate(ctx context.Context, id string) error {
+	err := n.Node.Hibernate(ctx, id)
+	if h := *n.hook; h != nil && err == nil {
+		*n.hook = nil
+		h(id)
+	}
+	return err
+}
+
+// A reconcile that meets a drain's hibernation done on the node but not
+// yet recorded records it with its image, and a connect then (traffic
+// waking the sandbox) does not resume it on the draining node: it moves
+// or is refused for now. Before, the reconcile recorded "hibernated"
+// with no image; a connect took that row for one its node could resume
+// (only a row with an image can move), resumed it on the draining node,
+// lost the race to record it, then tried to move the image that resume
+// had consumed ("take it over on node ...: snapshot ...: not found",
+// TestRollingUpgrade: a command's 502, and the sandbox resumed twice).
+func TestReconcileDuringADrainsHibernationRecordsTheImage(t *testing.T) {
+	controltest.Each(t, testReconcileDuringADrainsHibernation)
+}
+
+func testReconcileDuringADrainsHibernation(t *testing.T, c controltest.Config) {
+	var hook func(id string)
+	wrapNode = func(id string, n nodeapi.Node) nodeapi.Node {
+		if id != "na" {
+			return n
+		}
+		return hibernatingNode{Node: n, hook: &hook}
+	}
+	f := newDurableFleet(t, c)
+	wrapNode = nil
+	ctx := ctxFor(t)
+	sb := f.onNode("na")
+	if _, err := f.st.UpdateNode(ctx, "na", func(x *store.Node) error { x.Draining = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	hook = func(id string) {
+		ran = true
+		if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+			t.Errorf("reconcile na mid-hibernation: %v", err)
+		}
+		ns, err := f.nodes["na"].Get(ctx, id)
+		if err != nil || ns.State != nodeapi.StateHibernated || ns.Hibernation == "" {
+			t.Fatalf("on na mid-hibernation: %+v %v", ns, err)
+		}
+		if r := f.row(id); r.State != store.StateHibernated || r.Hibernation != ns.Hibernation {
+			t.Errorf("after a reconcile mid-hibernation the row says %s with image %q, want hibernated with %q", r.State, r.Hibernation, ns.Hibernation)
+		}
+		// Traffic wakes it (autoResume) now.
+		_, _, err = f.ctl.Connect(ctx, id, time.Minute)
+		if ns, _ := f.nodes["na"].Get(ctx, id); ns.State == nodeapi.StateRunning {
+			t.Errorf("a connect mid-hibernation resumed the sandbox on its draining node (connect: %v)", err)
+		}
+	}
+	if err := f.ctl.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !ran {
+		t.Fatal("the hook never ran")
+	}
+}
