@@ -58,7 +58,7 @@ for tier in $TIERS; do
       SPORE_TIER=fast "$logs/testrun" -tier fast -json-out "$logs/fast.json" -summary "$summary" \
         -- -race -count=1 -timeout=10m ./... || status=1 ;;
     real)
-      # Three runs, two at once, sharing no host resource:
+      # Runs in two lanes at once, sharing no host resource:
       #  - the fleet group (internal/fleet, test/fleet, test/k8s), one
       #    package at a time (each brings fleets up in the one 10.201/16
       #    range, "another fleet is up" otherwise): a fleet's nodes live in
@@ -66,22 +66,36 @@ for tier in $TIERS; do
       #    cgroup parents and data directories), its replicas, PostgreSQL
       #    and S3 server on free ports; the Kubernetes control plane on free
       #    ports. Nothing of theirs meets the host's 10.200/16 sandbox
-      #    networks the other packages make in the root namespace.
+      #    networks the other packages make in the root namespace. Then
+      #    test/sdk, whose servers make such networks (slots taken under the
+      #    host-wide lock /run/spore-netns.lock, names and leftover checks
+      #    under its own prefix "spa", cgroup parents of its own).
       #  - meanwhile, one after the other: the most concurrent host
       #    packages (the node, the gVisor driver, the egress proxy, the
       #    network namespaces) with -race, then every other package.
       # Each package runs once; each run's summary line says which it was.
       racy="./internal/node ./internal/runtime/gvisor ./internal/egress ./internal/netns"
-      # Two node tests hash and copy a whole root filesystem (~340 MB)
-      # through the chunker and the blob store: under -race on 2 busy cores
-      # they took 203 s and 234 s (20 s and 36 s without), past their
-      # 3-minute contexts. They run without -race right after the race
-      # group; their code's concurrency is raced in the fast tier
-      # (internal/chunk, internal/snapsync, internal/rootfs).
-      heavy='^(TestExportBaseToLayout|TestRootFSSharedThroughBlobStore)$'
-      others=$($GO list ./... | grep -v -E '/test/(fleet|k8s)$|/internal/(fleet|node|runtime/gvisor|egress|netns)$')
-      env -u SPORE_TIER "$logs/testrun" -tier "real (fleet)" -forbid-skips -json-out "$logs/real-fleet.json" -summary "$summary" \
-        -- -count=1 -p=1 -timeout=30m ./internal/fleet ./test/fleet ./test/k8s >"$logs/real-fleet.log" 2>&1 &
+      # Three node tests hash and copy a whole root filesystem (~340 MB)
+      # or runsc builds through the chunker and the blob store: under -race
+      # on 2 busy cores they took 203 s, 234 s and 78 s (20 s and 36 s
+      # without, for the first two), two of them past their 3-minute
+      # contexts. They run without -race right after the race group; their
+      # code's concurrency is raced in the fast tier (internal/chunk,
+      # internal/snapsync, internal/rootfs).
+      heavy='^(TestExportBaseToLayout|TestRootFSSharedThroughBlobStore|TestVersionsKeptAcrossUpgrades)$'
+      others=$($GO list ./... | grep -v -E '/test/(fleet|k8s|sdk)$|/internal/(fleet|node|runtime/gvisor|egress|netns)$')
+      # The fleet group, then the stock SDKs' package (test/sdk, 13 min:
+      # servers of their own, network prefix spa, own cgroup parents, free
+      # ports), in the background: the two groups take about as long as
+      # the race group, the heavy tests and the other packages.
+      (
+        env -u SPORE_TIER "$logs/testrun" -tier "real (fleet)" -forbid-skips -json-out "$logs/real-fleet.json" -summary "$summary" \
+          -- -count=1 -p=1 -timeout=30m ./internal/fleet ./test/fleet ./test/k8s >"$logs/real-fleet.log" 2>&1
+        st=$?
+        env -u SPORE_TIER "$logs/testrun" -tier "real (stock SDKs)" -forbid-skips -json-out "$logs/real-sdk.json" -summary "$summary" \
+          -- -count=1 -timeout=30m ./test/sdk >"$logs/real-sdk.log" 2>&1 || st=1
+        exit $st
+      ) &
       fleet=$!
       # shellcheck disable=SC2086
       env -u SPORE_TIER "$logs/testrun" -tier "real (race)" -forbid-skips -json-out "$logs/real-race.json" -summary "$summary" \
@@ -93,7 +107,9 @@ for tier in $TIERS; do
         -- -count=1 -p=1 -timeout=30m $others || status=1
       wait "$fleet" || status=1
       echo "--- the fleet group's output ($logs/real-fleet.log):"
-      cat "$logs/real-fleet.log" ;;
+      cat "$logs/real-fleet.log"
+      echo "--- the stock SDKs' package's output ($logs/real-sdk.log):"
+      cat "$logs/real-sdk.log" ;;
     *) echo "unknown tier $tier"; exit 2 ;;
   esac
 done

@@ -58,7 +58,7 @@ func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
 	os.WriteFile(filepath.Join(up, "sub", "x.txt"), []byte("from-the-host"), 0o644)
 	os.WriteFile(filepath.Join(up, "big"), bytes.Repeat([]byte("0123456789abcdef"), 1<<16), 0o644) // 1 MiB
 	s.ok("volume", "cp", "-r", up, "cli-shared:/up")
-	if got := s.ok("exec", rw, "--", "cat /home/user/work/up/sub/x.txt; wc -c < /home/user/work/up/big"); got != "from-the-host\n1048576" {
+	if got := s.ok("exec", rw, "--", "cat /home/user/work/up/sub/x.txt; echo; wc -c < /home/user/work/up/big"); got != "from-the-host\n1048576" {
 		t.Fatalf("the sandbox sees the uploaded tree as %q", got)
 	}
 	if got := s.ok("volume", "cp", "cli-shared:/f", "-"); got != "from-the-cli" {

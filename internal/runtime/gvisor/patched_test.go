@@ -216,8 +216,11 @@ func logMatches(t *testing.T, dir string, re *regexp.Regexp) [][][]byte {
 func await(t *testing.T, out func(string, ...string) (string, int), id string) string {
 	t.Helper()
 	// A hang guard: the guest hashes its sparse memory, which took over a
-	// minute on two cores busy with the rest of the suite.
-	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	// minute on two cores busy with the rest of the suite (3.4 s for the
+	// whole test alone), and once in CI more than three. Each look is a
+	// runsc exec, a process as heavy as the guest's work: looking every
+	// 20 ms took much of the CPU the guest needed; every 250 ms does not.
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		if s, code := out(id, "cat", "/tmp/answer"); code == 0 && s != "" {
 			return s
 		}
