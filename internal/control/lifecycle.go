@@ -304,7 +304,8 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 			continue
 		}
 		state := storeState(ns.State)
-		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID {
+		missingImage := state == store.StateHibernated && ns.Hibernation != rec.Hibernation
+		if state != rec.State || ns.Addr != rec.Addr || rec.NodeID != nodeID || missingImage {
 			if _, err := s.st.UpdateSandbox(ctx, rec.ID, func(x *store.Sandbox) error {
 				if x.State == store.StateCreating || x.State == store.StatePooled {
 					return nil // claimed from the pool meanwhile: its create decides

@@ -166,4 +166,16 @@ func testReconcileDuringADrainsHibernation(t *testing.T, c controltest.Config) {
 	if !ran {
 		t.Fatal("the hook never ran")
 	}
+	// A hibernated row that lost its image (written so by an older
+	// release) gets it back at the next reconcile.
+	want := f.row(sb.ID).Hibernation
+	if _, err := f.st.UpdateSandbox(ctx, sb.ID, func(x *store.Sandbox) error { x.Hibernation = ""; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ctl.ReconcileNode(ctx, "na"); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.row(sb.ID); r.State != store.StateHibernated || r.Hibernation != want || want == "" {
+		t.Fatalf("an image-less hibernated row after a reconcile: %s with %q, want %q", r.State, r.Hibernation, want)
+	}
 }
