@@ -109,7 +109,19 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 	case err != nil:
 		return err
 	}
-	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) { x.StoredBytes = info.StoredBytes })
+	was := ""
+	err = s.setStorage(ctx, id, store.StorageDurable, func(x *store.Snapshot) {
+		// Two uploads of one snapshot can end together (RetryUploads joins
+		// one it takes for abandoned; the node answers a finished one with
+		// nothing added): the one that found everything stored must not
+		// erase what the other reported (TestSnapshotsAcrossNodes read a
+		// durable snapshot with 0 bytes stored).
+		if was = x.Storage; was == store.StorageDurable {
+			x.StoredBytes = max(x.StoredBytes, info.StoredBytes)
+		} else {
+			x.StoredBytes = info.StoredBytes
+		}
+	})
 	if errdefs.IsNotFound(err) {
 		// Deleted while it uploaded: what the upload stored goes too,
 		// within CleanupTimeout. If that fails, the node's copy is
@@ -123,22 +135,22 @@ func (s *Service) Upload(ctx context.Context, id string) error {
 		}
 		return nil
 	}
-	if err == nil {
+	if err == nil && was != store.StorageDurable {
 		s.log.Info("snapshot durable", "snapshot_id", id, "node_id", sn.NodeID, "bytes", info.TotalBytes, "stored", info.StoredBytes)
 	}
 	return err
 }
 
 // setStorage changes a snapshot row's storage state (and whatever more
-// f sets), if the row still exists: in one transaction, so a delete that
+// f sets, called with the row as it was), if the row still exists: in one transaction, so a delete that
 // lands meanwhile is not undone (a read and a put brought the row back,
 // naming a snapshot that no longer was).
 func (s *Service) setStorage(ctx context.Context, id, state string, f func(*store.Snapshot)) error {
 	_, err := s.st.UpdateSnapshot(ctx, id, func(sn *store.Snapshot) error {
-		sn.Storage = state
 		if f != nil {
 			f(sn)
 		}
+		sn.Storage = state
 		return nil
 	})
 	return err
