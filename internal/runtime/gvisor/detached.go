@@ -1,12 +1,8 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -61,21 +57,10 @@ func (d *Driver) awaitDetached(ctx context.Context, id string) {
 // --root, then the verb and the instance as the last two arguments
 // (runsc's own process, or the shell that joins its cgroups first).
 func (d *Driver) detachedCallsOf(id string) []int {
-	rootFlag := []byte("--root=" + filepath.Join(d.cfg.StateDir, "root"))
-	procs, _ := os.ReadDir("/proc")
 	var out []int
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, rootFlag) {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-		if n := len(args); n >= 2 && args[n-1] == id && outlivesCaller(args[n-2]) && running(pid) {
-			out = append(out, pid)
+	for _, p := range processesNaming([]byte("--root=" + filepath.Join(d.cfg.StateDir, "root"))) {
+		if n := len(p.args); n >= 2 && p.args[n-1] == id && outlivesCaller(p.args[n-2]) && running(p.pid) {
+			out = append(out, p.pid)
 		}
 	}
 	return out

@@ -46,6 +46,18 @@ type runscProcess struct {
 // runscProcesses lists the runsc processes whose command line contains
 // rootFlag (this driver's --root).
 func runscProcesses(rootFlag []byte) []runscProcess {
+	var out []runscProcess
+	for _, p := range processesNaming(rootFlag) {
+		if strings.HasPrefix(filepath.Base(p.args[0]), "runsc") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// processesNaming lists the processes (but this one) whose command line
+// contains flag: runsc's own, and a shell that runs it.
+func processesNaming(flag []byte) []runscProcess {
 	procs, _ := os.ReadDir("/proc")
 	var out []runscProcess
 	for _, p := range procs {
@@ -54,13 +66,10 @@ func runscProcesses(rootFlag []byte) []runscProcess {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, rootFlag) {
+		if err != nil || !bytes.Contains(cmdline, flag) {
 			continue
 		}
-		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-		if strings.HasPrefix(filepath.Base(args[0]), "runsc") {
-			out = append(out, runscProcess{pid: pid, args: args})
-		}
+		out = append(out, runscProcess{pid: pid, args: strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")})
 	}
 	return out
 }
