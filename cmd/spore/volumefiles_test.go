@@ -25,15 +25,7 @@ import (
 // input is a clear error and a non-zero exit that copies nothing.
 func TestVolumeCpAndFiles(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "spore.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	const key = "spore_user_key_for_the_volume_cp_test"
-	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(key), Role: store.RoleUser, CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
+	st, key := storeWithUserKey(t)
 	vols := t.TempDir()
 	srv := httptest.NewServer(api.New(api.Config{Store: st, VolumeContent: func(_ context.Context, v store.Volume) (*os.Root, error) {
 		dir := filepath.Join(vols, v.ID)
@@ -212,4 +204,20 @@ func between(s, from, to string) string {
 	_, rest, _ := strings.Cut(s, from)
 	v, _, _ := strings.Cut(rest, to)
 	return v
+}
+
+// storeWithUserKey opens a SQLite store (closed when t ends) holding one
+// user key, and returns it with the key.
+func storeWithUserKey(t *testing.T) (store.Store, string) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	const key = "spore_user_key_for_the_cli_tests"
+	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k1", Hash: apikey.Hash(key), Role: store.RoleUser, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	return st, key
 }

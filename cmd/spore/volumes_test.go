@@ -1,34 +1,19 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/spore-run/spore/internal/api"
-	"github.com/spore-run/spore/internal/apikey"
-	"github.com/spore-run/spore/internal/store"
-	"github.com/spore-run/spore/internal/store/sqlite"
 )
 
 // The volume verbs: create (shared by default, --exclusive, --size), ls,
 // info (--json carries the token), rm; bad input is a clear error and a
 // non-zero exit that creates nothing.
 func TestVolumeVerbs(t *testing.T) {
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "spore.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	const key = "spore_user_key_for_the_volume_test"
-	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(key), Role: store.RoleUser, CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
+	st, key := storeWithUserKey(t)
 	srv := httptest.NewServer(api.New(api.Config{Store: st}))
 	defer srv.Close()
 
