@@ -177,7 +177,6 @@ func TestVolumeMountsRefused(t *testing.T) {
 		{400, `{"volumeMounts":[{"name":"data","path":"/"}]}`, "system directory"},
 		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"other","path":"/a/b"}]}`, "overlap"},
 		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"data","path":"/b"}]}`, "twice"},
-		{400, `{"volumeMounts":[{"name":"excl","path":"/a"}]}`, "exclusive"},
 		{400, `{"volumeMounts":[{"name":"data","path":"/a","size":1}]}`, "size"},
 		{400, `{"volumeMounts":[{"name":"data","path":"/a"},{"name":"other","path":"/b"},{"name":"excl","path":"/c","readOnly":true},{"name":"data","path":"/d"},{"name":"data","path":"/e"}]}`, "at most"},
 	} {
@@ -210,6 +209,19 @@ func TestVolumeMountsRefused(t *testing.T) {
 	f.want(409, "DELETE", "/volumes/data", "")
 	f.want(204, "DELETE", "/sandboxes/"+sb.SandboxID, "")
 	f.want(204, "DELETE", "/volumes/data", "")
+	// An exclusive volume has one read-write holder: a second is a 409
+	// naming it, and makes nothing; once the holder is gone, another may.
+	holder := f.create(`{"volumeMounts":[{"name":"excl","path":"/work"}]}`)
+	if code, b, _ := f.do("POST", "/v2/sandboxes", `{"volumeMounts":[{"name":"excl","path":"/work"}]}`); code != 409 || !strings.Contains(string(b), "exclusive") || !strings.Contains(string(b), holder.SandboxID) {
+		t.Fatalf("a second read-write mount of an exclusive volume = %d %s", code, b)
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(f.want(200, "GET", "/v2/sandboxes", ""), &list); len(list) != 1 {
+		t.Fatalf("the refused create left sandboxes: %s", list)
+	}
+	f.want(204, "DELETE", "/sandboxes/"+holder.SandboxID, "")
+	next := f.create(`{"volumeMounts":[{"name":"excl","path":"/work"}]}`)
+	f.want(204, "DELETE", "/sandboxes/"+next.SandboxID, "")
 }
 
 // The content API with a volume's token (Authorization: Bearer, as the

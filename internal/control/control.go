@@ -421,7 +421,14 @@ func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.S
 	}
 	rec.ID, rec.NodeID, rec.State, rec.EnvdAccessToken = ids.New('i'), nodeID, store.StateCreating, newToken()
 	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB
+	if src != nil && len(src.volumes) > 0 {
+		// The snapshot's exclusive volumes come as volumes of its own.
+		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.ID, nodeID, rec.VolumeMounts); err != nil {
+			return Sandbox{}, err
+		}
+	}
 	if err := s.st.CreateSandbox(ctx, rec); err != nil {
+		s.dropOwnVolumes(ctx, rec.ID, rec.VolumeMounts)
 		return Sandbox{}, err
 	}
 	// The node's row, read after this row is written: a drain committed
@@ -510,7 +517,9 @@ func (s *Service) abandon(ctx context.Context, rec store.Sandbox) {
 	defer cancel()
 	if err := s.st.DeleteSandbox(dctx, rec.ID); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Error("drop row of failed create (the reaper retries)", "sandbox_id", rec.ID, "node_id", rec.NodeID, "err", err)
+		return
 	}
+	s.dropOwnVolumes(ctx, rec.ID, rec.VolumeMounts)
 }
 
 // killOnNode kills a sandbox by ID on a node, ignoring "not there",

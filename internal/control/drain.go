@@ -100,7 +100,9 @@ func (s *Service) dropRow(ctx context.Context, rec store.Sandbox) {
 	defer cancel()
 	if err := s.st.DeleteSandbox(dctx, rec.ID); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Error("drop the row of a create placed on a closed node (the reaper retries)", "sandbox_id", rec.ID, "node_id", rec.NodeID, "err", err)
+		return
 	}
+	s.dropOwnVolumes(ctx, rec.ID, rec.VolumeMounts)
 }
 
 // drainRefusal answers new work that only a draining node could take:

@@ -293,7 +293,13 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", where[i], "", ""
 		rec.Hibernation, rec.HibernationDurable = "", false
 		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
-		if err := s.st.CreateSandbox(ctx, rec); err != nil {
+		// Its parent's exclusive volumes come as volumes of its own.
+		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.ID, rec.NodeID, parent.VolumeMounts); err == nil {
+			if err = s.st.CreateSandbox(ctx, rec); err != nil {
+				s.dropOwnVolumes(ctx, rec.ID, rec.VolumeMounts)
+			}
+		}
+		if err != nil {
 			for _, done := range rows[:i] {
 				s.abandon(ctx, done)
 			}

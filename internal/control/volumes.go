@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -36,8 +37,7 @@ func validateVolumeRequests(reqs []VolumeRequest) error {
 // resolveVolumes checks a create's volume mounts and reads their
 // volumes: the mounts to record, and the node that holds their content
 // ("" when none has yet). Volumes on two nodes cannot be mounted
-// together; an exclusive volume mounts read-only only, until its capture
-// with snapshots is built (docs/volumes.md).
+// together.
 func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest) ([]store.VolumeMount, string, error) {
 	if len(reqs) == 0 {
 		return nil, "", nil
@@ -65,22 +65,23 @@ func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest)
 		if slices.ContainsFunc(out, func(m store.VolumeMount) bool { return m.VolumeID == v.ID }) {
 			return nil, "", errdefs.Invalidf("volume %s is mounted twice", v.Name)
 		}
-		if v.Mode == store.VolumeExclusive && !r.ReadOnly {
-			return nil, "", errdefs.Invalidf("volume %s is exclusive: exclusive volumes mount read-only only, until their capture with snapshots is built (docs/volumes.md); mount it with readOnly, or use a shared volume", v.Name)
-		}
 		if v.NodeID != "" {
 			if home != "" && home != v.NodeID {
 				return nil, "", errdefs.Conflictf("volumes on different nodes (%s, %s) cannot be mounted in one sandbox", home, v.NodeID)
 			}
 			home = v.NodeID
 		}
-		out = append(out, store.VolumeMount{VolumeID: v.ID, Name: v.Name, Path: r.Path, ReadOnly: r.ReadOnly})
+		out = append(out, store.VolumeMount{VolumeID: v.ID, Name: v.Name, Path: r.Path, ReadOnly: r.ReadOnly,
+			Exclusive: v.Mode == store.VolumeExclusive, SizeBytes: v.SizeBytes})
 	}
 	return out, home, nil
 }
 
 // volumesOf is what a create mounts: the volumes it asks for, or those of
 // the snapshot it is made from (which come with it: it asks for none).
+// An exclusive volume the snapshot holds read-write comes from the
+// snapshot's copy of it, on the snapshot's node, whatever became of the
+// volume since (ownVolumes gives the sandbox its own).
 func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src *sourceInfo) ([]store.VolumeMount, string, error) {
 	if src == nil || len(src.volumes) == 0 {
 		return resolveVolumes(ctx, st, reqs)
@@ -90,6 +91,18 @@ func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src 
 	}
 	home := ""
 	for _, m := range src.volumes {
+		if captured(m) {
+			if len(src.holders) == 0 {
+				return nil, "", errdefs.NotFoundf("snapshot %s holds a volume's content and is on no node", src.id)
+			}
+			home = src.holders[0] // its copy of the content is where it was taken
+			continue
+		}
+	}
+	for _, m := range src.volumes {
+		if captured(m) {
+			continue
+		}
 		v, err := st.GetVolume(ctx, m.VolumeID)
 		if errdefs.IsNotFound(err) {
 			return nil, "", fmt.Errorf("%w: snapshot %s mounts volume %s, which was deleted", errdefs.ErrNotFound, src.id, m.Name)
@@ -98,20 +111,104 @@ func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src 
 			return nil, "", err
 		}
 		if v.NodeID != "" {
+			if home != "" && home != v.NodeID {
+				return nil, "", errdefs.Conflictf("snapshot %s mounts volumes on different nodes (%s, %s)", src.id, home, v.NodeID)
+			}
 			home = v.NodeID
 		}
 	}
 	return src.volumes, home, nil
 }
 
+// captured reports whether a mount's content is captured with snapshots.
+func captured(m store.VolumeMount) bool { return m.Exclusive && !m.ReadOnly }
+
+// ownVolumes gives sandbox id, restored on nodeID from an image with
+// mounts (a fork child, a create from a snapshot), a volume of its own
+// for each exclusive volume the image holds read-write: a new record
+// (volume.CopyFor) whose content the node makes from the image's copy.
+// The mounts returned name them. On failure the records made are gone.
+func (s *Service) ownVolumes(ctx context.Context, id, nodeID string, mounts []store.VolumeMount) ([]store.VolumeMount, error) {
+	out := slices.Clone(mounts)
+	for i, m := range mounts {
+		if !captured(m) {
+			continue
+		}
+		v := volume.CopyFor(m, id, nodeID)
+		if err := s.st.CreateVolume(ctx, v); err != nil {
+			s.dropOwnVolumes(ctx, id, out[:i])
+			if errdefs.IsAlreadyExists(err) {
+				return nil, fmt.Errorf("%w: the copy of volume %s for sandbox %s is named %s, which a volume has", errdefs.ErrAlreadyExists, m.Name, id, v.Name)
+			}
+			return nil, err
+		}
+		out[i] = store.VolumeMount{VolumeID: v.ID, Name: v.Name, Path: m.Path, Exclusive: true, SizeBytes: v.SizeBytes}
+	}
+	return out, nil
+}
+
+// dropOwnVolumes deletes the volumes made for sandbox id (ownVolumes)
+// among mounts, and their content on their node: its create failed.
+func (s *Service) dropOwnVolumes(ctx context.Context, id string, mounts []store.VolumeMount) {
+	dctx, cancel := s.cleanupContext(ctx)
+	defer cancel()
+	for _, m := range mounts {
+		if !captured(m) {
+			continue
+		}
+		var gone store.Volume
+		err := s.st.DeleteVolume(dctx, m.VolumeID, func(v store.Volume) error {
+			if v.MadeFor != id {
+				return errNotMine
+			}
+			gone = v
+			return nil
+		})
+		switch {
+		case err == nil:
+			s.DropVolumeContent(gone)
+		case errdefs.IsNotFound(err) || errors.Is(err, errNotMine):
+		default:
+			s.log.Error("volume made for a failed create left", "sandbox_id", id, "volume_id", m.VolumeID, "err", err)
+		}
+	}
+}
+
+var errNotMine = errors.New("not made for this sandbox")
+
 // claimVolumes records sandbox id as a user of its volumes, on nodeID:
-// the node a volume's content lives on is the first that mounts it. A
-// volume deleted meanwhile is ErrNotFound; one another create put on
-// another node meanwhile is ErrConflict. The node's mounts follow.
-func claimVolumes(ctx context.Context, st store.Volumes, id, nodeID string, mounts []store.VolumeMount) ([]nodeapi.VolumeMount, error) {
+// the node a volume's content lives on is the first that mounts it, and
+// an exclusive volume mounted read-write has one holder at a time (a
+// holder whose row is gone holds nothing). A volume deleted meanwhile is
+// ErrNotFound; one another create put on another node, or gave to
+// another holder, meanwhile is ErrConflict. The node's mounts follow.
+func claimVolumes(ctx context.Context, st store.Store, id, nodeID string, mounts []store.VolumeMount) ([]nodeapi.VolumeMount, error) {
 	var out []nodeapi.VolumeMount
 	for _, m := range mounts {
+		holder := ""
+		if captured(m) {
+			v, err := st.GetVolume(ctx, m.VolumeID)
+			if err != nil && !errdefs.IsNotFound(err) {
+				return nil, err
+			}
+			if v.Holder != "" && v.Holder != id {
+				_, err := st.GetSandbox(ctx, v.Holder)
+				if err == nil {
+					return nil, errdefs.Conflictf("volume %s is exclusive and sandbox %s has it mounted read-write: kill that sandbox first, or mount it read-only", m.Name, v.Holder)
+				}
+				if !errdefs.IsNotFound(err) {
+					return nil, err
+				}
+			}
+			holder = v.Holder
+		}
 		v, err := st.UpdateVolume(ctx, m.VolumeID, func(v *store.Volume) error {
+			if captured(m) {
+				if v.Holder != holder && v.Holder != id {
+					return errdefs.Conflictf("volume %s is exclusive and sandbox %s just mounted it read-write", v.Name, v.Holder)
+				}
+				v.Holder = id
+			}
 			if v.NodeID == "" {
 				v.NodeID = nodeID
 			}
@@ -129,7 +226,7 @@ func claimVolumes(ctx context.Context, st store.Volumes, id, nodeID string, moun
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, nodeapi.VolumeMount{VolumeID: v.ID, SizeBytes: v.SizeBytes, Path: m.Path, ReadOnly: m.ReadOnly})
+		out = append(out, nodeapi.VolumeMount{VolumeID: v.ID, SizeBytes: v.SizeBytes, Path: m.Path, ReadOnly: m.ReadOnly, Exclusive: m.Exclusive})
 	}
 	return out, nil
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/control/controltest"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/runtime/fake"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/volume"
 )
@@ -48,7 +50,7 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 	if got.NodeID != "nb" || !slices.Contains(got.Users, first.ID) {
 		t.Fatalf("volume row %+v", got)
 	}
-	if len(first.VolumeMounts) != 1 || first.VolumeMounts[0] != (store.VolumeMount{VolumeID: data.ID, Name: "data", Path: "/data"}) {
+	if len(first.VolumeMounts) != 1 || first.VolumeMounts[0] != (store.VolumeMount{VolumeID: data.ID, Name: "data", Path: "/data", SizeBytes: 64 << 20}) {
 		t.Fatalf("sandbox row mounts %+v", first.VolumeMounts)
 	}
 	// Its usage comes from nb, which holds it; a volume no node holds
@@ -144,5 +146,110 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 	}
 	if _, ok := f.a.Volumes.Made(other.ID); !ok {
 		t.Fatal("na lost the other volume")
+	}
+}
+
+// An exclusive volume through the control plane: one read-write holder at
+// a time (a second is a 409 that leaves no row; read-only mounts are
+// fine; a holder gone frees it); a fork child and a create from a
+// snapshot get volumes of their own, recorded (held by them, on the
+// parent's node, named after them) with the content of the capture; the
+// snapshot keeps the content after the volume is deleted; a create that
+// fails takes its volume's record with it. In process and over the node
+// protocol.
+func TestExclusiveVolumeInTheControlPlane(t *testing.T) { controltest.Each(t, testExclusiveVolume) }
+
+func testExclusiveVolume(t *testing.T, _ controltest.Config) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	cat := volume.NewCatalog(f.st)
+	ex, err := cat.Create(ctx, volume.CreateOptions{Name: "work", Mode: store.VolumeExclusive, Size: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: "work", Path: "/work"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*controltest.Node{"na": f.a, "nb": f.b}
+	home := nodes[a.NodeID]
+	if err := os.WriteFile(filepath.Join(home.Volumes.Dir(ex.ID), "f"), []byte("at-snapshot"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.st.GetVolume(ctx, ex.ID); got.Holder != a.ID || !a.VolumeMounts[0].Exclusive {
+		t.Fatalf("the holder of the volume is %q (sandbox mounts %+v)", got.Holder, a.VolumeMounts)
+	}
+	before, _, _ := f.st.ListSandboxes(ctx, store.SandboxFilter{Limit: 100})
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: "work", Path: "/w"}}}); !errdefs.IsConflict(err) {
+		t.Fatalf("a second read-write mount of an exclusive volume: %v", err)
+	}
+	if after, _, _ := f.st.ListSandboxes(ctx, store.SandboxFilter{Limit: 100}); len(after) != len(before) {
+		t.Fatalf("the refused create left a row: %d rows, were %d", len(after), len(before))
+	}
+	ro, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, Volumes: []control.VolumeRequest{{Name: "work", Path: "/w", ReadOnly: true}}})
+	if err != nil {
+		t.Fatalf("a read-only mount of a held exclusive volume: %v", err)
+	}
+
+	snap, err := f.ctl.Snapshot(ctx, a.ID, "with-work", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home.Volumes.Dir(ex.ID), "f"), []byte("at-fork"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := f.ctl.Fork(ctx, a.ID, 2, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := func(sb store.Sandbox, want string) {
+		t.Helper()
+		id := ids.Derive('v', sb.ID, ex.ID)
+		v, err := f.st.GetVolume(ctx, id)
+		if err != nil || v.Holder != sb.ID || v.MadeFor != sb.ID || v.NodeID != a.NodeID || v.Mode != store.VolumeExclusive || v.SizeBytes != 64<<20 || v.Name != "work-"+sb.ID {
+			t.Fatalf("the volume of %s: %+v (%v)", sb.ID, v, err)
+		}
+		if len(sb.VolumeMounts) != 1 || sb.VolumeMounts[0].VolumeID != id || sb.VolumeMounts[0].Name != v.Name || sb.VolumeMounts[0].Path != "/work" {
+			t.Fatalf("%s mounts %+v: want its own volume %s", sb.ID, sb.VolumeMounts, id)
+		}
+		if got, err := os.ReadFile(filepath.Join(home.Volumes.Dir(id), "f")); err != nil || string(got) != want {
+			t.Fatalf("the volume of %s holds %q (%v), want %q", sb.ID, got, err, want)
+		}
+	}
+	for _, k := range kids {
+		if k.Err != nil || k.Sandbox.NodeID != a.NodeID {
+			t.Fatalf("fork child %+v", k)
+		}
+		own(k.Sandbox.Sandbox, "at-fork")
+	}
+
+	// The volume deleted (once its holder and reader are gone): the
+	// snapshot still brings its content, as a volume of the new sandbox.
+	if _, err := cat.Delete(ctx, "work"); !errdefs.IsConflict(err) {
+		t.Fatalf("delete of a held volume: %v", err)
+	}
+	for _, id := range []string{a.ID, ro.ID} {
+		if err := f.ctl.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cat.Delete(ctx, "work"); err != nil {
+		t.Fatal(err)
+	}
+	from, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour})
+	if err != nil {
+		t.Fatalf("a create from the snapshot after its volume was deleted: %v", err)
+	}
+	own(from.Sandbox, "at-snapshot")
+
+	// A create from the snapshot that fails on its node leaves no row and
+	// no volume.
+	vols, _, _ := f.st.ListVolumes(ctx, 100, "")
+	home.Runtime.Fail(fake.OpRestore, "", 1, errdefs.ErrInternal)
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour}); err == nil {
+		t.Fatal("a create whose restore failed succeeded")
+	}
+	if after, _, _ := f.st.ListVolumes(ctx, 100, ""); len(after) != len(vols) {
+		t.Fatalf("the failed create left volumes: %d, were %d", len(after), len(vols))
 	}
 }

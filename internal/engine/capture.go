@@ -71,6 +71,9 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	if err := wantState(rec, "snapshot", StateRunning, StatePaused); err != nil {
 		return SnapshotResult{}, err
 	}
+	if opts.Template && len(rec.Run.Volumes) > 0 {
+		return SnapshotResult{}, errdefs.Invalidf("sandbox %s mounts volumes: a template carries none", id)
+	}
 	snapID := opts.ID
 	if snapID == "" {
 		snapID = ids.New('s')
@@ -80,10 +83,16 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 		return SnapshotResult{}, err
 	}
 	defer st.Abort()
-	paused, err := e.capture(ctx, rec, opSnapshot, st.ImageDir())
+	paused, run, err := e.capture(ctx, rec, opSnapshot, st.ImageDir(), snapID)
 	if err != nil {
 		return SnapshotResult{}, err
 	}
+	committed := false
+	defer func() {
+		if !committed {
+			e.dropCopies(run)
+		}
+	}()
 	kind := snapshot.KindSnapshot
 	var replaced []snapshot.Manifest
 	if opts.Template {
@@ -95,6 +104,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 		}
 	}
 	manifest := e.manifestOf(rec, kind, opts.Names)
+	manifest.Run = run // with its volumes' copies
 	if opts.Template && len(opts.Names) > 0 {
 		manifest.Template = opts.Names[0]
 	}
@@ -106,6 +116,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, opts SnapshotOptions) 
 	if err != nil {
 		return SnapshotResult{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	committed = true
 	e.syncSnapshot(m.ID)
 	for _, old := range replaced {
 		if err := e.DeleteSnapshot(ctx, old.ID); err != nil {
@@ -145,15 +156,47 @@ func (e *Engine) replaySnapshot(id, snapID string) (SnapshotResult, bool, error)
 }
 
 // capture checkpoints rec's instance into dir, leaving it running, with op
-// journaled for the duration. It returns how long the checkpoint took.
-func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (time.Duration, error) {
+// journaled for the duration. It returns how long the sandbox was stopped
+// and its run with the copies of its exclusive volumes (captured for key,
+// exclusive.go): those are taken with the sandbox paused, so memory and
+// volumes are of one instant. On failure no copy is left.
+func (e *Engine) capture(ctx context.Context, rec *record, o op, dir, key string) (time.Duration, snapshot.RunConfig, error) {
 	e.touch(rec.ID) // a snapshot or fork is a use of the sandbox (pressure.go)
 	rec.Pending = &pending{Op: o, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
-		return 0, err
+		return 0, rec.Run, err
 	}
 	t0 := time.Now()
-	err := e.rt.Checkpoint(ctx, rec.Instance, dir, runtime.CheckpointOptions{LeaveRunning: true})
+	run, err := rec.Run, error(nil)
+	pausedHere := false
+	if capturesVolumes(rec.Run) {
+		if rec.State == StateRunning {
+			if err = e.rt.Pause(ctx, rec.Instance); err == nil {
+				pausedHere = true
+			}
+		}
+		if err == nil {
+			done := timing.Track(ctx, "volumes")
+			run, err = e.captureVolumes(ctx, rec.Run, key)
+			done()
+		}
+	}
+	if err == nil {
+		err = e.rt.Checkpoint(ctx, rec.Instance, dir, runtime.CheckpointOptions{LeaveRunning: true})
+		if err != nil {
+			e.dropCopies(run)
+			run = rec.Run
+		}
+	}
+	if pausedHere {
+		cctx, cancel := cleanupCtx()
+		if rerr := e.rt.Resume(cctx, rec.Instance); rerr != nil && err == nil {
+			err = fmt.Errorf("resume after the capture: %w", rerr)
+			e.dropCopies(run)
+			run = rec.Run
+		}
+		cancel()
+	}
 	paused := time.Since(t0)
 	timing.FromContext(ctx).Add("checkpoint", paused)
 	if err != nil && rec.State == StateRunning {
@@ -171,9 +214,10 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir string) (ti
 		err = serr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: checkpoint: %w", rec.ID, err)
+		e.dropCopies(run)
+		return 0, rec.Run, fmt.Errorf("sandbox %s: checkpoint: %w", rec.ID, err)
 	}
-	return paused, nil
+	return paused, run, nil
 }
 
 // manifestOf is the manifest of an image of rec's instance: written by
@@ -280,11 +324,12 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 		return ForkResult{}, err
 	}
 	defer os.RemoveAll(img)
-	paused, err := e.capture(ctx, rec, opFork, img)
+	paused, captured, err := e.capture(ctx, rec, opFork, img, ids.New('f'))
 	unlock() // the source is free once captured
 	if err != nil {
 		return ForkResult{}, err
 	}
+	defer e.dropCopies(captured) // each child has its own copy by then
 	// The children that fit in the host's memory are admitted together,
 	// the others refused (admission.go); none: the fork fails as a whole.
 	specs := forkSpecs(opts)
@@ -319,16 +364,23 @@ func (e *Engine) Fork(ctx context.Context, id string, opts ForkOptions) (ForkRes
 				res.Children[i] = forkReplay(existing, id)
 				return
 			}
-			run := rec.Run
+			run := captured
 			run.AccessToken = spec.AccessToken // each child gets its own
 			if run.AccessToken == "" {
 				run.AccessToken = newToken()
+			}
+			made, err := e.volumesForNew(ctx, spec.ID, &run)
+			if err != nil {
+				e.removeImages(made)
+				res.Children[i].Err = fmt.Errorf("sandbox %s: %w", spec.ID, err)
+				return
 			}
 			child := &record{
 				ID: spec.ID, State: StateRunning, Template: rec.Template, Parent: rec.Parent, Source: forkSource(id),
 				RootFS: rec.RootFS, RootFSID: rec.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: rec.Policy,
 			}
 			if err := e.restoreNew(ctx, child, m, "fork of "+id, img, rec.Run.AccessToken); err != nil {
+				e.removeImages(made)
 				res.Children[i].Err = err
 				return
 			}
@@ -406,12 +458,22 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err
 	}
+	// The snapshot's exclusive volumes come back as new images of the
+	// sandbox's own volumes (exclusive.go).
+	run, made, err := e.volumesForRollback(ctx, instance, rec.Run, m.Run)
 	fail := func(err error) (Sandbox, error) {
+		e.removeImages(made)
 		rec.Pending = nil
 		if serr := e.save(rec); serr != nil {
 			e.log.Error("clear rollback journal", "sandbox_id", id, "err", serr)
 		}
 		return Sandbox{}, fmt.Errorf("sandbox %s: rollback to %s failed, sandbox unchanged: %w", id, m.ID, err)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if len(made) > 0 {
+		spec.Mounts = run.Mounts
 	}
 	addr, err := e.launch(ctx, id, spec, e.snaps.ImageDir(m.ID), rec.Policy)
 	if err != nil {
@@ -419,7 +481,7 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	}
 	// The restored daemon keeps this sandbox's identity and token.
 	next := *rec
-	next.Run = m.Run
+	next.Run = run
 	next.Run.AccessToken = rec.Run.AccessToken
 	if err := e.initDaemon(ctx, &next, addr, m.Run.AccessToken); err != nil {
 		e.discard(id, instance, "")
@@ -431,7 +493,8 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 	rec.Instance, rec.Parent, rec.Run, rec.State, rec.Addr = instance, m.ID, next.Run, StateRunning, addr
 	// The instance now runs m's image: over m's tree, with m's build.
 	rec.RootFS, rec.RootFSID, rec.RuntimeBuild = m.RootFS, m.RootFSID, spec.Build
-	rec.Pending = &pending{Op: opDiscard, Instance: old, Started: time.Now().UTC()}
+	// The volume images the replaced instance ran with go with it.
+	rec.Pending = &pending{Op: opDiscard, Instance: old, Images: imageActions(prev.Run, false), Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		*rec = prev
 		e.discard(id, instance, "")
@@ -457,7 +520,7 @@ func (e *Engine) Rollback(ctx context.Context, id, snapshotRef string) (Sandbox,
 // operations cannot overwrite it.
 func (e *Engine) finishDiscard(rec *record) {
 	p := rec.Pending
-	cs, err := e.journalCleanup(rec.ID, p.Instance, p.Snapshot)
+	cs, err := e.journalCleanup(rec.ID, p.Instance, p.Snapshot, p.Images...)
 	if err != nil {
 		// The record's journal keeps it: the next Open frees it.
 		e.log.Error("journal cleanup of replaced instance", "sandbox_id", rec.ID, "err", err)

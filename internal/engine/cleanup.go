@@ -27,19 +27,27 @@ import (
 
 // Cleanup is one pending entry of the cleanup journal.
 type Cleanup struct {
-	Sandbox  string    `json:"sandbox,omitempty"`  // whose it was
-	Instance string    `json:"instance,omitempty"` // instance to kill, or
-	Snapshot string    `json:"snapshot,omitempty"` // snapshot to delete
-	Since    time.Time `json:"since"`
-	Attempts int       `json:"attempts,omitempty"`
-	LastErr  string    `json:"last_error,omitempty"`
+	Sandbox  string `json:"sandbox,omitempty"`  // whose it was
+	Instance string `json:"instance,omitempty"` // instance to kill, or
+	Snapshot string `json:"snapshot,omitempty"` // snapshot to delete
+	// Images are volume images to free once the instance or snapshot is
+	// (exclusive.go); an entry may name these alone.
+	Images   []ImageAction `json:"images,omitempty"`
+	Since    time.Time     `json:"since"`
+	Attempts int           `json:"attempts,omitempty"`
+	LastErr  string        `json:"last_error,omitempty"`
 }
 
 func (c Cleanup) key() string {
-	if c.Instance != "" {
+	switch {
+	case c.Instance != "":
 		return "instance-" + c.Instance
+	case c.Snapshot != "":
+		return "snapshot-" + c.Snapshot
+	case len(c.Images) > 0:
+		return "images-" + c.Images[0].Image
 	}
-	return "snapshot-" + c.Snapshot
+	return "empty"
 }
 
 func (e *Engine) cleanupDir() string { return filepath.Join(e.dir, "cleanup") }
@@ -49,8 +57,10 @@ func (e *Engine) cleanupPath(c Cleanup) string {
 }
 
 // journalCleanup durably records that sandbox's instance and/or snapshot
-// must be freed ("" parts are skipped) and returns the entries written.
-func (e *Engine) journalCleanup(sandbox, instance, snap string) ([]Cleanup, error) {
+// must be freed ("" parts are skipped), with the volume images acts
+// (after the instance, else the snapshot, else alone), and returns the
+// entries written.
+func (e *Engine) journalCleanup(sandbox, instance, snap string, acts ...ImageAction) ([]Cleanup, error) {
 	var out []Cleanup
 	now := time.Now().UTC()
 	if instance != "" {
@@ -58,6 +68,12 @@ func (e *Engine) journalCleanup(sandbox, instance, snap string) ([]Cleanup, erro
 	}
 	if snap != "" {
 		out = append(out, Cleanup{Sandbox: sandbox, Snapshot: snap, Since: now})
+	}
+	if len(acts) > 0 {
+		if len(out) == 0 {
+			out = append(out, Cleanup{Sandbox: sandbox, Since: now})
+		}
+		out[0].Images = acts
 	}
 	for _, c := range out {
 		if err := atomicfs.WriteJSON(e.cleanupPath(c), c); err != nil {
@@ -106,8 +122,13 @@ func (e *Engine) loadCleanups() []Cleanup {
 		}
 		var c Cleanup
 		err := atomicfs.ReadJSON(path, &c)
-		if err == nil && (c.Instance == "") == (c.Snapshot == "") {
+		if err == nil && c.Instance != "" && c.Snapshot != "" || c.Instance == "" && c.Snapshot == "" && len(c.Images) == 0 {
 			err = errors.New("names neither or both of an instance and a snapshot")
+		}
+		for _, a := range c.Images {
+			if err == nil {
+				err = ids.Validate("volume image", a.Image)
+			}
 		}
 		if err == nil && c.Instance != "" {
 			err = ids.Validate("instance ID", c.Instance)
@@ -155,10 +176,16 @@ func (e *Engine) runCleanup(ctx context.Context, c Cleanup) error {
 		return e.dropCleanup(c)
 	}
 	var err error
-	if c.Instance != "" {
+	switch {
+	case c.Instance != "":
 		err = e.killInstance(ctx, c.Instance)
-	} else if err = e.snaps.Delete(c.Snapshot); errdefs.IsNotFound(err) {
-		err = nil
+	case c.Snapshot != "":
+		if err = e.snaps.Delete(c.Snapshot); errdefs.IsNotFound(err) {
+			err = nil
+		}
+	}
+	if err == nil {
+		err = e.runImageActions(ctx, c.Images)
 	}
 	if err != nil {
 		c.Attempts++

@@ -237,11 +237,19 @@ func (e *Engine) Create(ctx context.Context, opts CreateOptions) (Sandbox, error
 	if run, err = withVolumes(run, opts.Template, opts.Volumes); err != nil {
 		return Sandbox{}, err
 	}
+	// A snapshot's exclusive volumes come as new volumes of this sandbox,
+	// at the snapshot's instant (exclusive.go).
+	made, err := e.volumesForNew(ctx, id, &run)
+	if err != nil {
+		e.removeImages(made)
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
 	rec := &record{
 		ID: id, State: StateRunning, Template: template, Parent: m.ID, Source: m.ID,
 		RootFS: m.RootFS, RootFSID: m.RootFSID, Run: run, CreatedAt: time.Now().UTC(), Policy: policy,
 	}
 	if err := e.restoreNew(ctx, rec, m, m.ID, e.snaps.ImageDir(m.ID), m.Run.AccessToken); err != nil {
+		e.removeImages(made)
 		return Sandbox{}, err
 	}
 	return rec.view(), nil

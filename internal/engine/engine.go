@@ -37,6 +37,10 @@ type Config struct {
 	Logger    *slog.Logger
 	// Network, when set, gives every instance its own network namespace.
 	Network Network
+	// Volumes, when set, keeps volume images: exclusive volumes are
+	// captured with snapshots (exclusive.go); without it a sandbox with
+	// one cannot be snapshotted or forked.
+	Volumes VolumeImages
 	// Init, when set, re-initialises the in-sandbox daemon after every
 	// restore (new identity and access token per sandbox).
 	Init Initializer
@@ -94,6 +98,7 @@ type Engine struct {
 	log       *slog.Logger
 	lockFile  *os.File
 	net       Network
+	vols      VolumeImages // nil: no exclusive volumes (exclusive.go)
 	init      Initializer
 	mem       *memory // the floor, admission's ledger, activity (admission.go, pressure.go)
 	targets   *targetPool
@@ -147,7 +152,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		dir: cfg.Dir, rootfsDir: cfg.RootFSDir, rt: cfg.Runtime, snaps: cfg.Snapshots,
-		log: cfg.Logger, lockFile: lf, net: cfg.Network, init: cfg.Init,
+		log: cfg.Logger, lockFile: lf, net: cfg.Network, vols: cfg.Volumes, init: cfg.Init,
 		mem: newMemory(cfg), cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
 		targets: newTargetPool(cfg.RestoreTargets, cfg.RestoreTargetsBurst, cfg.TargetBurstIdle), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
@@ -326,7 +331,11 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, ref string) error {
 		delete(e.inUse, m.ID)
 		e.mu.Unlock()
 	}()
-	return e.snaps.Delete(m.ID)
+	if err := e.snaps.Delete(m.ID); err != nil {
+		return err
+	}
+	e.dropCopies(m.Run) // its exclusive volumes' content (exclusive.go)
+	return nil
 }
 
 // acquireSnapshot resolves ref and marks the snapshot as being read, so it

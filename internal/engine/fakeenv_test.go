@@ -43,6 +43,8 @@ type fenv struct {
 	// ReservedNetworks.
 	net  engine.Network
 	nets int
+	// vols is the engine's VolumeImages (nil: none).
+	vols engine.VolumeImages
 }
 
 // newFake opens an engine on a fresh directory over a fresh fake runtime
@@ -109,7 +111,7 @@ func (f *fenv) open() {
 		Dir: filepath.Join(f.dir, "engine"), RootFSDir: filepath.Join(f.dir, "rootfs"),
 		Runtime: f.rt, Snapshots: repo, MemoryReserve: reserve, MemAvailable: memAvail, CleanupRetry: f.retry, RestoreTargets: f.targets,
 		RestoreTargetsBurst: f.burst, TargetBurstIdle: f.burstIdle,
-		Network: f.net, ReservedNetworks: f.nets,
+		Network: f.net, ReservedNetworks: f.nets, Volumes: f.vols,
 		Logger: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	if err != nil {

@@ -195,7 +195,9 @@ func (e *Engine) Kill(ctx context.Context, id string) error {
 // journaled: a runtime failing to free the instance does not keep the
 // sandbox alive, the journal retries it (cleanup.go).
 func (e *Engine) finishKill(ctx context.Context, rec *record) error {
-	cs, err := e.journalCleanup(rec.ID, rec.Instance, rec.Hibernation)
+	// A volume the sandbox rolled back keeps the content it had: its
+	// image becomes the volume's own once the instance is gone.
+	cs, err := e.journalCleanup(rec.ID, rec.Instance, rec.Hibernation, imageActions(rec.Run, true)...)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: kill: %w", rec.ID, err)
 	}

@@ -62,10 +62,13 @@ var opState = map[op]State{
 
 // pending is the journal entry of an operation in flight.
 type pending struct {
-	Op       op        `json:"op"`
-	Instance string    `json:"instance,omitempty"` // instance the operation creates (or must discard)
-	Snapshot string    `json:"snapshot,omitempty"` // snapshot it writes (or must delete)
-	Started  time.Time `json:"started"`
+	Op       op     `json:"op"`
+	Instance string `json:"instance,omitempty"` // instance the operation creates (or must discard)
+	Snapshot string `json:"snapshot,omitempty"` // snapshot it writes (or must delete)
+	// Images are the volume images to free with a discarded instance
+	// (exclusive.go).
+	Images  []ImageAction `json:"images,omitempty"`
+	Started time.Time     `json:"started"`
 }
 
 // recordVersion is the version of the record format this engine writes

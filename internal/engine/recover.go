@@ -77,12 +77,13 @@ func (e *Engine) recover(ctx context.Context) error {
 	}
 	e.cleanNow(ctx, e.loadCleanups())
 	e.removeOrphans(ctx)
+	e.removeStrayImages(ctx)
 	return nil
 }
 
 // undo journals the cleanup of what an interrupted operation left.
-func (e *Engine) undo(r *record, instance, snap string) error {
-	_, err := e.journalCleanup(r.ID, instance, snap)
+func (e *Engine) undo(r *record, instance, snap string, acts ...ImageAction) error {
+	_, err := e.journalCleanup(r.ID, instance, snap, acts...)
 	return err
 }
 
@@ -110,7 +111,7 @@ func (e *Engine) recoverOne(ctx context.Context, r *record) error {
 			}
 		case opDiscard:
 			// Committed: free what the operation replaced.
-			if err := e.undo(r, p.Instance, p.Snapshot); err != nil {
+			if err := e.undo(r, p.Instance, p.Snapshot, p.Images...); err != nil {
 				return err
 			}
 		case opSnapshot, opFork:

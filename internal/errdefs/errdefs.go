@@ -56,3 +56,8 @@ func NotFoundf(format string, args ...any) error {
 func Conflictf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrConflict, fmt.Sprintf(format, args...))
 }
+
+// Unavailablef returns an ErrUnavailable with a message.
+func Unavailablef(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrUnavailable, fmt.Sprintf(format, args...))
+}

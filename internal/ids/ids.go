@@ -6,6 +6,7 @@ package ids
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"regexp"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -28,6 +29,26 @@ func New(prefix byte) string {
 	rand.Read(b) // never fails (crypto/rand panics on an unusable source)
 	for i := range b {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	b[0] = prefix
+	return string(b)
+}
+
+// Derive returns the ID of the given kind that parts name: the same parts
+// always give the same ID (a hash of them, in New's shape), so two
+// components name a thing they both make without telling each other (a
+// fork child's copy of its parent's exclusive volume: Derive('v', child,
+// volume)).
+func Derive(prefix byte, parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	sum := h.Sum(nil)
+	b := make([]byte, idLen)
+	for i := range b {
+		b[i] = alphabet[int(sum[i])%len(alphabet)]
 	}
 	b[0] = prefix
 	return string(b)

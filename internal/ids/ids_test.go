@@ -46,3 +46,17 @@ func TestNewIsUniqueAndValid(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+func TestDeriveIsStableAndValid(t *testing.T) {
+	a := Derive('v', "iaaaa", "vbbbb")
+	if a != Derive('v', "iaaaa", "vbbbb") {
+		t.Fatal("Derive gave two IDs for the same parts")
+	}
+	if err := Validate("volume ID", a); err != nil || len(a) != idLen || a[0] != 'v' {
+		t.Fatalf("Derive = %q (%v): want %d characters of New's shape, starting with v", a, err, idLen)
+	}
+	// Parts are kept apart: ("ab", "c") and ("a", "bc") differ.
+	if Derive('v', "ab", "c") == Derive('v', "a", "bc") || Derive('v', "iaaaa", "vcccc") == a {
+		t.Fatal("Derive gave one ID for different parts")
+	}
+}

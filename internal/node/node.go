@@ -255,21 +255,23 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	client := envdclient.New()
+	vols := openVolumes(ctx, dataDir, cfg.VolumePoolBytes, cfg.Logger)
 	eng, err := engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(dataDir, "engine"), RootFSDir: cfg.RootFSDir,
-		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client,
+		Runtime: drv, Snapshots: repo, Logger: cfg.Logger, Network: nm, Init: client, Volumes: vols,
 		MemoryReserve: cfg.MemoryReserve, MemoryMargin: cfg.MemoryMargin, RestoreTargets: orDefault(cfg.RestoreTargets, DefaultRestoreTargets),
 		RestoreTargetsBurst: orDefault(cfg.RestoreTargetsBurst, DefaultRestoreTargetsBurst),
 		ReservedNetworks:    orDefault(cfg.ReservedNetworks, DefaultReservedNetworks),
 	})
 	if err != nil {
+		vols.close()
 		fwd.Close()
 		proxy.Close()
 		return nil, err
 	}
 	n := &Node{Engine: eng, Runtime: drv, Net: nm, Envd: client, envdDir: envdDir, dns: fwd, egress: proxy, Audit: journal, log: cfg.Logger, CPUFeatures: HostCPUFeatures(),
 		exportDir: filepath.Join(dataDir, "exports"),
-		rootfsDir: cfg.RootFSDir, reg: reg, blobs: cfg.Blobs, vols: openVolumes(ctx, dataDir, cfg.VolumePoolBytes, cfg.Logger)}
+		rootfsDir: cfg.RootFSDir, reg: reg, blobs: cfg.Blobs, vols: vols}
 	n.versions = &versions{n: n, pruneTrees: cfg.OwnRootFS}
 	if _, err := n.PruneVersions(ctx); err != nil {
 		n.log.Warn("prune the versions nothing needs", "err", err)

@@ -68,7 +68,9 @@ func openVolumes(ctx context.Context, dataDir string, poolSize int64, log *slog.
 	// its sandboxes restore (rollback, resume) after a restart.
 	if _, err := os.Stat(filepath.Join(v.dir, "pool.img")); err == nil {
 		if p, err := v.open(ctx); err == nil {
-			if err := p.MountAll(ctx); err != nil {
+			// Snapshots' copies stay unmounted: nothing restores from them
+			// in place, and a mount would write to them.
+			if err := p.MountAll(ctx, func(name string) bool { return !engine.IsVolumeCopy(name) }); err != nil {
 				log.Warn("mount the volumes", "err", err)
 			}
 		}
@@ -163,6 +165,86 @@ func (v *volumes) localize(m *snapshot.Manifest) {
 	}
 }
 
+// The engine keeps exclusive volumes' content with snapshots in the pool
+// (engine.VolumeImages).
+
+// Capture implements engine.VolumeImages.
+func (v *volumes) Capture(ctx context.Context, image, copy string) error {
+	p, err := v.open(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Capture(ctx, image, copy)
+}
+
+// Clone implements engine.VolumeImages.
+func (v *volumes) Clone(ctx context.Context, src, dst string) (string, error) {
+	p, err := v.open(ctx)
+	if err != nil {
+		return "", err
+	}
+	if err := p.Copy(ctx, src, dst); err != nil {
+		return "", err
+	}
+	return p.Mount(ctx, dst, false)
+}
+
+// Remove implements engine.VolumeImages.
+func (v *volumes) Remove(ctx context.Context, image string) error {
+	if !v.made() {
+		return nil
+	}
+	p, err := v.open(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Remove(ctx, image)
+}
+
+// Settle implements engine.VolumeImages.
+func (v *volumes) Settle(ctx context.Context, image, volume string) error {
+	p, err := v.open(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Rename(ctx, image, volume)
+}
+
+// Images implements engine.VolumeImages.
+func (v *volumes) Images(ctx context.Context) ([]string, error) {
+	if !v.made() {
+		return nil, nil
+	}
+	p, err := v.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return p.Images()
+}
+
+// made reports whether this node has a volume pool (made by a volume).
+func (v *volumes) made() bool {
+	if v.err != nil {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(v.dir, "pool.img"))
+	return err == nil
+}
+
+// imageOf is the image that holds a volume's content here now: the one
+// the sandbox that rolled it back runs with (its holder; a reader made
+// before keeps the image it was given), else the volume's own.
+func (n *Node) imageOf(ctx context.Context, volumeID string) string {
+	for _, sb := range n.Engine.List(ctx) {
+		for _, m := range sb.Run.Volumes {
+			if m.Volume == volumeID && m.Image != "" && m.Captured() {
+				return m.Image
+			}
+		}
+	}
+	return volumeID
+}
+
 // PrepareVolumes makes (the first time) and mounts each volume here, and
 // returns what the engine puts behind the slots: volume i in slot i.
 func (n *Node) PrepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount) ([]engine.Volume, error) {
@@ -176,22 +258,29 @@ func (n *Node) PrepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount)
 	}
 	out := make([]engine.Volume, 0, len(mounts))
 	for i, m := range mounts {
-		if !p.Exists(m.VolumeID) {
-			if err := makeImage(ctx, p, m.VolumeID, m.SizeBytes); err != nil {
+		if err := ids.Validate("volume ID", m.VolumeID); err != nil {
+			return nil, err
+		}
+		img := n.imageOf(ctx, m.VolumeID)
+		if !p.Exists(img) {
+			if err := makeImage(ctx, p, img, m.SizeBytes); err != nil {
 				return nil, err
 			}
 		}
 		var src string
 		if m.ReadOnly {
-			src, err = p.View(ctx, m.VolumeID)
+			src, err = p.View(ctx, img)
 		} else {
-			src, err = p.Mount(ctx, m.VolumeID, false)
+			src, err = p.Mount(ctx, img, false)
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, engine.Volume{Source: src, VolumeMount: snapshot.VolumeMount{
-			Volume: m.VolumeID, Slot: SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly}})
+		vm := snapshot.VolumeMount{Volume: m.VolumeID, Slot: SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly, Exclusive: m.Exclusive}
+		if img != m.VolumeID {
+			vm.Image = img
+		}
+		out = append(out, engine.Volume{Source: src, VolumeMount: vm})
 	}
 	return out, nil
 }
@@ -256,13 +345,14 @@ func (n *Node) VolumeUsage(ctx context.Context, volumeID string) (nodeapi.Volume
 	if err != nil {
 		return nodeapi.VolumeUsage{}, err
 	}
-	if !p.Exists(volumeID) {
+	img := n.imageOf(ctx, volumeID)
+	if !p.Exists(img) {
 		return nodeapi.VolumeUsage{}, errdefs.NotFoundf("volume %s is not on this node", volumeID)
 	}
-	if _, err := p.Mount(ctx, volumeID, false); err != nil {
+	if _, err := p.Mount(ctx, img, false); err != nil {
 		return nodeapi.VolumeUsage{}, err
 	}
-	used, capacity, err := p.Usage(volumeID)
+	used, capacity, err := p.Usage(img)
 	if err != nil {
 		return nodeapi.VolumeUsage{}, err
 	}
@@ -279,12 +369,13 @@ func (n *Node) VolumeRoot(ctx context.Context, volumeID string, size int64) (*os
 	if err != nil {
 		return nil, err
 	}
-	if !p.Exists(volumeID) {
-		if err := makeImage(ctx, p, volumeID, size); err != nil {
+	img := n.imageOf(ctx, volumeID)
+	if !p.Exists(img) {
+		if err := makeImage(ctx, p, img, size); err != nil {
 			return nil, err
 		}
 	}
-	mp, err := p.Mount(ctx, volumeID, false)
+	mp, err := p.Mount(ctx, img, false)
 	if err != nil {
 		return nil, err
 	}

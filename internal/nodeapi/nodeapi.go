@@ -448,6 +448,9 @@ type VolumeMount struct {
 	SizeBytes int64
 	Path      string
 	ReadOnly  bool
+	// Exclusive: the volume's content is captured with the sandbox's
+	// snapshots (when mounted read-write).
+	Exclusive bool
 }
 
 // VolumeUsage is a volume's bytes in use and its capacity on its node.

@@ -77,7 +77,29 @@ type VolumeMount struct {
 	Slot     string `json:"slot"`
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// Exclusive: the volume's content is captured with every snapshot
+	// (when mounted read-write), and restored with it (docs/volumes.md).
+	Exclusive bool `json:"exclusive,omitempty"`
+	// Image is the node's volume image behind the slot when it is not the
+	// one named Volume (a rollback gives the sandbox a new image of the
+	// volume, made from the snapshot's copy).
+	Image string `json:"image,omitempty"`
+	// Copy, in a snapshot's manifest, is the volume image that holds the
+	// volume's content at the snapshot's instant.
+	Copy string `json:"copy,omitempty"`
 }
+
+// ImageName is the node's volume image behind the slot.
+func (v VolumeMount) ImageName() string {
+	if v.Image != "" {
+		return v.Image
+	}
+	return v.Volume
+}
+
+// Captured reports whether the volume's content is captured with
+// snapshots: an exclusive volume mounted read-write.
+func (v VolumeMount) Captured() bool { return v.Exclusive && !v.ReadOnly }
 
 // Manifest describes a committed snapshot.
 type Manifest struct {

@@ -103,6 +103,11 @@ type VolumeMount struct {
 	Name     string `json:"name"`
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"readOnly,omitempty"`
+	// Exclusive: the volume's content is captured with the sandbox's
+	// snapshots when mounted read-write; a sandbox restored from one of
+	// them (a fork child, a create from it) gets a volume of its own.
+	Exclusive bool  `json:"exclusive,omitempty"`
+	SizeBytes int64 `json:"sizeBytes,omitempty"` // the volume's quota, for such copies
 }
 
 // Snapshot is the control plane's record of a snapshot.

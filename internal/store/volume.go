@@ -36,7 +36,11 @@ type Volume struct {
 	NodeID string `json:"nodeID,omitempty"`
 	// Users are the sandboxes that were given it (a delete checks that
 	// none of them is alive; one gone since is ignored).
-	Users     []string  `json:"users,omitempty"`
+	Users []string `json:"users,omitempty"`
+	// MadeFor is the sandbox this volume was made for: a copy of an
+	// exclusive volume given to a fork child or a create from a snapshot.
+	// It goes with that sandbox's row when its create fails.
+	MadeFor   string    `json:"madeFor,omitempty"`
 	CreatedAt time.Time `json:"createdAt"` // zero on create means now; kept by UpdateVolume
 	UpdatedAt time.Time `json:"updatedAt"` // set by the store on every write
 }

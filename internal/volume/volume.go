@@ -55,6 +55,23 @@ var (
 // NewID mints a volume ID.
 func NewID() string { return ids.New('v') }
 
+// CopyFor is the record of the volume a sandbox restored from a snapshot
+// of an exclusive volume m (a fork child, a create from the snapshot)
+// gets: a new exclusive volume with m's quota, held by sandbox on node,
+// whose ID is the one the node's engine derives for the content it makes
+// (ids.Derive('v', sandbox, volume)) and whose name is m's followed by
+// the sandbox's ID.
+func CopyFor(m store.VolumeMount, sandbox, node string) store.Volume {
+	name := m.Name
+	if max := 62 - len(sandbox); len(name) > max {
+		name = name[:max]
+	}
+	return store.Volume{
+		ID: ids.Derive('v', sandbox, m.VolumeID), Name: name + "-" + sandbox, Mode: store.VolumeExclusive,
+		SizeBytes: m.SizeBytes, Token: newToken(), Holder: sandbox, NodeID: node, Users: []string{sandbox}, MadeFor: sandbox,
+	}
+}
+
 // IsID reports whether ref has the shape of a volume ID.
 func IsID(ref string) bool { return idRE.MatchString(ref) }
 

@@ -84,10 +84,53 @@ func TestVolumesThroughTheSDKAndCLI(t *testing.T) {
 	s.ok("kill", rw)
 	s.ok("kill", ro)
 	s.ok("volume", "rm", "cli-shared")
+
+	// The exclusive volume: captured with the sandbox's snapshot, back
+	// with its rollback; one read-write holder; each fork child a volume
+	// of its own; the snapshot keeps the content after the volume goes.
+	ex := s.ok("start", "base", "--volume", "cli-vol:/home/user/ex")
+	s.ok("exec", ex, "--", "echo at-snapshot > /home/user/ex/f")
+	s.ok("snapshot", "create", ex, "--name", "ex-snap")
+	s.ok("exec", ex, "--", "echo changed > /home/user/ex/f; touch /home/user/ex/new")
+	s.ok("rollback", ex, "ex-snap")
+	if got := s.ok("exec", ex, "--", "cat /home/user/ex/f; test -e /home/user/ex/new || echo no-new"); got != "at-snapshot\nno-new" {
+		t.Fatalf("after the rollback the exclusive volume holds %q", got)
+	}
+	if _, errs, code := s.cli("", "start", "base", "--volume", "cli-vol:/x"); code == 0 || !strings.Contains(errs, "exclusive") {
+		t.Fatalf("a second read-write mount of the exclusive volume: %d %s", code, errs)
+	}
+	var kids []childResult
+	if err := json.Unmarshal([]byte(s.ok("fork", ex, "-n", "2", "--json")), &kids); err != nil || len(kids) != 2 {
+		t.Fatalf("fork: %v %v", kids, err)
+	}
+	for i, k := range kids {
+		if got := s.ok("exec", k.ID, "--", "cat /home/user/ex/f"); got != "at-snapshot" {
+			t.Fatalf("fork child %s sees %q", k.ID, got)
+		}
+		s.ok("exec", k.ID, "--", "echo child-"+string(rune('0'+i))+" > /home/user/ex/f")
+		if out := s.ok("info", k.ID); !strings.Contains(out, "cli-vol-"+k.ID+":/home/user/ex") {
+			t.Fatalf("spore info of a fork child: want its own volume: %s", out)
+		}
+	}
+	if got := s.ok("exec", ex, "--", "cat /home/user/ex/f"); got != "at-snapshot" {
+		t.Fatalf("the children's writes reached the parent: %q", got)
+	}
+	s.ok("kill", ex)
+	for _, k := range kids {
+		s.ok("kill", k.ID)
+		s.ok("volume", "rm", "cli-vol-"+k.ID)
+	}
 	if out := s.ok("volume", "rm", "cli-vol"); !strings.Contains(out, "deleted") {
 		t.Fatalf("spore volume rm: %s", out)
 	}
 	if out := s.ok("volume", "ls"); strings.Contains(out, "cli-vol") {
 		t.Fatalf("after rm: %s", out)
 	}
+	from := s.ok("start", "ex-snap")
+	if got := s.ok("exec", from, "--", "cat /home/user/ex/f"); got != "at-snapshot" {
+		t.Fatalf("a sandbox from the snapshot, its volume deleted, sees %q", got)
+	}
+	s.ok("kill", from)
+	s.ok("volume", "rm", "cli-vol-"+from)
+	s.ok("snapshot", "rm", "ex-snap")
 }

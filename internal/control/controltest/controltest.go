@@ -70,15 +70,15 @@ func New(t testing.TB) *Node {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	n.Volumes = newVolumes(filepath.Join(n.Dir, "volumes"))
 	n.Engine, err = engine.Open(ctx, engine.Config{
 		Dir: filepath.Join(n.Dir, "engine"), RootFSDir: rootfs, Runtime: n.Runtime, Snapshots: repo,
-		Network: n.Net, MemoryReserve: -1, Logger: slog.New(slog.DiscardHandler),
+		Network: n.Net, MemoryReserve: -1, Logger: slog.New(slog.DiscardHandler), Volumes: n.Volumes,
 	})
 	if err != nil {
 		t.Fatalf("open engine: %v", err)
 	}
 	t.Cleanup(func() { n.Engine.Close() })
-	n.Volumes = newVolumes(filepath.Join(n.Dir, "volumes"))
 	n.Local = local.New(n.Engine, local.Config{ID: NodeID, Images: n.Volumes})
 	slots, err := n.Volumes.slots()
 	if err != nil {

@@ -63,7 +63,7 @@ func (v *Volumes) PrepareVolumes(_ context.Context, mounts []nodeapi.VolumeMount
 		}
 		v.made[m.VolumeID] = m.SizeBytes
 		out = append(out, engine.Volume{Source: src, VolumeMount: snapshot.VolumeMount{
-			Volume: m.VolumeID, Slot: node.SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly}})
+			Volume: m.VolumeID, Slot: node.SlotPath(i), Path: m.Path, ReadOnly: m.ReadOnly, Exclusive: m.Exclusive}})
 	}
 	return out, nil
 }
@@ -119,4 +119,59 @@ func (v *Volumes) VolumeUsage(_ context.Context, id string) (nodeapi.VolumeUsage
 		return nil
 	})
 	return nodeapi.VolumeUsage{UsedBytes: used, CapacityBytes: size}, err
+}
+
+// The fake node's volume images (engine.VolumeImages): a directory each,
+// beside the volumes' (an image named like a volume is that volume's).
+
+// Capture copies the image's directory.
+func (v *Volumes) Capture(_ context.Context, image, copy string) error {
+	return copyTree(v.Dir(image), v.Dir(copy))
+}
+
+// Clone copies the image's directory and returns the copy.
+func (v *Volumes) Clone(_ context.Context, src, dst string) (string, error) {
+	if err := copyTree(v.Dir(src), v.Dir(dst)); err != nil {
+		return "", err
+	}
+	v.mu.Lock()
+	v.made[dst] = 0
+	v.mu.Unlock()
+	return v.Dir(dst), nil
+}
+
+// Remove removes an image's directory.
+func (v *Volumes) Remove(_ context.Context, image string) error {
+	return os.RemoveAll(v.Dir(image))
+}
+
+// Settle renames the image's directory to the volume's.
+func (v *Volumes) Settle(_ context.Context, image, volume string) error {
+	if _, err := os.Stat(v.Dir(image)); os.IsNotExist(err) {
+		return nil
+	}
+	if err := os.RemoveAll(v.Dir(volume)); err != nil {
+		return err
+	}
+	return os.Rename(v.Dir(image), v.Dir(volume))
+}
+
+// Images lists the images' directories.
+func (v *Volumes) Images(context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(v.dir, "mounts"))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, err
+}
+
+func copyTree(src, dst string) error {
+	if _, err := os.Stat(src); err != nil {
+		return errdefs.NotFoundf("volume image %s", filepath.Base(src))
+	}
+	return os.CopyFS(dst, os.DirFS(src))
 }

@@ -120,7 +120,7 @@ func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi
 func volumesPB(vs []nodeapi.VolumeMount) []*nodev1.VolumeMount {
 	var out []*nodev1.VolumeMount
 	for _, v := range vs {
-		out = append(out, &nodev1.VolumeMount{VolumeId: v.VolumeID, SizeBytes: v.SizeBytes, Path: v.Path, ReadOnly: v.ReadOnly})
+		out = append(out, &nodev1.VolumeMount{VolumeId: v.VolumeID, SizeBytes: v.SizeBytes, Path: v.Path, ReadOnly: v.ReadOnly, Exclusive: v.Exclusive})
 	}
 	return out
 }

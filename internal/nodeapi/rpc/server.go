@@ -513,7 +513,7 @@ func (s *server) EgressAudit(ctx context.Context, req *connect.Request[nodev1.Eg
 func volumes(vs []*nodev1.VolumeMount) []nodeapi.VolumeMount {
 	var out []nodeapi.VolumeMount
 	for _, v := range vs {
-		out = append(out, nodeapi.VolumeMount{VolumeID: v.GetVolumeId(), SizeBytes: v.GetSizeBytes(), Path: v.GetPath(), ReadOnly: v.GetReadOnly()})
+		out = append(out, nodeapi.VolumeMount{VolumeID: v.GetVolumeId(), SizeBytes: v.GetSizeBytes(), Path: v.GetPath(), ReadOnly: v.GetReadOnly(), Exclusive: v.GetExclusive()})
 	}
 	return out
 }

@@ -133,6 +133,13 @@ func (p *Pool) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	// The images' loop devices go with the last sandbox that held a copy
+	// of their mounts (Unmount).
+	if len(errs) == 0 {
+		if err := loopReleased(context.Background(), p.fsDir()+"/"); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if isMountPoint(p.fsDir()) {
 		if err := run(context.Background(), "umount", p.fsDir()); err != nil {
 			errs = append(errs, fmt.Errorf("unmount the volume pool: %w", err))
@@ -143,10 +150,11 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
-// loopReleased waits until no loop device is backed by file: the kernel
-// detaches an unmounted loop device (autoclear) after umount returns,
-// and the pool can be unmounted, or a test end, only once its images'
-// devices are gone.
+// loopReleased waits until no loop device is backed by file (or, file
+// ending in "/", by a file under that directory): the kernel detaches an
+// unmounted loop device (autoclear) after umount returns, and the pool
+// can be unmounted, or a test end, only once its images' devices are
+// gone.
 func loopReleased(ctx context.Context, file string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // writing back a busy device can take seconds
 	defer cancel()
@@ -154,7 +162,9 @@ func loopReleased(ctx context.Context, file string) error {
 		held := ""
 		backs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 		for _, b := range backs {
-			if got, err := os.ReadFile(b); err == nil && strings.TrimSpace(string(got)) == file {
+			got, err := os.ReadFile(b)
+			back := strings.TrimSpace(string(got))
+			if err == nil && (back == file || strings.HasSuffix(file, "/") && strings.HasPrefix(back, file)) {
 				held = filepath.Base(filepath.Dir(filepath.Dir(b)))
 			}
 		}
@@ -210,18 +220,17 @@ func (p *Pool) Create(ctx context.Context, name string, size int64, uid, gid int
 	return os.Rename(tmp, p.image(name))
 }
 
-// MountAll mounts every image in the pool (read-only views too, for
-// the images that had one): at a node's start, so the sandboxes that
+// MountAll mounts every image in the pool that want accepts (nil: all),
+// with its read-only view: at a node's start, so the sandboxes that
 // mount them restore.
-func (p *Pool) MountAll(ctx context.Context) error {
-	ents, err := os.ReadDir(p.fsDir())
+func (p *Pool) MountAll(ctx context.Context, want func(name string) bool) error {
+	names, err := p.Images()
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".img")
-		if !ok || checkName(name) != nil {
+	for _, name := range names {
+		if want != nil && !want(name) {
 			continue
 		}
 		if _, err := p.View(ctx, name); err != nil {
@@ -266,6 +275,10 @@ func (p *Pool) Mount(ctx context.Context, name string, ro bool) (string, error) 
 	if err := os.MkdirAll(mp, 0o700); err != nil {
 		return "", fmt.Errorf("volume image %s: %w", name, err)
 	}
+	// mount(8) reuses a loop device that still backs the image's file (a
+	// copy of an earlier mount lives on in a sandbox's runsc processes,
+	// see Unmount): one file system instance per image, never two
+	// (TestMountWhileACopyHoldsTheImage).
 	opts := "loop"
 	if ro {
 		opts += ",ro"
@@ -321,13 +334,14 @@ func (p *Pool) Unmount(ctx context.Context, name string) error {
 		}
 		os.Remove(vp)
 	}
+	// Its loop device is not waited for: every sandbox made while the
+	// image was mounted holds a copy of the mount (in the runsc
+	// processes' detached mount trees) until it goes. Mount reuses that
+	// device meanwhile, and Close waits for them all.
 	mp := p.MountPoint(name)
 	if isMountPoint(mp) {
 		if err := run(ctx, "umount", mp); err != nil {
 			return fmt.Errorf("unmount volume image %s: %w", name, err)
-		}
-		if err := loopReleased(ctx, p.image(name)); err != nil {
-			return err
 		}
 	}
 	p.mu.Lock()
@@ -406,6 +420,47 @@ func (p *Pool) clone(src, dst string) error {
 		return err
 	}
 	return os.Rename(tmp, p.image(dst))
+}
+
+// Rename makes the image src the image dst, replacing dst's (both
+// unmounted first): the kernel's rename, so a crash leaves one or the
+// other. A missing src with dst there is done already.
+func (p *Pool) Rename(ctx context.Context, src, dst string) error {
+	for _, n := range []string{src, dst} {
+		if err := checkName(n); err != nil {
+			return err
+		}
+		if err := p.Unmount(ctx, n); err != nil {
+			return err
+		}
+	}
+	defer p.lock(dst)()
+	err := os.Rename(p.image(src), p.image(dst))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, serr := os.Stat(p.image(dst)); serr == nil {
+			return nil
+		}
+		return fmt.Errorf("volume image %s: %w", src, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("rename volume image %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// Images lists the images in the pool.
+func (p *Pool) Images() ([]string, error) {
+	ents, err := os.ReadDir(p.fsDir())
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if name, ok := strings.CutSuffix(e.Name(), ".img"); ok && checkName(name) == nil {
+			out = append(out, name)
+		}
+	}
+	return out, nil
 }
 
 // Remove deletes the image name (unmounting it first). A missing image is

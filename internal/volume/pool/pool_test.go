@@ -275,3 +275,109 @@ func BenchmarkCapture(b *testing.B) {
 		})
 	}
 }
+
+// A mount copied into another mount namespace (as every sandbox made
+// while an image is mounted holds one, in its runsc processes) keeps the
+// image's loop device after the pool's unmount: the image is mounted
+// again through that device (one file system instance, the same
+// content), renamed and removed without waiting for it, and the pool's
+// Close waits for the copy to go.
+func TestMountWhileACopyHoldsTheImage(t *testing.T) {
+	p, dir := open(t)
+	ctx := context.Background()
+	if err := p.Create(ctx, "vheld", pool.MinImage, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := p.Mount(ctx, "vheld", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(mp, "f"), "before")
+	// The copy: a process in a mount namespace of its own, made now,
+	// with the mount bound elsewhere there too (as runsc's gofer binds a
+	// mount's source into its root: the unmount's rmdir of the mount
+	// point would detach a copy at the same place).
+	hold := filepath.Join(dir, "hold")
+	if err := os.Mkdir(hold, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	holder := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", `mount --bind "$1" "$2" && exec sleep 600`, "sh", mp, hold)
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			holder.Process.Kill()
+			holder.Wait()
+			stopped = true
+		}
+	}
+	t.Cleanup(stop)
+	loops := func(name string) string {
+		out, _ := exec.Command("losetup", "-nO", "NAME", "-j", filepath.Join(dir, "pool", name+".img")).Output()
+		return strings.TrimSpace(string(out))
+	}
+	waitCopy := func() {
+		self, _ := os.Readlink("/proc/self/ns/mnt")
+		for range 100 {
+			ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", holder.Process.Pid))
+			mp := hold
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", holder.Process.Pid))
+			// Once it runs sleep, unshare has made its namespace private.
+			if ns != "" && ns != self && err == nil && bytes.Contains(b, []byte(mp)) && string(comm) == "sleep\n" {
+				return
+			}
+			syscall.Nanosleep(&syscall.Timespec{Nsec: 10e6}, nil)
+		}
+		t.Fatal("the other namespace never had the mount")
+	}
+	waitCopy()
+	first := loops("vheld")
+	if err := p.Unmount(ctx, "vheld"); err != nil {
+		t.Fatal(err)
+	}
+	if loops("vheld") != first || first == "" {
+		t.Fatalf("the copy no longer holds the loop device (%q, was %q): the test holds nothing", loops("vheld"), first)
+	}
+	mp, err = p.Mount(ctx, "vheld", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := loops("vheld"); got != first {
+		t.Fatalf("the image is behind loop devices %q: want the one still attached, %s, alone", got, first)
+	}
+	if got := read(t, filepath.Join(mp, "f")); got != "before" {
+		t.Fatalf("mounted again it holds %q", got)
+	}
+	write(t, filepath.Join(mp, "f"), "after")
+	// Renamed while held: still one device, the same content under the
+	// new name; removed: gone from the pool at once.
+	if err := p.Rename(ctx, "vheld", "vmoved"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Exists("vheld") || !p.Exists("vmoved") {
+		t.Fatal("the rename left the pool with the old name, or without the new")
+	}
+	mp, err = p.Mount(ctx, "vmoved", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(mp, "f")); got != "after" {
+		t.Fatalf("after the rename it holds %q", got)
+	}
+	if out, _ := exec.Command("losetup", "-nO", "NAME", "-a").Output(); bytes.Count(out, []byte(first+"\n")) != 1 {
+		t.Fatalf("loop devices after the rename: %s", out)
+	}
+	if err := p.Remove(ctx, "vmoved"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Exists("vmoved") {
+		t.Fatal("removed, the image is still in the pool")
+	}
+	if err := p.Rename(ctx, "vmoved", "vother"); !errdefs.IsNotFound(err) {
+		t.Fatalf("rename of a missing image: %v", err)
+	}
+	stop() // then Close (the cleanup) finds the device released
+}

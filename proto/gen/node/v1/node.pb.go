@@ -1099,11 +1099,14 @@ func (x *CreateResponse) GetSandbox() *Sandbox {
 // A volume shown in a new sandbox: the node makes its image (size_bytes,
 // the quota) the first time, and mounts it.
 type VolumeMount struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
-	ReadOnly      bool                   `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId  string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Path      string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	ReadOnly  bool                   `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Captured with the sandbox's snapshots (an exclusive volume mounted
+	// read-write).
+	Exclusive     bool `protobuf:"varint,5,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1162,6 +1165,13 @@ func (x *VolumeMount) GetPath() string {
 func (x *VolumeMount) GetReadOnly() bool {
 	if x != nil {
 		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *VolumeMount) GetExclusive() bool {
+	if x != nil {
+		return x.Exclusive
 	}
 	return false
 }
@@ -4073,13 +4083,14 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05peers\x18\b \x03(\tR\x05peers\x124\n" +
 	"\avolumes\x18\t \x03(\v2\x1a.spore.node.v1.VolumeMountR\avolumes\"B\n" +
 	"\x0eCreateResponse\x120\n" +
-	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"z\n" +
+	"\asandbox\x18\x01 \x01(\v2\x16.spore.node.v1.SandboxR\asandbox\"\x98\x01\n" +
 	"\vVolumeMount\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x04 \x01(\bR\breadOnly\"\x1c\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\x12\x1c\n" +
+	"\texclusive\x18\x05 \x01(\bR\texclusive\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"?\n" +
