@@ -31,7 +31,9 @@ type fakeImages struct {
 	fail    string // an image whose Clone fails
 }
 
-func newFakeImages(root string) *fakeImages { return &fakeImages{root: root, imgs: map[string]string{}} }
+func newFakeImages(root string) *fakeImages {
+	return &fakeImages{root: root, imgs: map[string]string{}}
+}
 
 func (f *fakeImages) mountOf(img string) string { return filepath.Join(f.root, img) }
 
