@@ -309,13 +309,17 @@ func (f *drainFleet) commitDrain() {
 	}
 }
 
-// holdUploads holds na's uploads until the test ends.
+// holdUploads holds the nodes' uploads until the test ends: na's, and
+// nb's too (a copy nb fetched as a peer is made durable from nb once it
+// has it, which would put the image in the blob store while na's upload
+// is held).
 func (f *drainFleet) holdUploads() {
 	gate := make(chan struct{})
-	n := f.node["na"]
-	n.mu.Lock()
-	n.uploads = gate
-	n.mu.Unlock()
+	for _, n := range f.node {
+		n.mu.Lock()
+		n.uploads = gate
+		n.mu.Unlock()
+	}
 	f.t.Cleanup(func() { close(gate) })
 }
 

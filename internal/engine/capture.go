@@ -170,6 +170,10 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir, key string
 	run, err := rec.Run, error(nil)
 	pausedHere := false
 	if capturesVolumes(rec.Run) {
+		done := timing.Track(ctx, "volumes-flush")
+		e.flushVolumes(ctx, rec.Run)
+		done()
+		t0 = time.Now() // the sandbox ran meanwhile
 		if rec.State == StateRunning {
 			if err = e.rt.Pause(ctx, rec.Instance); err == nil {
 				pausedHere = true

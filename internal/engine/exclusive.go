@@ -38,6 +38,9 @@ import (
 
 // VolumeImages keeps volume images: the node's volume pool.
 type VolumeImages interface {
+	// Flush writes the image's dirty data back while its writers run:
+	// the capture that follows, with them paused, writes back the rest.
+	Flush(ctx context.Context, image string) error
 	// Capture copies the mounted image to the new image copy as it is now
 	// (its writers are paused).
 	Capture(ctx context.Context, image, copy string) error
@@ -76,6 +79,22 @@ func IsVolumeCopy(image string) bool { return strings.HasPrefix(image, copyPrefi
 // snapshots.
 func capturesVolumes(run snapshot.RunConfig) bool {
 	return slices.ContainsFunc(run.Volumes, snapshot.VolumeMount.Captured)
+}
+
+// flushVolumes writes back the captured volumes' dirty data before the
+// sandbox is paused for their capture (a failure only makes the pause
+// longer: logged).
+func (e *Engine) flushVolumes(ctx context.Context, run snapshot.RunConfig) {
+	if e.vols == nil {
+		return
+	}
+	for _, v := range run.Volumes {
+		if v.Captured() {
+			if err := e.vols.Flush(ctx, v.ImageName()); err != nil {
+				e.log.Warn("flush a volume before its capture", "volume", v.Volume, "err", err)
+			}
+		}
+	}
 }
 
 // captureVolumes copies each captured volume of run (its instance paused)

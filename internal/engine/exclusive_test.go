@@ -50,6 +50,8 @@ func (f *fakeImages) Capture(ctx context.Context, image, copy string) error {
 	return nil
 }
 
+func (f *fakeImages) Flush(ctx context.Context, image string) error { return nil }
+
 func (f *fakeImages) Clone(ctx context.Context, src, dst string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -177,6 +177,15 @@ func (v *volumes) Capture(ctx context.Context, image, copy string) error {
 	return p.Capture(ctx, image, copy)
 }
 
+// Flush implements engine.VolumeImages.
+func (v *volumes) Flush(ctx context.Context, image string) error {
+	p, err := v.open(ctx)
+	if err != nil {
+		return err
+	}
+	return p.Flush(ctx, image)
+}
+
 // Clone implements engine.VolumeImages.
 func (v *volumes) Clone(ctx context.Context, src, dst string) (string, error) {
 	p, err := v.open(ctx)

@@ -124,6 +124,9 @@ func (v *Volumes) VolumeUsage(_ context.Context, id string) (nodeapi.VolumeUsage
 // The fake node's volume images (engine.VolumeImages): a directory each,
 // beside the volumes' (an image named like a volume is that volume's).
 
+// Flush: a directory has nothing to write back.
+func (v *Volumes) Flush(context.Context, string) error { return nil }
+
 // Capture copies the image's directory.
 func (v *Volumes) Capture(_ context.Context, image, copy string) error {
 	return copyTree(v.Dir(image), v.Dir(copy))
