@@ -29,6 +29,32 @@ type fakeImages struct {
 	paused  func() bool
 	pausedC []bool // paused() at each capture
 	fail    string // an image whose Clone fails
+	// before, when set, runs before each call (its error fails the call).
+	before func(op string) error
+}
+
+func (f *fakeImages) enter(op string) error {
+	f.mu.Lock()
+	fn := f.before
+	f.mu.Unlock()
+	if fn != nil {
+		return fn(op)
+	}
+	return nil
+}
+
+// clone copies the images as a crash leaves them (a new root too: the
+// "mounts" are directories the fake runtime checks).
+func (f *fakeImages) clone(t *testing.T) *fakeImages {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := newFakeImages(t.TempDir())
+	for n, c := range f.imgs {
+		g.imgs[n] = c
+		os.MkdirAll(g.mountOf(n), 0o755)
+	}
+	os.MkdirAll(g.mountOf("empty"), 0o755)
+	return g
 }
 
 func newFakeImages(root string) *fakeImages {
@@ -38,6 +64,9 @@ func newFakeImages(root string) *fakeImages {
 func (f *fakeImages) mountOf(img string) string { return filepath.Join(f.root, img) }
 
 func (f *fakeImages) Capture(ctx context.Context, image, copy string) error {
+	if err := f.enter("capture"); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.imgs[image]; !ok {
@@ -53,6 +82,9 @@ func (f *fakeImages) Capture(ctx context.Context, image, copy string) error {
 func (f *fakeImages) Flush(ctx context.Context, image string) error { return nil }
 
 func (f *fakeImages) Clone(ctx context.Context, src, dst string) (string, error) {
+	if err := f.enter("clone"); err != nil {
+		return "", err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, ok := f.imgs[src]
@@ -64,6 +96,9 @@ func (f *fakeImages) Clone(ctx context.Context, src, dst string) (string, error)
 }
 
 func (f *fakeImages) Remove(ctx context.Context, image string) error {
+	if err := f.enter("remove"); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.imgs, image)
@@ -71,6 +106,9 @@ func (f *fakeImages) Remove(ctx context.Context, image string) error {
 }
 
 func (f *fakeImages) Settle(ctx context.Context, image, volume string) error {
+	if err := f.enter("settle"); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, ok := f.imgs[image]
@@ -365,5 +403,116 @@ func TestStrayVolumeImagesRemovedAtOpen(t *testing.T) {
 	slices.Sort(want)
 	if got, _ := fi.Images(ctx); !slices.Equal(got, want) {
 		t.Fatalf("after Open the images are %v, want %v", got, want)
+	}
+}
+
+// A crash (the data directory, the runtime's instances and the pool
+// copied at that moment, a new engine opened on the copies) before each
+// runtime and pool call of a snapshot, fork, rollback, hibernate and kill
+// of a sandbox holding an exclusive volume it rolled back: after the
+// start no copy or rollback image is left that nothing names (no half
+// captured volume is visible), and the volume's content is never lost:
+// the sandbox's image (or, once it is gone, the volume's own) holds what
+// it had, or the snapshot's content when the rollback committed.
+func TestExclusiveVolumeCrashAtEachStep(t *testing.T) {
+	ops := map[string]func(f *fenv, id string) error{
+		"snapshot":  func(f *fenv, id string) error { return second(f.eng.Snapshot(fctx(f.t), id, engine.SnapshotOptions{})) },
+		"fork":      func(f *fenv, id string) error { return second(f.eng.Fork(fctx(f.t), id, engine.ForkOptions{Count: 2, Concurrency: 1})) },
+		"rollback":  func(f *fenv, id string) error { return second(f.eng.Rollback(fctx(f.t), id, "one")) },
+		"hibernate": func(f *fenv, id string) error { return f.eng.Hibernate(fctx(f.t), id) },
+		"kill":      func(f *fenv, id string) error { return f.eng.Kill(fctx(f.t), id) },
+	}
+	for _, name := range []string{"snapshot", "fork", "rollback", "hibernate", "kill"} {
+		t.Run(name, func(t *testing.T) {
+			steps := 0
+			for k := 1; ; k++ {
+				f, fi, sb := newVolumeFake(t)
+				ctx := fctx(t)
+				if _, err := f.eng.Snapshot(ctx, sb.ID, engine.SnapshotOptions{Names: []string{"one"}}); err != nil {
+					t.Fatal(err)
+				}
+				rb, err := f.eng.Rollback(ctx, sb.ID, "one")
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.eng.Settle()
+				fi.set(rb.Run.Volumes[0].Image, "live")
+				var mu sync.Mutex
+				n, hit := 0, false
+				var crashDir string
+				var crashRT *fake.Runtime
+				var crashImgs *fakeImages
+				step := func() error {
+					mu.Lock()
+					defer mu.Unlock()
+					n++
+					if n == k {
+						hit = true
+						crashDir = t.TempDir()
+						copyTree(t, f.dir, crashDir)
+						crashRT = f.rt.Clone()
+						crashImgs = fi.clone(t)
+					}
+					return nil
+				}
+				f.rt.Hook(func(op fake.Op, _ string) error {
+					if op == fake.OpExec || op == fake.OpPrecreate {
+						return nil
+					}
+					return step()
+				})
+				fi.mu.Lock()
+				fi.before = func(string) error { return step() }
+				fi.mu.Unlock()
+				opErr := ops[name](f, sb.ID)
+				f.eng.Settle()
+				f.rt.Hook(nil)
+				if !hit {
+					if opErr != nil {
+						t.Fatalf("the operation failed with no crash: %v", opErr)
+					}
+					break
+				}
+				steps++
+				f.close()
+				g := &fenv{t: t, dir: crashDir, rt: crashRT, logs: f.logs, logMu: f.logMu, retry: f.retry, vols: crashImgs}
+				g.open()
+				checkAgree(t, g)
+				named := map[string]bool{}
+				for _, m := range g.eng.Snapshots().List() {
+					for _, v := range m.Run.Volumes {
+						named[v.Copy] = true
+					}
+				}
+				var holder *engine.Sandbox
+				for _, s := range g.eng.List(ctx) {
+					for _, v := range s.Run.Volumes {
+						named[v.Image] = true
+						if s.ID == sb.ID {
+							holder = &s
+						}
+					}
+				}
+				imgs, _ := crashImgs.Images(ctx)
+				for _, img := range imgs {
+					if (strings.HasPrefix(img, "c-") || strings.HasPrefix(img, "r-")) && !named[img] {
+						t.Fatalf("step %d: image %s is left and nothing names it (images %v)", k, img, imgs)
+					}
+				}
+				want, where := "live", "vol1"
+				if holder != nil {
+					where = holder.Run.Volumes[0].ImageName()
+				}
+				got, ok := crashImgs.get(where)
+				if !ok || got != want && !(name == "rollback" && got == "v1") {
+					t.Fatalf("step %d: the volume's content, in %s, is %q (%v): want %q", k, where, got, ok, want)
+				}
+				g.close()
+			}
+			if steps == 0 {
+				t.Fatal("the operation made no call")
+			}
+			t.Logf("%s: crashed before each of %d calls", name, steps)
+		})
 	}
 }
