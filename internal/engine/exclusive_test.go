@@ -416,8 +416,10 @@ func TestStrayVolumeImagesRemovedAtOpen(t *testing.T) {
 // it had, or the snapshot's content when the rollback committed.
 func TestExclusiveVolumeCrashAtEachStep(t *testing.T) {
 	ops := map[string]func(f *fenv, id string) error{
-		"snapshot":  func(f *fenv, id string) error { return second(f.eng.Snapshot(fctx(f.t), id, engine.SnapshotOptions{})) },
-		"fork":      func(f *fenv, id string) error { return second(f.eng.Fork(fctx(f.t), id, engine.ForkOptions{Count: 2, Concurrency: 1})) },
+		"snapshot": func(f *fenv, id string) error { return second(f.eng.Snapshot(fctx(f.t), id, engine.SnapshotOptions{})) },
+		"fork": func(f *fenv, id string) error {
+			return second(f.eng.Fork(fctx(f.t), id, engine.ForkOptions{Count: 2, Concurrency: 1}))
+		},
 		"rollback":  func(f *fenv, id string) error { return second(f.eng.Rollback(fctx(f.t), id, "one")) },
 		"hibernate": func(f *fenv, id string) error { return f.eng.Hibernate(fctx(f.t), id) },
 		"kill":      func(f *fenv, id string) error { return f.eng.Kill(fctx(f.t), id) },
