@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spore-run/spore/internal/errdefs"
 )
 
@@ -91,28 +93,30 @@ func scan(ctx context.Context, dir string) (*scanned, error) {
 	return s, nil
 }
 
-// cut chunks and hashes one file.
+// MinHole is the shortest hole (a range the file system stores no data
+// for, found with SEEK_HOLE) that cut skips without reading. A file of
+// mostly holes (a volume's image, a memory image's free pages) then costs
+// its data, not its size. Shorter holes are read as zeros: cutting around
+// each would make chunks far under MinChunk.
+const MinHole = MaxChunk
+
+// cut chunks and hashes one file: its data through the content-defined
+// chunker, each hole of MinHole or more as zero chunks of MinChunk (what
+// the chunker cuts a run of zeros into), never read. A file system
+// without SEEK_DATA is read whole.
 func (s *scanned) cut(ctx context.Context, p string, e *Entry, buf []byte) error {
 	f, err := os.Open(p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	c := newChunker(f)
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
 	var off int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		ch, err := c.Next(buf)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		id := Sum(ch.Data)
-		n := int64(ch.Length)
+	add := func(id ID, n int64) {
 		e.Chunks = append(e.Chunks, Ref{ID: id, Size: n})
 		if _, seen := s.where[id]; !seen {
 			s.where[id] = loc{path: p, offset: off, size: n}
@@ -120,8 +124,71 @@ func (s *scanned) cut(ctx context.Context, p string, e *Entry, buf []byte) error
 		}
 		off += n
 	}
+	for off < size {
+		start, end := off, size // the next stretch to read, [start, end)
+		if hs, he, ok := nextHole(f, off, size); ok && hs == off {
+			// A hole here: zero chunks, unread.
+			for off < he {
+				n := min(int64(MinChunk), he-off)
+				add(zeroID(n), n)
+			}
+			continue
+		} else if ok {
+			end = hs
+		}
+		c := newChunker(io.NewSectionReader(f, start, end-start))
+		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			ch, err := c.Next(buf)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			add(Sum(ch.Data), int64(ch.Length))
+		}
+		if off != end {
+			return errdefs.Conflictf("%s changed while it was being packed", p)
+		}
+	}
 	e.Size = off
 	return nil
+}
+
+// nextHole finds the first hole of MinHole bytes or more at or after off
+// (before size): its start and end. ok is false when there is none, or
+// the file system cannot tell.
+func nextHole(f *os.File, off, size int64) (start, end int64, ok bool) {
+	fd := int(f.Fd())
+	for off < size {
+		hs, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err != nil || hs >= size {
+			return 0, 0, false
+		}
+		he, err := unix.Seek(fd, hs, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			he = size // a hole to the end
+		} else if err != nil {
+			return 0, 0, false
+		}
+		if he-hs >= MinHole {
+			return hs, he, true
+		}
+		off = he
+	}
+	return 0, 0, false
+}
+
+// zeroID is the ID of n zero bytes.
+func zeroID(n int64) ID {
+	v, ok := zeroIDs.Load(n)
+	if !ok {
+		v, _ = zeroIDs.LoadOrStore(n, Sum(zeros[:n]))
+	}
+	return v.(ID)
 }
 
 // read returns the chunk's raw bytes from the tree, checked against its

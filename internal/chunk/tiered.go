@@ -176,9 +176,5 @@ func isZeroChunk(ref Ref) bool {
 	if ref.Size <= 0 || ref.Size > MaxChunk {
 		return false
 	}
-	v, ok := zeroIDs.Load(ref.Size)
-	if !ok {
-		v, _ = zeroIDs.LoadOrStore(ref.Size, Sum(zeros[:ref.Size]))
-	}
-	return v.(ID) == ref.ID
+	return zeroID(ref.Size) == ref.ID
 }

@@ -80,8 +80,10 @@ func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest)
 // volumesOf is what a create mounts: the volumes it asks for, or those of
 // the snapshot it is made from (which come with it: it asks for none).
 // An exclusive volume the snapshot holds read-write comes from the
-// snapshot's copy of it, on the snapshot's node, whatever became of the
-// volume since (ownVolumes gives the sandbox its own).
+// snapshot's copy of it, whatever became of the volume since (ownVolumes
+// gives the sandbox its own): on the snapshot's node, or, once the
+// snapshot is durable, on any (its copy travels with it through the blob
+// store).
 func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src *sourceInfo) ([]store.VolumeMount, string, error) {
 	if src == nil || len(src.volumes) == 0 {
 		return resolveVolumes(ctx, st, reqs)
@@ -91,12 +93,11 @@ func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src 
 	}
 	home := ""
 	for _, m := range src.volumes {
-		if captured(m) {
-			if len(src.holders) == 0 {
+		if captured(m) && !src.durable {
+			if src.origin == "" {
 				return nil, "", errdefs.NotFoundf("snapshot %s holds a volume's content and is on no node", src.id)
 			}
-			home = src.holders[0] // its copy of the content is where it was taken
-			continue
+			home = src.origin // its copy of the content is where it was taken
 		}
 	}
 	for _, m := range src.volumes {

@@ -8,11 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
+	"github.com/spore-run/spore/internal/testenv"
 )
 
 // An exclusive volume on a real node (docs/volumes.md): its content is
@@ -196,6 +200,67 @@ func TestExclusiveVolumeFollowsSnapshots(t *testing.T) {
 	}
 	for _, id := range []string{b.ID, fork.Children[0].Sandbox.ID, fork.Children[1].Sandbox.ID, fork.Children[2].Sandbox.ID} {
 		if err := e.n.Engine.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Through the blob store: a durable snapshot of a sandbox with an
+// exclusive volume carries its copy of the volume (a dependency of the
+// snapshot, chunked as its data: the image's holes are not read); another
+// node that fetches the snapshot gets the copy, sparse, and a sandbox
+// created there from the snapshot has a volume of its own with the
+// content of the snapshot's instant.
+func TestExclusiveVolumeThroughTheBlobStore(t *testing.T) {
+	testenv.RealTier(t)
+	blobs, err := local.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newEnvTuned(t, func(c *node.Config) { c.Blobs = blobs })
+	b := newEnvTuned(t, func(c *node.Config) { c.Blobs, c.NetPrefix = blobs, "spq" })
+	ctx := ctxFor(t)
+	const vol = "vtestexclusive00002"
+	vols, err := a.n.PrepareVolumes(ctx, []nodeapi.VolumeMount{{VolumeID: vol, SizeBytes: 1 << 30, Path: "/work", Exclusive: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := a.create(ctx, engine.CreateOptions{Template: node.TemplateBase, Volumes: vols})
+	a.sh(ctx, sb.ID, "echo from-node-a > /work/f && head -c 3000000 /dev/urandom > /work/data && md5sum < /work/data > /tmp/sum")
+	snap, err := a.n.Engine.Snapshot(ctx, sb.ID, engine.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.sh(ctx, sb.ID, "echo later > /work/f")
+	up, err := a.n.Sync.Upload(ctx, snap.Manifest.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("upload: %+v", up)
+	if _, err := b.n.Sync.Ensure(ctx, snap.Manifest.ID, nil); err != nil {
+		t.Fatalf("node B fetching the snapshot with its volume copy: %v", err)
+	}
+	cp := snap.Manifest.Run.Volumes[0].Copy
+	img := filepath.Join(b.dir, "volumes", "pool", cp+".img")
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
+		t.Fatalf("node B has no copy %s: %v", cp, err)
+	}
+	if st.Size != 1<<30 || st.Blocks*512 > 256<<20 {
+		t.Fatalf("node B's copy: %d bytes, %d on disk: want the 1 GiB image, sparse", st.Size, st.Blocks*512)
+	}
+	c := b.create(ctx, engine.CreateOptions{Template: snap.Manifest.ID})
+	if got := b.sh(ctx, c.ID, "cat /work/f; md5sum < /work/data | cmp - /tmp/sum && echo same"); got != "from-node-a\nsame" {
+		t.Fatalf("the sandbox made on node B sees %q", got)
+	}
+	if v := c.Run.Volumes[0].Volume; v != ids.Derive('v', c.ID, vol) {
+		t.Fatalf("the sandbox on node B shows volume %s", v)
+	}
+	for _, e := range []struct {
+		e  *env
+		id string
+	}{{a, sb.ID}, {b, c.ID}} {
+		if err := e.e.n.Engine.Kill(ctx, e.id); err != nil {
 			t.Fatal(err)
 		}
 	}

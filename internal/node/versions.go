@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime/gvisor"
@@ -48,6 +49,12 @@ func (v *versions) Has(d snapsync.Dep) bool {
 	case snapsync.DepRuntime:
 		_, err := v.n.Runtime.HasBuild(d.ID)
 		return err == nil
+	case snapsync.DepVolume:
+		if !v.n.vols.made() {
+			return false
+		}
+		p, err := v.n.vols.open(context.Background())
+		return err == nil && p.Exists(d.ID)
 	}
 	return false
 }
@@ -70,6 +77,13 @@ func (v *versions) Dir(d snapsync.Dep) (string, map[string]string, error) {
 			return "", nil, err
 		}
 		return gvisor.BuildDir(v.n.Runtime.BuildsDir(), d.ID), nil, nil
+	case snapsync.DepVolume:
+		p, err := v.n.vols.open(context.Background())
+		if err != nil {
+			return "", nil, err
+		}
+		dir, err := p.Published(d.ID)
+		return dir, nil, err
 	}
 	return "", nil, errdefs.Invalidf("dependency kind %q", d.Kind)
 }
@@ -85,6 +99,15 @@ func (v *versions) Install(ctx context.Context, d snapsync.Dep, meta map[string]
 		return rootfs.AddKept(ctx, v.n.rootfsDir, st, fill)
 	case snapsync.DepRuntime:
 		return v.n.Runtime.InstallBuild(ctx, d.ID, fill)
+	case snapsync.DepVolume:
+		if !engine.IsVolumeCopy(d.ID) {
+			return errdefs.Invalidf("volume copy %q is not named as one", d.ID)
+		}
+		p, err := v.n.vols.open(ctx)
+		if err != nil {
+			return err
+		}
+		return p.Install(ctx, d.ID, fill)
 	}
 	return errdefs.Invalidf("dependency kind %q", d.Kind)
 }

@@ -25,7 +25,15 @@ import (
 const (
 	DepTree    = "tree"    // a root filesystem build (rootfs.Stamp.ID)
 	DepRuntime = "runtime" // a runtime build (runtime.Builds)
+	// DepVolume is the snapshot's copy of an exclusive volume (an image
+	// in the node's volume pool, docs/volumes.md): a sandbox restored
+	// from the snapshot elsewhere gets its volume from it.
+	DepVolume = "volume"
 )
+
+// MetaVolumes lists, in a snapshot's chunk manifest, its volume copies
+// (comma-separated).
+const MetaVolumes = "spore.volumes"
 
 // MetaRuntimeBuild is the snapshot's runtime build in its chunk manifest's
 // metadata (absent for images from before builds were kept).
@@ -44,8 +52,11 @@ type Dep struct {
 func (d Dep) ManifestID() string { return d.Kind + "-" + d.ID }
 
 func (d Dep) String() string {
-	if d.Kind == DepRuntime {
+	switch d.Kind {
+	case DepRuntime:
 		return "runtime build " + d.ID
+	case DepVolume:
+		return "volume copy " + d.ID
 	}
 	return "root filesystem build " + d.ID
 }
@@ -59,6 +70,20 @@ func DepsOf(m snapshot.Manifest) []Dep {
 	if m.RuntimeBuild != "" {
 		out = append(out, Dep{Kind: DepRuntime, ID: m.RuntimeBuild})
 	}
+	for _, c := range volumeCopies(m) {
+		out = append(out, Dep{Kind: DepVolume, ID: c})
+	}
+	return out
+}
+
+// volumeCopies are the volume copies a snapshot holds.
+func volumeCopies(m snapshot.Manifest) []string {
+	var out []string
+	for _, v := range m.Run.Volumes {
+		if v.Copy != "" {
+			out = append(out, v.Copy)
+		}
+	}
 	return out
 }
 
@@ -70,6 +95,11 @@ func depsOfMeta(meta map[string]string) []Dep {
 	}
 	if b := meta[MetaRuntimeBuild]; b != "" {
 		out = append(out, Dep{Kind: DepRuntime, ID: b})
+	}
+	if v := meta[MetaVolumes]; v != "" {
+		for _, c := range strings.Split(v, ",") {
+			out = append(out, Dep{Kind: DepVolume, ID: c})
+		}
 	}
 	return out
 }

@@ -174,3 +174,66 @@ func TestDependenciesTravelWithTheSnapshot(t *testing.T) {
 		t.Fatalf("an image of no recorded build on another runtime: %v, want a conflict", err)
 	}
 }
+
+// A snapshot's copies of exclusive volumes travel with it as
+// dependencies: named in its chunk manifest's metadata, published as held
+// manifests it refers to, installed on a node that fetches the snapshot
+// before the snapshot is committed there.
+func TestVolumeCopiesTravelWithTheSnapshot(t *testing.T) {
+	store, err := local.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := snapsync.Dep{Kind: snapsync.DepTree, ID: "rold"}
+	vol := snapsync.Dep{Kind: snapsync.DepVolume, ID: "c-s1-vaaaa"}
+	depsA := newDirDeps(t, tree, vol)
+	a := newNode(t, store, snapsync.Config{Deps: depsA})
+	stg, err := a.repo.Stage("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stg.ImageDir(), "pages.img"), random(1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := stg.Commit(snapshot.Manifest{Kind: snapshot.KindSnapshot, RootFS: "base", RootFSID: tree.ID, Runtime: "runsc-test",
+		Run: snapshot.RunConfig{Args: []string{"/init"}, Volumes: []snapshot.VolumeMount{
+			{Volume: "vaaaa", Slot: "/run/spore/volumes/0", Path: "/work", Exclusive: true, Copy: vol.ID},
+			{Volume: "vbbbb", Slot: "/run/spore/volumes/1", Path: "/shared"}, // shared: no copy
+		}}}, snapshot.CommitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snapsync.DepsOf(m); !slices.Equal(got, []snapsync.Dep{tree, vol}) {
+		t.Fatalf("the snapshot's dependencies: %v", got)
+	}
+	if _, err := a.sync.Upload(ctx(t), m.ID); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := chunk.ReadManifest(ctx(t), store, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cm.Refs, vol.ManifestID()) || cm.Metadata[snapsync.MetaVolumes] != vol.ID {
+		t.Fatalf("the snapshot's manifest: refs %v, metadata %v", cm.Refs, cm.Metadata)
+	}
+	if dm, err := chunk.ReadManifest(ctx(t), store, vol.ManifestID()); err != nil || !dm.Held || dm.Metadata[snapsync.MetaDep] != snapsync.DepVolume {
+		t.Fatalf("the volume copy in the store: %+v, %v", dm, err)
+	}
+	depsB := newDirDeps(t, tree)
+	b := newNode(t, store, snapsync.Config{Deps: depsB})
+	if _, err := b.sync.Ensure(ctx(t), "s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(depsB.installs, []snapsync.Dep{vol}) || !depsB.Has(vol) {
+		t.Fatalf("installed %v", depsB.installs)
+	}
+	// Without it in the store, a node that lacks it refuses the snapshot
+	// before fetching anything.
+	if err := chunk.DeleteManifest(ctx(t), store, vol.ManifestID()); err != nil {
+		t.Fatal(err)
+	}
+	c := newNode(t, store, snapsync.Config{Deps: newDirDeps(t, tree)})
+	if _, err := c.sync.Ensure(ctx(t), "s1", nil); !errdefs.IsConflict(err) {
+		t.Fatalf("a volume copy nowhere: %v, want a conflict", err)
+	}
+}

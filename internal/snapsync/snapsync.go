@@ -192,6 +192,9 @@ func (s *Syncer) metadata(m snapshot.Manifest) map[string]string {
 	if m.RuntimeBuild != "" {
 		meta[MetaRuntimeBuild] = m.RuntimeBuild
 	}
+	if c := volumeCopies(m); len(c) > 0 {
+		meta[MetaVolumes] = strings.Join(c, ",")
+	}
 	return meta
 }
 

@@ -496,6 +496,58 @@ func (p *Pool) Images() ([]string, error) {
 	return out, nil
 }
 
+// Published is a directory holding the image name alone, as the file
+// "image" (a hard link: no copy), for a packer of directories (the blob
+// store's). The image must not change while it is read: a snapshot's
+// copy.
+func (p *Pool) Published(name string) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	defer p.lock(name)()
+	if _, err := os.Stat(p.image(name)); err != nil {
+		return "", fmt.Errorf("volume image %s: %w", name, errdefs.ErrNotFound)
+	}
+	dir := filepath.Join(p.fsDir(), ".published", name)
+	if _, err := os.Stat(filepath.Join(dir, "image")); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Link(p.image(name), filepath.Join(dir, "image")); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	return dir, nil
+}
+
+// Install makes the image name from what fill writes into the directory
+// it is given (the file "image", as Published shows it): written aside
+// and renamed into place once whole. An image that exists is kept.
+func (p *Pool) Install(ctx context.Context, name string, fill func(dir string) error) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	defer p.lock(name)()
+	if _, err := os.Stat(p.image(name)); err == nil {
+		return nil
+	}
+	in := filepath.Join(p.fsDir(), ".incoming")
+	if err := os.MkdirAll(in, 0o700); err != nil {
+		return err
+	}
+	tmp := filepath.Join(in, name)
+	os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp)
+	if err := fill(tmp); err != nil {
+		return fmt.Errorf("install volume image %s: %w", name, err)
+	}
+	if err := os.Rename(filepath.Join(tmp, "image"), p.image(name)); err != nil {
+		return fmt.Errorf("install volume image %s: %w", name, err)
+	}
+	return nil
+}
+
 // Remove deletes the image name (unmounting it first). A missing image is
 // not an error.
 func (p *Pool) Remove(ctx context.Context, name string) error {
@@ -503,6 +555,7 @@ func (p *Pool) Remove(ctx context.Context, name string) error {
 		return err
 	}
 	defer p.lock(name)()
+	os.RemoveAll(filepath.Join(p.fsDir(), ".published", name))
 	if err := os.Remove(p.image(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove volume image %s: %w", name, err)
 	}
