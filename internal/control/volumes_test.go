@@ -236,9 +236,18 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 	if _, err := cat.Delete(ctx, "work"); err != nil {
 		t.Fatal(err)
 	}
+	// The snapshot is not durable (no blob store here): its copy of the
+	// volume is on its node alone, and a create from it goes there.
+	other := "na"
+	if a.NodeID == "na" {
+		other = "nb"
+	}
+	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour, NodeID: other}); !errdefs.IsConflict(err) {
+		t.Fatalf("a create from the snapshot on the node without its volume copy: %v", err)
+	}
 	from, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour})
-	if err != nil {
-		t.Fatalf("a create from the snapshot after its volume was deleted: %v", err)
+	if err != nil || from.NodeID != a.NodeID {
+		t.Fatalf("a create from the snapshot after its volume was deleted: on %q, %v", from.NodeID, err)
 	}
 	own(from.Sandbox, "at-snapshot")
 
