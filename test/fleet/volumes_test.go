@@ -96,6 +96,45 @@ func TestVolumesOnAFleet(t *testing.T) {
 	if !waitFor(2*time.Minute, func() bool { _, err := os.Stat(img); return os.IsNotExist(err) }) {
 		t.Fatalf("the volume's image is still on its node: %s", img)
 	}
+
+	// An exclusive volume's content at a snapshot's instant travels with
+	// the snapshot through the fleet's blob store: once durable, a sandbox
+	// made from it on the other node has it, in a volume of its own.
+	if code, b := h.rest(api, "POST", "/volumes", `{"name":"fleet-ex","mode":"exclusive","sizeMB":256}`); code != 201 {
+		t.Fatalf("create the exclusive volume: %d %s", code, b)
+	}
+	ex := create(fmt.Sprintf(`{"templateID":"base","sporeNodeID":%q,"volumeMounts":[{"name":"fleet-ex","path":"/work"}]}`, home.ID))
+	h.run(api, ex.SandboxID, "echo at-the-snapshot > /work/f")
+	code, b = h.rest(api, "POST", "/sandboxes/"+ex.SandboxID+"/snapshots", `{}`)
+	var sn snapshotView
+	if json.Unmarshal(b, &sn); code != 201 {
+		t.Fatalf("snapshot: %d %s", code, b)
+	}
+	h.run(api, ex.SandboxID, "echo changed-after > /work/f")
+	if !waitFor(2*time.Minute, func() bool { _, v := h.snapshotInfo(api, sn.SnapshotID); return v.Storage == "durable" }) {
+		_, v := h.snapshotInfo(api, sn.SnapshotID)
+		t.Fatalf("snapshot not durable: %+v", v)
+	}
+	moved := create(fmt.Sprintf(`{"templateID":%q,"sporeNodeID":%q}`, sn.SnapshotID, other.ID))
+	if moved.ClientID != other.ID {
+		t.Fatalf("the create from the snapshot went to %s, not %s", moved.ClientID, other.ID)
+	}
+	if got := strings.TrimSpace(h.run(api, moved.SandboxID, "cat /work/f")); got != "at-the-snapshot" {
+		t.Fatalf("the sandbox made on the other node sees %q", got)
+	}
+	for _, id := range []string{ex.SandboxID, moved.SandboxID} {
+		if code, b := h.rest(api, "DELETE", "/sandboxes/"+id, ""); code != 204 {
+			t.Fatalf("kill %s: %d %s", id, code, b)
+		}
+	}
+	for _, name := range []string{"fleet-ex", "fleet-ex-" + moved.SandboxID} {
+		if code, b := h.rest(api, "DELETE", "/volumes/"+name, ""); code != 204 {
+			t.Fatalf("delete volume %s: %d %s", name, code, b)
+		}
+	}
+	if code, b := h.rest(api, "DELETE", "/snapshots/"+sn.SnapshotID, ""); code != 204 {
+		t.Fatalf("delete the snapshot: %d %s", code, b)
+	}
 }
 
 // raw sends a request with only an Authorization header (no API key): a
