@@ -132,7 +132,7 @@ func TestVolumesOnAFleet(t *testing.T) {
 			t.Fatalf("delete volume %s: %d %s", name, code, b)
 		}
 	}
-	if code, b := h.rest(api, "DELETE", "/snapshots/"+sn.SnapshotID, ""); code != 204 {
+	if code, b := h.rest(api, "DELETE", "/templates/"+sn.SnapshotID, ""); code != 204 {
 		t.Fatalf("delete the snapshot: %d %s", code, b)
 	}
 }
