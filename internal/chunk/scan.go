@@ -182,15 +182,6 @@ func nextHole(f *os.File, off, size int64) (start, end int64, ok bool) {
 	return 0, 0, false
 }
 
-// zeroID is the ID of n zero bytes.
-func zeroID(n int64) ID {
-	v, ok := zeroIDs.Load(n)
-	if !ok {
-		v, _ = zeroIDs.LoadOrStore(n, Sum(zeros[:n]))
-	}
-	return v.(ID)
-}
-
 // read returns the chunk's raw bytes from the tree, checked against its
 // hash: a file that changed since the scan must not be stored under the
 // old name.

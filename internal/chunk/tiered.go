@@ -172,6 +172,15 @@ var zeroIDs sync.Map // int64 -> ID
 
 var zeros = make([]byte, MaxChunk)
 
+// zeroID is the ID of n zero bytes.
+func zeroID(n int64) ID {
+	v, ok := zeroIDs.Load(n)
+	if !ok {
+		v, _ = zeroIDs.LoadOrStore(n, Sum(zeros[:n]))
+	}
+	return v.(ID)
+}
+
 func isZeroChunk(ref Ref) bool {
 	if ref.Size <= 0 || ref.Size > MaxChunk {
 		return false

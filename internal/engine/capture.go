@@ -187,17 +187,11 @@ func (e *Engine) capture(ctx context.Context, rec *record, o op, dir, key string
 	}
 	if err == nil {
 		err = e.rt.Checkpoint(ctx, rec.Instance, dir, runtime.CheckpointOptions{LeaveRunning: true})
-		if err != nil {
-			e.dropCopies(run)
-			run = rec.Run
-		}
 	}
 	if pausedHere {
 		cctx, cancel := cleanupCtx()
 		if rerr := e.rt.Resume(cctx, rec.Instance); rerr != nil && err == nil {
 			err = fmt.Errorf("resume after the capture: %w", rerr)
-			e.dropCopies(run)
-			run = rec.Run
 		}
 		cancel()
 	}

@@ -146,7 +146,7 @@ func (e *Engine) dropCopies(run snapshot.RunConfig) {
 // the copy: run is changed in place (mounts and volumes cloned first).
 // It returns the images made, for the caller to remove on failure.
 func (e *Engine) volumesForNew(ctx context.Context, sandbox string, run *snapshot.RunConfig) ([]string, error) {
-	if !slices.ContainsFunc(run.Volumes, func(v snapshot.VolumeMount) bool { return v.Copy != "" }) {
+	if !hasCopies(*run) {
 		return nil, nil
 	}
 	if e.vols == nil {
@@ -164,14 +164,10 @@ func (e *Engine) volumesForNew(ctx context.Context, sandbox string, run *snapsho
 		if err := e.vols.Remove(ctx, vol); err != nil {
 			return made, err
 		}
-		src, err := e.vols.Clone(ctx, v.Copy, vol)
-		if err != nil {
+		if err := e.cloneBehind(ctx, run, v.Slot, v.Copy, vol); err != nil {
 			return made, fmt.Errorf("copy volume %s for %s: %w", v.Volume, sandbox, err)
 		}
 		made = append(made, vol)
-		if err := setSlotSource(run, v.Slot, src); err != nil {
-			return made, err
-		}
 		run.Volumes[i] = snapshot.VolumeMount{Volume: vol, Slot: v.Slot, Path: v.Path, Exclusive: true}
 	}
 	return made, nil
@@ -188,7 +184,7 @@ func (e *Engine) volumesForRollback(ctx context.Context, instance string, cur, t
 	for i := range run.Volumes {
 		run.Volumes[i].Copy = "" // the copy stays the snapshot's
 	}
-	if !slices.ContainsFunc(to.Volumes, func(v snapshot.VolumeMount) bool { return v.Copy != "" }) {
+	if !hasCopies(to) {
 		return run, nil, nil
 	}
 	if e.vols == nil {
@@ -205,14 +201,10 @@ func (e *Engine) volumesForRollback(ctx context.Context, instance string, cur, t
 			return run, made, errdefs.Invalidf("the snapshot holds exclusive volume %s at %s, which this sandbox does not hold there: roll back to a snapshot of this sandbox", v.Volume, v.Path)
 		}
 		img := rollbackImage(instance, cur.Volumes[j].Volume)
-		src, err := e.vols.Clone(ctx, v.Copy, img)
-		if err != nil {
+		if err := e.cloneBehind(ctx, &run, v.Slot, v.Copy, img); err != nil {
 			return run, made, fmt.Errorf("copy volume %s back: %w", cur.Volumes[j].Volume, err)
 		}
 		made = append(made, img)
-		if err := setSlotSource(&run, v.Slot, src); err != nil {
-			return run, made, err
-		}
 		run.Volumes[i] = snapshot.VolumeMount{Volume: cur.Volumes[j].Volume, Image: img, Slot: v.Slot, Path: v.Path, Exclusive: true}
 	}
 	return run, made, nil
@@ -232,13 +224,24 @@ func (e *Engine) removeImages(images []string) {
 	}
 }
 
-func setSlotSource(run *snapshot.RunConfig, slot, src string) error {
+// cloneBehind makes image from the copy and puts it behind run's volume
+// slot (the slot's mount is changed in place).
+func (e *Engine) cloneBehind(ctx context.Context, run *snapshot.RunConfig, slot, copy, image string) error {
 	k := slices.IndexFunc(run.Mounts, func(m runtime.Mount) bool { return m.Destination == slot })
 	if k < 0 {
 		return errdefs.Invalidf("no volume slot %s", slot)
 	}
+	src, err := e.vols.Clone(ctx, copy, image)
+	if err != nil {
+		return err
+	}
 	run.Mounts[k].Source = src
 	return nil
+}
+
+// hasCopies reports whether run names volume copies (a snapshot's).
+func hasCopies(run snapshot.RunConfig) bool {
+	return slices.ContainsFunc(run.Volumes, func(v snapshot.VolumeMount) bool { return v.Copy != "" })
 }
 
 // imageActions is what goes with an instance that ran with run when it is
