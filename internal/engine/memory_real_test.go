@@ -38,11 +38,15 @@ func (e *env) buildHog(ctx context.Context, name string, mib int) {
 // A real sandbox holding 256 MiB, forked 10 times with the memory floor
 // set so that only ~3 children fit above it: the children that fit are
 // made, the others refused at once with a resource-limit error naming
-// memory; MemAvailable (sampled all along) never falls under the floor;
-// and another sandbox answers commands throughout. Before, each child was
-// admitted as long as MemAvailable was above the floor when its launch
-// began: the first four were admitted on the same free memory and the
-// host went under the floor.
+// memory; the memory the children made are charged fits the room above
+// the floor there was when the fork began; and another sandbox answers
+// commands throughout. Before, each child was admitted as long as
+// MemAvailable was above the floor when its launch began: the first four
+// were admitted on the same free memory and the host went under the
+// floor. The host's own MemAvailable is sampled and reported, not
+// asserted: other tests of a CI run (the fleet group runs beside this
+// package) take and free memory on the same host meanwhile, by hundreds
+// of MiB in seconds; the children's own charge is this test's to judge.
 func TestForkTrimmedToTheHostsMemoryReal(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxFor(t)
@@ -121,8 +125,19 @@ func TestForkTrimmedToTheHostsMemoryReal(t *testing.T) {
 	if made < 1 || made > 3 {
 		t.Errorf("%d children made, want the 1-3 that fit above the floor", made)
 	}
-	if m := minAvail.Load(); m < floor {
-		t.Errorf("MemAvailable fell to %d MiB, under the floor of %d MiB", m>>20, floor>>20)
+	var charged int64
+	for _, c := range fr.Children {
+		if c.Err == nil {
+			st, err := e.eng.Stats(ctx, c.Sandbox.ID)
+			if err != nil {
+				t.Fatalf("child %s: stats: %v", c.Sandbox.ID, err)
+			}
+			charged += st.MemoryBytes
+		}
+	}
+	t.Logf("the %d children made are charged %d MiB; the room above the floor was %d MiB", made, charged>>20, (avail-floor)>>20)
+	if charged > avail-floor {
+		t.Errorf("the children made are charged %d MiB, more than the %d MiB above the floor the fork began with", charged>>20, (avail-floor)>>20)
 	}
 	if failed.Load() > 0 || answered.Load() == 0 {
 		t.Errorf("bystander: %d commands answered, %d failed during the fork", answered.Load(), failed.Load())
