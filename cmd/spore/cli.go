@@ -39,7 +39,7 @@ func (f *cliFlags) client() (*client.Client, error) {
 	if key == "" {
 		return nil, errors.New("no API key: set SPORE_API_KEY (spore up prints it)")
 	}
-	return client.New(base, key), nil
+	return client.New(base, key).WithTeam(f.g.team), nil
 }
 
 // exitError carries a command's exit code out of cobra.
@@ -105,7 +105,7 @@ func newClientCmds(g *globalFlags) []*cobra.Command {
 	cmds := []*cobra.Command{
 		newStartCmd(f), newLsCmd(f), newInfoCmd(f), newExecCmd(f), newConnectCmd(f), newCpCmd(f),
 		newPauseCmd(f), newResumeCmd(f), newKillCmd(f), newTimeoutCmd(f), newSnapshotCmd(f), newForkCmd(f),
-		newRollbackCmd(f), newTemplateCmd(f), newBenchCmd(f), newNodesCmd(f), newGCCmd(f), newLogsCmd(f), newSecretCmd(f), newVolumeCmd(f), newKeyCmd(f),
+		newRollbackCmd(f), newTemplateCmd(f), newBenchCmd(f), newNodesCmd(f), newGCCmd(f), newLogsCmd(f), newSecretCmd(f), newVolumeCmd(f), newKeyCmd(f), newTeamCmd(f),
 	}
 	for _, c := range cmds {
 		c.PersistentFlags().BoolVar(&f.json, "json", false, "print JSON")

@@ -2,16 +2,25 @@ package main
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/store"
 )
 
 func newKeyCmd(f *cliFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "key",
-		Short: "Manage API keys (an admin key is needed)",
-		Long: `API keys are user keys (every sandbox, snapshot, template and secret route) or
-admin keys (those, and the operator routes: nodes, drain, blob GC, debug, keys).
+		Short: "Manage API keys (a team admin key, or an operator key)",
+		Long: `An API key acts in one team: a member key on everything its team owns
+(sandboxes, snapshots, templates, secrets, volumes), an admin key on its team's
+keys too. A scope narrows a key to operations and templates (a CI key that only
+creates from ci-* templates). Operator keys belong to no team: the operator
+routes (nodes, drain, blob GC, debug), teams, and every team's keys; on a
+team's routes they act in the team --team names (default: the default team).
 Only a key's hash is stored: a new key is printed once. A revoked key is refused
 by every API replica within half a second and never comes back.`,
 	}
@@ -20,8 +29,11 @@ by every API replica within half a second and never comes back.`,
 }
 
 func newKeyCreateCmd(f *cliFlags) *cobra.Command {
-	var name string
-	var admin bool
+	var (
+		req       api.CreateKeyRequest
+		ops, tpls []string
+		ttl       time.Duration
+	)
 	cmd := &cobra.Command{
 		Use:   "create",
 		Short: "Make an API key and print it (shown this once)",
@@ -31,29 +43,44 @@ func newKeyCreateCmd(f *cliFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			role := "user"
-			if admin {
-				role = "admin"
+			if len(ops) > 0 || len(tpls) > 0 {
+				req.Scope = &store.KeyScope{Operations: ops, Templates: tpls}
 			}
-			k, err := c.CreateKey(cmd.Context(), name, role)
+			if ttl < 0 {
+				return fmt.Errorf("--ttl %v is negative", ttl)
+			}
+			req.TTLSeconds = int64(ttl / time.Second)
+			if ttl > 0 && req.TTLSeconds == 0 {
+				return fmt.Errorf("--ttl %v is under a second", ttl)
+			}
+			k, err := c.CreateKey(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), k)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "key %s (%s, %s): store it now, it is not shown again\n", k.ID, k.Role, k.Mask)
+			team := k.TeamID
+			if team == "" {
+				team = "no team"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "key %s (%s, %s, %s): store it now, it is not shown again\n", k.ID, k.Role, team, k.Mask)
 			fmt.Fprintln(cmd.OutOrStdout(), k.Key)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", "", "a label for the key")
-	cmd.Flags().BoolVar(&admin, "admin", false, "an admin key (operator routes too)")
+	cmd.Flags().StringVar(&req.Name, "name", "", "a label for the key")
+	cmd.Flags().StringVar(&req.Role, "role", "", "member (default), admin (the team's keys too) or operator (no team; operators only)")
+	cmd.Flags().StringVar(&req.TeamID, "key-team", "", "the key's team (an operator's choice; default: the team acted in)")
+	cmd.Flags().StringSliceVar(&ops, "op", nil, "allow only these operations (repeat; "+strings.Join(api.Operations(), ", ")+")")
+	cmd.Flags().StringSliceVar(&tpls, "template", nil, "with --op: allow creates only from templates matching these patterns (repeat; ci-*)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "the key expires after this long (720h); default never")
 	return cmd
 }
 
 func newKeyListCmd(f *cliFlags) *cobra.Command {
 	var all bool
+	var team string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List API keys (never the keys themselves)",
@@ -63,7 +90,7 @@ func newKeyListCmd(f *cliFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := c.Keys(cmd.Context(), all)
+			list, err := c.Keys(cmd.Context(), all, team)
 			if err != nil {
 				return err
 			}
@@ -72,17 +99,30 @@ func newKeyListCmd(f *cliFlags) *cobra.Command {
 			}
 			var rows [][]string
 			for _, k := range list {
-				revoked := ""
+				revoked, used, expires, scope := "", "", "", ""
 				if k.RevokedAt != "" {
 					revoked = ago(k.RevokedAt)
 				}
-				rows = append(rows, []string{k.ID, k.Name, k.Role, k.Source, k.Mask, ago(k.CreatedAt), revoked})
+				if k.LastUsedAt != "" {
+					used = ago(k.LastUsedAt)
+				}
+				if k.ExpiresAt != "" {
+					expires = k.ExpiresAt
+				}
+				if k.Scope != nil {
+					scope = strings.Join(k.Scope.Operations, ",")
+					if len(k.Scope.Templates) > 0 {
+						scope += " on " + strings.Join(k.Scope.Templates, ",")
+					}
+				}
+				rows = append(rows, []string{k.ID, k.Name, k.TeamID, k.Role, scope, k.Mask, ago(k.CreatedAt), used, expires, revoked})
 			}
-			table(cmd.OutOrStdout(), "ID\tNAME\tROLE\tSOURCE\tKEY\tCREATED\tREVOKED", rows)
+			table(cmd.OutOrStdout(), "ID\tNAME\tTEAM\tROLE\tSCOPE\tKEY\tCREATED\tUSED\tEXPIRES\tREVOKED", rows)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "list revoked keys too")
+	cmd.Flags().StringVar(&team, "of-team", "", "an operator's: only this team's keys")
 	return cmd
 }
 
@@ -105,4 +145,103 @@ func newKeyRevokeCmd(f *cliFlags) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func newTeamCmd(f *cliFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "team",
+		Short: "Manage teams (create and rm need an operator key)",
+		Long: `A team owns sandboxes, snapshots, templates, secrets and volumes; its keys see
+nothing of another team's. Make a team, then its first admin key:
+  spore team create research
+  spore key create --key-team <team ID> --role admin --name lead`,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "create NAME",
+		Short: "Make a team",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.CreateTeam(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), t)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), t.TeamID)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "ls",
+		Short: "List the teams the key sees (its own; an operator's, every team)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Teams(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			var rows [][]string
+			for _, t := range list {
+				acting := ""
+				if t.IsDefault {
+					acting = "*"
+				}
+				rows = append(rows, []string{t.TeamID, t.Name, acting})
+			}
+			table(cmd.OutOrStdout(), "ID\tNAME\tACTING", rows)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "info TEAM",
+		Short: "Show a team (by ID or name)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.Team(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), t)
+			}
+			table(cmd.OutOrStdout(), "ID\tNAME\tCREATED", [][]string{{t.TeamID, t.Name, ago(t.CreatedAt)}})
+			if u := t.Usage; u != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nrunning %d (%d vCPUs, %d MiB), hibernated %d, snapshots %d (%s), volumes %d (%s)\n",
+					u.Running, u.VCPUs, u.MemoryMB, u.Hibernated, u.Snapshots, mib(u.SnapshotBytes), u.Volumes, mib(u.VolumeBytes))
+			}
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "rm TEAM...",
+		Short: "Remove empty teams (their keys are revoked)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			for _, t := range args {
+				if err := c.DeleteTeam(cmd.Context(), t); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s removed\n", t)
+			}
+			return nil
+		},
+	})
+	return cmd
 }

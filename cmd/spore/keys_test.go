@@ -41,7 +41,7 @@ func TestKeyVerbs(t *testing.T) {
 	}
 	defer st.Close()
 	const admin = "spore_admin_key_for_the_cli_test"
-	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(admin), Role: store.RoleAdmin, CreatedAt: time.Now()}); err != nil {
+	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(admin), Role: store.RoleOperator, CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(api.New(api.Config{Store: st}))
@@ -53,7 +53,7 @@ func TestKeyVerbs(t *testing.T) {
 		t.Fatalf("key create: %q %q %v", out, stderr, err)
 	}
 	out, _, err = runCLI(t, srv.URL, admin, "key", "ls")
-	if err != nil || !strings.Contains(out, "agent") || !strings.Contains(out, "user") || strings.Contains(out, userKey) {
+	if err != nil || !strings.Contains(out, "agent") || !strings.Contains(out, "member") || !strings.Contains(out, "default") || strings.Contains(out, userKey) {
 		t.Fatalf("key ls: %q %v", out, err)
 	}
 	if _, _, err := runCLI(t, srv.URL, userKey, "key", "ls"); err == nil || !strings.Contains(err.Error(), "admin key") {
@@ -69,11 +69,78 @@ func TestKeyVerbs(t *testing.T) {
 	if _, _, err := runCLI(t, srv.URL, userKey, "secret", "ls"); err == nil || !strings.Contains(err.Error(), "invalid API key") {
 		t.Fatalf("a revoked key: %v", err)
 	}
-	if _, _, err := runCLI(t, srv.URL, admin, "key", "revoke", "k1"); err == nil || !strings.Contains(err.Error(), "last valid admin key") {
-		t.Fatalf("revoke the last admin key: %v", err)
+	if _, _, err := runCLI(t, srv.URL, admin, "key", "revoke", "k1"); err == nil || !strings.Contains(err.Error(), "last valid operator key") {
+		t.Fatalf("revoke the last operator key: %v", err)
 	}
 	out, _, err = runCLI(t, srv.URL, admin, "key", "ls", "--all", "--json")
 	if err != nil || strings.Count(out, `"revokedAt"`) != 1 {
 		t.Fatalf("key ls --all --json: %q %v", out, err)
+	}
+}
+
+// The team verbs: an operator makes a team and its admin key; that key
+// sees its team only (team ls, key ls), makes a scoped member key, and
+// cannot make or remove teams; a team that owns nothing is removed and
+// its keys stop working; bad input is a clear error and a non-zero exit.
+func TestTeamVerbs(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "spore.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const op = "spore_operator_key_for_the_cli_test"
+	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(op), Role: store.RoleOperator, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.New(api.Config{Store: st}))
+	defer srv.Close()
+
+	out, _, err := runCLI(t, srv.URL, op, "team", "create", "research")
+	teamID := strings.TrimSpace(out)
+	if err != nil || !strings.HasPrefix(teamID, "t") {
+		t.Fatalf("team create: %q %v", out, err)
+	}
+	if _, _, err := runCLI(t, srv.URL, op, "team", "create", "research"); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Fatalf("a second team of the same name: %v", err)
+	}
+	out, stderr, err := runCLI(t, srv.URL, op, "key", "create", "--key-team", teamID, "--role", "admin", "--name", "lead")
+	lead := strings.TrimSpace(out)
+	if err != nil || !strings.Contains(stderr, teamID) {
+		t.Fatalf("key create for the team: %q %q %v", out, stderr, err)
+	}
+	if out, _, err := runCLI(t, srv.URL, lead, "team", "ls"); err != nil || !strings.Contains(out, "research") || strings.Contains(out, "default") {
+		t.Fatalf("team ls with the team's key: %q %v", out, err)
+	}
+	if out, _, err := runCLI(t, srv.URL, op, "team", "ls"); err != nil || !strings.Contains(out, "research") || !strings.Contains(out, "default") {
+		t.Fatalf("team ls with the operator key: %q %v", out, err)
+	}
+	out, _, err = runCLI(t, srv.URL, lead, "key", "create", "--name", "ci", "--op", "sandboxes.create", "--template", "ci-*", "--ttl", "24h")
+	if err != nil || !strings.HasPrefix(strings.TrimSpace(out), apikey.Prefix) {
+		t.Fatalf("a scoped key made by the team's admin: %q %v", out, err)
+	}
+	out, _, err = runCLI(t, srv.URL, lead, "key", "ls")
+	if err != nil || !strings.Contains(out, "sandboxes.create on ci-*") || strings.Contains(out, "k1") {
+		t.Fatalf("key ls with the team's key (its team's keys only): %q %v", out, err)
+	}
+	for _, args := range [][]string{
+		{"team", "create", "mine"},
+		{"team", "rm", teamID},
+		{"key", "create", "--role", "operator"},
+		{"key", "create", "--op", "sandboxes.destroy"},
+		{"team", "info", "default"},
+	} {
+		if _, _, err := runCLI(t, srv.URL, lead, args...); err == nil {
+			t.Errorf("%v with a team admin key succeeded", args)
+		}
+	}
+	if out, _, err := runCLI(t, srv.URL, op, "team", "rm", teamID); err != nil || !strings.Contains(out, "removed") {
+		t.Fatalf("team rm: %q %v", out, err)
+	}
+	if _, _, err := runCLI(t, srv.URL, lead, "team", "ls"); err == nil || !strings.Contains(err.Error(), "invalid API key") {
+		t.Fatalf("the removed team's key: %v", err)
+	}
+	if _, _, err := runCLI(t, srv.URL, op, "team", "rm", "default"); err == nil || !strings.Contains(err.Error(), "default team") {
+		t.Fatalf("team rm default: %v", err)
 	}
 }

@@ -33,6 +33,7 @@ func main() {
 type globalFlags struct {
 	dataDir  string
 	cacheDir string
+	team     string
 }
 
 func newRoot() *cobra.Command {
@@ -45,6 +46,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", envOr("SPORE_DATA_DIR", "/var/lib/spore"), "data directory (env SPORE_DATA_DIR)")
 	root.PersistentFlags().StringVar(&g.cacheDir, "cache-dir", envOr("SPORE_CACHE_DIR", "/var/cache/spore"), "download and build cache (env SPORE_CACHE_DIR)")
+	root.PersistentFlags().StringVar(&g.team, "team", os.Getenv("SPORE_TEAM"), "with an operator key: the team to act in (env SPORE_TEAM; default: the default team)")
 	root.AddCommand(newSetupCmd(g), newUpCmd(g), newAPICmd(), newNodeCmd(g), newVersionCmd())
 	root.AddCommand(newFleetCmd(g))
 	root.AddCommand(newClientCmds(g)...)

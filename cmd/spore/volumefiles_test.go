@@ -216,7 +216,7 @@ func storeWithUserKey(t *testing.T) (store.Store, string) {
 	}
 	t.Cleanup(func() { st.Close() })
 	const key = "spore_user_key_for_the_cli_tests"
-	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k1", Hash: apikey.Hash(key), Role: store.RoleUser, CreatedAt: time.Now()}); err != nil {
+	if err := st.AddAPIKey(context.Background(), store.APIKey{ID: "k1", Hash: apikey.Hash(key), Role: store.RoleMember, TeamID: store.DefaultTeam, CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	return st, key

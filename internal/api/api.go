@@ -26,7 +26,6 @@ import (
 	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/timing"
 	"github.com/spore-run/spore/internal/volume"
@@ -96,6 +95,7 @@ type Server struct {
 	node   func() NodeReport
 	domain string
 	keys   *apikey.Checker
+	owners ownerCache
 	builds *build.Service
 	blobs  blob.Store
 	vols   *volume.Catalog
@@ -155,15 +155,19 @@ type route struct {
 type access int
 
 const (
-	// user: any valid API key.
+	// user: any valid API key, acting in its team (an operator key in
+	// the team it names, docs/teams.md); a scoped key only for the
+	// route's operation (opOf).
 	user access = iota
 	// public: anyone (health, the OpenAPI document, signed URLs that
 	// carry their own proof).
 	public
-	// admin: an admin key only. These routes act on the fleet itself
-	// (its nodes, its blob store, the server's internals, the keys), not
-	// on a user's sandboxes.
+	// admin: an operator key only. These routes act on the fleet itself
+	// (its nodes, its blob store, the server's internals, its teams), not
+	// on a team's sandboxes.
 	admin
+	// teamAdmin: a team's admin key (its keys), or an operator key.
+	teamAdmin
 )
 
 // muxPattern is the pattern registered for a route whose own one overlaps
@@ -210,7 +214,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, admin},
 		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
-	return append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...)
+	return append(append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...), s.teamRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).
@@ -240,11 +244,8 @@ func (s *Server) stats(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) routes() {
 	for _, r := range s.table() {
 		h := r.h
-		switch r.access {
-		case user:
-			h = s.auth(h, false)
-		case admin:
-			h = s.auth(h, true)
+		if r.access != public {
+			h = s.auth(h, r.access, opOf(r.pattern))
 		}
 		p := r.pattern
 		if mp, ok := muxPattern[p]; ok {
@@ -253,7 +254,7 @@ func (s *Server) routes() {
 		s.mux.HandleFunc(p, withTiming(h))
 	}
 	for _, p := range e2bUnimplemented {
-		s.mux.HandleFunc(p, s.auth(notImplemented(p), false))
+		s.mux.HandleFunc(p, s.auth(s.scopedNotImplemented(p), user, opOf(p)))
 	}
 	for _, p := range content.Routes {
 		switch {
@@ -283,7 +284,7 @@ func Routes() map[string]bool {
 	return out
 }
 
-// AdminRoutes lists the routes that need an admin key.
+// AdminRoutes lists the routes that need an operator key.
 func AdminRoutes() []string {
 	var out []string
 	for _, r := range (&Server{}).table() {
@@ -292,49 +293,6 @@ func AdminRoutes() []string {
 		}
 	}
 	return out
-}
-
-// auth requires a valid X-API-KEY (or Authorization: Bearer), of the
-// admin role for an admin route. Keys are accepted nowhere else (no query
-// parameter, no cookie), which is why the proxy strips only these two
-// headers. A key the store cannot check answers 503, not 401: it may well
-// be valid, and the client should retry rather than give up.
-func (s *Server) auth(next http.HandlerFunc, adminOnly bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-KEY")
-		if key == "" {
-			key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		}
-		if key == "" {
-			writeError(w, http.StatusUnauthorized, "missing API key: send X-API-KEY")
-			return
-		}
-		rec, err := s.keys.Lookup(r.Context(), key)
-		switch {
-		case errdefs.IsNotFound(err):
-			writeError(w, http.StatusUnauthorized, "invalid API key")
-			return
-		case err != nil:
-			s.fail(w, r, err)
-			return
-		case adminOnly && rec.Role != store.RoleAdmin:
-			writeError(w, http.StatusForbidden, "this route needs an admin key (this key's role is "+rec.Role+")")
-			return
-		}
-		next(w, r.WithContext(withKey(r.Context(), rec)))
-	}
-}
-
-type keyCtx struct{}
-
-func withKey(ctx context.Context, k store.APIKey) context.Context {
-	return context.WithValue(ctx, keyCtx{}, k)
-}
-
-// KeyOf returns the API key a request was authenticated with.
-func KeyOf(ctx context.Context) (store.APIKey, bool) {
-	k, ok := ctx.Value(keyCtx{}).(store.APIKey)
-	return k, ok
 }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
@@ -374,6 +332,8 @@ func StatusOf(err error) int {
 		return http.StatusBadRequest
 	case errdefs.IsNotFound(err):
 		return http.StatusNotFound
+	case errdefs.IsPermission(err):
+		return http.StatusForbidden
 	case errdefs.IsAlreadyExists(err), errdefs.IsConflict(err):
 		return http.StatusConflict
 	case errors.Is(err, errdefs.ErrResourceLimit):
@@ -468,16 +428,6 @@ func jsonMsg(err error) string {
 		return fmt.Sprintf("field %q must be %s, got %s", te.Field, te.Type, te.Value)
 	}
 	return err.Error()
-}
-
-// sandboxID reads and validates the {sandboxID} path parameter.
-func sandboxID(w http.ResponseWriter, r *http.Request) (string, bool) {
-	id := r.PathValue("sandboxID")
-	if err := ids.Validate("sandbox ID", id); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return "", false
-	}
-	return id, true
 }
 
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -45,21 +45,22 @@ func wantJSONError(t *testing.T, what string, code int, b []byte, want int) {
 }
 
 // The operator routes are exactly the fleet's own (nodes, drain, blob GC,
-// the server's internals, the keys), and a user key gets a JSON 403 on
-// every one of them, while an admin key passes the check.
-func TestOperatorRoutesNeedAnAdminKey(t *testing.T) {
-	base := newFnode(t).url // its key is an admin key
-	code, b := callKey(t, base, key, "POST", "/api-keys", `{"name":"agent","role":"user"}`)
+// the server's internals, making and removing teams), and a team's key,
+// even its admin's, gets a JSON 403 on every one of them, while an
+// operator key passes the check.
+func TestOperatorRoutesNeedAnOperatorKey(t *testing.T) {
+	base := newFnode(t).url // its key is an operator key
+	code, b := callKey(t, base, key, "POST", "/api-keys", `{"name":"agent","role":"admin"}`)
 	if code != 201 {
-		t.Fatalf("create a user key = %d %s", code, b)
+		t.Fatalf("create a team admin key = %d %s", code, b)
 	}
 	var created api.CreatedKey
-	if err := json.Unmarshal(b, &created); err != nil || created.Key == "" || created.Role != store.RoleUser {
+	if err := json.Unmarshal(b, &created); err != nil || created.Key == "" || created.Role != store.RoleAdmin || created.TeamID != store.DefaultTeam {
 		t.Fatalf("created = %s", b)
 	}
 	want := []string{"GET /nodes", "POST /nodes/{nodeID}/drain", "POST /nodes/{nodeID}/undrain", "POST /blobs/gc",
 		"GET /debug/stats", "GET /debug/pprof/", "GET /debug/pprof/profile", "GET /debug/pprof/trace", "GET /debug/pprof/symbol",
-		"GET /api-keys", "POST /api-keys", "DELETE /api-keys/{apiKeyID}"}
+		"POST /teams", "DELETE /teams/{teamID}"}
 	got := api.AdminRoutes()
 	slices.Sort(got)
 	slices.Sort(want)
@@ -68,26 +69,26 @@ func TestOperatorRoutesNeedAnAdminKey(t *testing.T) {
 	}
 	for _, r := range got {
 		method, path, _ := strings.Cut(r, " ")
-		path = strings.NewReplacer("{nodeID}", "n1", "{apiKeyID}", "k0000000000000000000").Replace(path)
+		path = strings.NewReplacer("{nodeID}", "n1", "{teamID}", "t0000000000000000000").Replace(path)
 		code, b := callKey(t, base, created.Key, method, path, `{}`)
-		wantJSONError(t, r+" with a user key", code, b, http.StatusForbidden)
+		wantJSONError(t, r+" with a team admin key", code, b, http.StatusForbidden)
 		if r == "GET /debug/pprof/profile" || r == "GET /debug/pprof/trace" {
 			continue // an admin key would profile for seconds
 		}
 		if code, b := callKey(t, base, key, method, path, `{}`); code == http.StatusForbidden || code == http.StatusUnauthorized {
-			t.Errorf("%s with an admin key = %d %s", r, code, b)
+			t.Errorf("%s with an operator key = %d %s", r, code, b)
 		}
 	}
-	// A user key still reaches the user routes.
+	// A team key still reaches its team's routes.
 	if code, b := callKey(t, base, created.Key, "GET", "/secrets", ""); code == 401 || code == 403 {
-		t.Fatalf("GET /secrets with a user key = %d %s", code, b)
+		t.Fatalf("GET /secrets with a team admin key = %d %s", code, b)
 	}
 }
 
 // Keys are made (shown once), listed (never shown), revoked (refused at
 // once on this replica, within apikey.KeysFresh on another one over the
-// same store); the last admin key cannot be revoked; bad input changes
-// nothing.
+// same store); the last operator key cannot be revoked; bad input
+// changes nothing.
 func TestKeyLifecycle(t *testing.T) {
 	st := openStore(t)
 	a, b := keyServer(t, st), keyServer(t, st) // two replicas
@@ -144,14 +145,14 @@ func TestKeyLifecycle(t *testing.T) {
 		t.Fatalf("list with revoked = %s", body)
 	}
 
-	// The last admin key stays.
+	// The last operator key stays.
 	var first api.KeyInfo
 	json.Unmarshal(body, &list)
 	first = list[0]
 	code, body = callKey(t, a, key, "DELETE", "/api-keys/"+first.ID, "")
-	wantJSONError(t, "revoke the last admin key", code, body, 409)
+	wantJSONError(t, "revoke the last operator key", code, body, 409)
 	if code, body := callKey(t, a, key, "GET", "/api-keys", ""); code != 200 {
-		t.Fatalf("the last admin key after a refused revoke = %d %s", code, body)
+		t.Fatalf("the last operator key after a refused revoke = %d %s", code, body)
 	}
 }
 

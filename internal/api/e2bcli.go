@@ -65,6 +65,9 @@ func (s *Server) updateTemplate(w http.ResponseWriter, r *http.Request) (string,
 	if errdefs.IsNotFound(err) && s.builtIn(r.Context(), ref) {
 		err = errdefs.Conflictf("template %s is built into the nodes: it cannot be published or unpublished", ref)
 	}
+	if err == nil {
+		err = s.templateAccess(r.Context(), teamOf(r), name, true)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return "", false
@@ -133,15 +136,7 @@ func withSpecKey(spec []byte, key string, v any) ([]byte, error) {
 
 // specPublic reads the public flag of a template row's Spec (false when
 // absent or unreadable).
-func specPublic(spec []byte) bool {
-	var m struct {
-		Public bool `json:"public"`
-	}
-	if len(spec) == 0 || json.Unmarshal(spec, &m) != nil {
-		return false
-	}
-	return m.Public
-}
+func specPublic(spec []byte) bool { return store.TemplatePublic(spec) }
 
 // templatePublic reads a template's public flag by name (false without a
 // row).
@@ -198,8 +193,12 @@ func (s *Server) signedUpload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, "the upload URL has no valid signature: ask GET /templates/{templateID}/files/{hash} for one")
 		return
 	}
-	t, ok := templateOf(w, r)
-	if !ok || !s.buildsOrFail(w) {
+	t := r.PathValue("templateID")
+	if err := ids.ValidateName("template ID", t); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !s.buildsOrFail(w) {
 		return
 	}
 	builds, err := s.st.ListBuilds(r.Context(), t)
@@ -210,7 +209,7 @@ func (s *Server) signedUpload(w http.ResponseWriter, r *http.Request) {
 	for _, b := range builds {
 		want, _ := hex.DecodeString(uploadSignature(b.ID, t, r.PathValue("hash")))
 		if b.Status == store.BuildWaiting && hmac.Equal(sig, want) {
-			s.uploadFiles(w, r)
+			s.putFiles(w, r)
 			return
 		}
 	}

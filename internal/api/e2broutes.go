@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -21,7 +22,6 @@ var e2bUnimplemented = []string{
 	"GET /v2/sandboxes/{sandboxID}/logs",
 	"POST /sandboxes/{sandboxID}/refreshes",
 	"GET /sandboxes/metrics",
-	"GET /teams",
 	"GET /teams/{teamID}/metrics",
 	"GET /teams/{teamID}/metrics/max",
 	"GET /templates/{templateID}/builds/{buildID}/logs",
@@ -30,6 +30,30 @@ var e2bUnimplemented = []string{
 
 // E2BUnimplemented lists the E2B routes that answer 501 (for tests).
 func E2BUnimplemented() []string { return append([]string(nil), e2bUnimplemented...) }
+
+// scopedNotImplemented answers 501 for a route of the caller's own
+// sandbox or team, and 404 for another's: the 501 says nothing of what
+// another team has.
+func (s *Server) scopedNotImplemented(pattern string) http.HandlerFunc {
+	h := notImplemented(pattern)
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.Contains(pattern, "{sandboxID}"):
+			if _, ok := s.sandboxID(w, r); !ok {
+				return
+			}
+		case strings.Contains(pattern, "{teamID}"):
+			if _, ok := s.team(w, r); !ok {
+				return
+			}
+		case strings.Contains(pattern, "{templateID}"):
+			if _, ok := s.templateOf(w, r, false); !ok {
+				return
+			}
+		}
+		h(w, r)
+	}
+}
 
 func notImplemented(pattern string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
@@ -74,6 +98,12 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias str
 	}
 	for _, m := range list {
 		if m.ID == alias || slices.Contains(m.Names, alias) {
+			if len(m.Names) > 0 {
+				if err := s.templateAccess(r.Context(), teamOf(r), m.Names[0], false); err != nil {
+					s.fail(w, r, err)
+					return
+				}
+			}
 			public := false
 			if len(m.Names) > 0 {
 				if public, err = s.templatePublic(r.Context(), m.Names[0]); err != nil {

@@ -17,8 +17,11 @@ import (
 // 200 for a template's name and 404 for an unknown one.
 func TestE2BRoutes(t *testing.T) {
 	f := newFnode(t)
-	fill := strings.NewReplacer("{sandboxID}", "i0000000000000000000", "{templateID}", "base", "{buildID}", "b1",
-		"{hash}", "abc", "{secretID}", "s1", "{teamID}", "t1", "{volumeID}", "v1")
+	// The caller's own sandbox and team: another's (or none) is 404
+	// (TestTeamsAreIsolated).
+	sb := f.create(`{"templateID":"base","timeout":60}`)
+	fill := strings.NewReplacer("{sandboxID}", sb.SandboxID, "{templateID}", "base", "{buildID}", "b1",
+		"{hash}", "abc", "{secretID}", "s1", "{teamID}", "default", "{volumeID}", "v1")
 	for _, r := range api.E2BUnimplemented() {
 		method, path, _ := strings.Cut(r, " ")
 		path = fill.Replace(path)

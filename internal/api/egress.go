@@ -37,7 +37,7 @@ type EgressAudit struct {
 // it is gone for the nodes' retention. since is RFC 3339 or a duration
 // back from now ("15m"); limit at most control.MaxEgressAudit.
 func (s *Server) egressAudit(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}

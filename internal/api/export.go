@@ -142,7 +142,7 @@ func exportResponse(i nodeapi.ExportInfo) ExportResponse {
 }
 
 func (s *Server) exportSandbox(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -161,11 +161,16 @@ func (s *Server) exportSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
 		return
 	}
+	ref, _, err := s.teamRef(r.Context(), teamOf(r), ref)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	req, layout, ok := exportBody(w, r)
 	if !ok {
 		return
 	}
 	s.export(w, r, req, layout, func(ctx context.Context, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
-		return s.c.ExportSnapshot(ctx, ref, req)
+		return s.c.ExportSnapshot(ctx, teamOf(r), ref, req)
 	})
 }

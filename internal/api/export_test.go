@@ -3,8 +3,6 @@ package api_test
 import (
 	"strings"
 	"testing"
-
-	"github.com/spore-run/spore/internal/ids"
 )
 
 // TestExportLayoutBadInput: the export routes refuse a ref with a format,
@@ -13,7 +11,8 @@ import (
 // (409, saying why).
 func TestExportLayoutBadInput(t *testing.T) {
 	f := newFnode(t)
-	for _, path := range []string{"/sandboxes/" + ids.New('i') + "/export", "/snapshots/base/export"} {
+	sb := f.create(`{"templateID":"base","timeout":60}`)
+	for _, path := range []string{"/sandboxes/" + sb.SandboxID + "/export", "/snapshots/base/export"} {
 		for body, want := range map[string]int{
 			`{"ref":"registry.example.com/a:1","format":"oci-layout"}`: 400,
 			`{"format":"docker-archive"}`:                              400,

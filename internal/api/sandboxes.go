@@ -274,6 +274,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	if err := allowedTemplate(r, orBase(req.TemplateID)); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	tid, err := s.resolveTagged(r.Context(), req.TemplateID)
 	if err != nil {
 		s.fail(w, r, err)
@@ -285,6 +289,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	cr.TeamID = teamOf(r)
 	sb, err := s.c.Create(r.Context(), cr)
 	if err != nil {
 		s.fail(w, r, err)
@@ -294,7 +299,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -371,6 +376,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	f.TeamID = teamOf(r)
 	page, next, err := s.c.List(r.Context(), f)
 	if err != nil {
 		s.fail(w, r, err)
@@ -387,7 +393,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -424,7 +430,7 @@ func (b connectBody) refuseUnsupported() error {
 }
 
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -455,7 +461,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 
 // resume is the older SDKs' resume: 409 when the sandbox is running.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -494,7 +500,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -518,7 +524,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -530,7 +536,7 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -555,7 +561,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) network(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}

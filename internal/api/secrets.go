@@ -52,7 +52,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, next, err := s.c.ListSecrets(r.Context(), limit, r.URL.Query().Get("nextToken"))
+	list, next, err := s.c.ListSecrets(r.Context(), teamOf(r), limit, r.URL.Query().Get("nextToken"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -72,7 +72,7 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &body) {
 		return
 	}
-	sec, err := s.c.CreateSecret(r.Context(), body.Name, body.Value, body.Metadata)
+	sec, err := s.c.CreateSecret(r.Context(), teamOf(r), body.Name, body.Value, body.Metadata)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -81,7 +81,7 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSecret(w http.ResponseWriter, r *http.Request) {
-	sec, err := s.c.GetSecret(r.Context(), r.PathValue("secretID"))
+	sec, err := s.c.GetSecret(r.Context(), teamOf(r), r.PathValue("secretID"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -94,7 +94,7 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &body) {
 		return
 	}
-	sec, err := s.c.UpdateSecret(r.Context(), r.PathValue("secretID"), body.Value, body.Metadata)
+	sec, err := s.c.UpdateSecret(r.Context(), teamOf(r), r.PathValue("secretID"), body.Value, body.Metadata)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -103,7 +103,7 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
-	if err := s.c.DeleteSecret(r.Context(), r.PathValue("secretID")); err != nil {
+	if err := s.c.DeleteSecret(r.Context(), teamOf(r), r.PathValue("secretID")); err != nil {
 		s.fail(w, r, err)
 		return
 	}

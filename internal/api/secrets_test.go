@@ -37,7 +37,7 @@ func TestSecretsAPI(t *testing.T) {
 	seen = append(seen, f.want(200, "GET", "/secrets/"+s.SecretID, ""), f.want(200, "GET", "/secrets/openai-key", ""),
 		f.want(200, "GET", "/secrets/OPENAI-KEY", ""))
 	// Sealed at rest: the row the store keeps does not hold the value.
-	row, err := f.st.GetSecret(context.Background(), s.SecretID)
+	row, err := f.st.GetSecret(context.Background(), "default", s.SecretID)
 	if err != nil {
 		t.Fatal(err)
 	}

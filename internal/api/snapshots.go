@@ -43,7 +43,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
 		return
 	}
-	sn, err := s.c.GetSnapshot(r.Context(), ref)
+	sn, err := s.c.GetSnapshot(r.Context(), teamOf(r), ref)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -52,7 +52,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -62,6 +62,14 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	if !decode(w, r, &body) {
 		return
+	}
+	if body.Template && body.Name != "" {
+		// The name is the deployment's: another team's is taken, and
+		// replacing one's own template is its team's to do.
+		if err := s.claimTemplateName(r.Context(), teamOf(r), body.Name); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 	}
 	sn, err := s.c.Snapshot(r.Context(), id, body.Name, body.Template)
 	if err != nil {
@@ -85,6 +93,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	f.TeamID = teamOf(r)
 	page, next, err := s.c.ListSnapshots(r.Context(), f)
 	if err != nil {
 		s.fail(w, r, err)
@@ -109,7 +118,18 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	// A template's builds and tags go with it (a template whose builds
 	// all failed has only those).
 	name, nerr := s.templateName(r.Context(), ref)
-	err := s.c.DeleteSnapshot(r.Context(), ref)
+	if nerr == nil {
+		// A template's: only its team removes it (one with only builds,
+		// none finished, too).
+		if err := s.templateAccess(r.Context(), teamOf(r), name, true); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	id, _, err := s.teamRef(r.Context(), teamOf(r), ref)
+	if err == nil {
+		err = s.c.DeleteSnapshot(r.Context(), id)
+	}
 	switch {
 	case err == nil, errdefs.IsNotFound(err) && nerr == nil:
 	default:
@@ -154,8 +174,9 @@ type TemplateInfo struct {
 }
 
 func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
-	// ?teamID= (the E2B CLI's --project) is accepted and ignored: Spore
-	// has no teams.
+	// The caller's team's templates, the public ones and those every
+	// node builds (?teamID=, the E2B CLI's --project, is accepted and
+	// ignored: a key lists for its own team).
 	out := []TemplateInfo{}
 	list, err := s.c.Templates(r.Context())
 	if err != nil {
@@ -179,10 +200,14 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 		ti := TemplateInfo{TemplateID: m.ID, Names: names, Aliases: names, CPUCount: int(m.Limits.VCPUs),
 			MemoryMB: int(m.Limits.MemoryMB), DiskSizeMB: int(m.Limits.DiskMB), EnvdVersion: envd.Version,
 			CreatedAt: rfc3339(m.CreatedAt), UpdatedAt: rfc3339(m.CreatedAt), SizeBytes: m.SizeBytes, Status: store.BuildReady}
+		hidden := false
 		for _, name := range names {
 			tp, ok := byName[name]
 			if !ok {
 				continue
+			}
+			if hidden = !store.TemplateVisible(teamOf(r), tp); hidden {
+				break
 			}
 			ti.Public = specPublic(tp.Spec)
 			ti.CreatedAt, ti.UpdatedAt = rfc3339(tp.CreatedAt), rfc3339(tp.UpdatedAt)
@@ -200,7 +225,9 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 			}
 			break
 		}
-		out = append(out, ti)
+		if !hidden {
+			out = append(out, ti)
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -212,7 +239,7 @@ type ForkChild struct {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -263,7 +290,7 @@ type RollbackResponse struct {
 }
 
 func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}
@@ -277,6 +304,10 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "snapshotID is required")
 		return
 	}
+	if err := allowedTemplate(r, body.SnapshotID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	sb, err := s.c.Rollback(r.Context(), id, body.SnapshotID)
 	if err != nil {
 		s.fail(w, r, err)
@@ -286,7 +317,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	id, ok := sandboxID(w, r)
+	id, ok := s.sandboxID(w, r)
 	if !ok {
 		return
 	}

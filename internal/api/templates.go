@@ -129,9 +129,6 @@ func (s *Server) buildsOrFail(w http.ResponseWriter) bool {
 }
 
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
-	if !s.buildsOrFail(w) {
-		return
-	}
 	var req BuildRequest
 	if !decode(w, r, &req) {
 		return
@@ -148,7 +145,15 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "cpuCount or memoryMB out of range")
 		return
 	}
-	b, err := s.builds.Request(r.Context(), name, req.Tags, req.CPUCount, req.MemoryMB)
+	base, _, _ := strings.Cut(name, ":")
+	if err := s.claimTemplateName(r.Context(), teamOf(r), base); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !s.buildsOrFail(w) {
+		return
+	}
+	b, err := s.builds.Request(r.Context(), teamOf(r), name, req.Tags, req.CPUCount, req.MemoryMB)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -157,19 +162,8 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		Names: []string{b.Template}, Aliases: []string{b.Template}, Tags: b.Tags})
 }
 
-// templateOf checks the {templateID} of a build route: a template name
-// (E2B's template ID is the name here).
-func templateOf(w http.ResponseWriter, r *http.Request) (string, bool) {
-	t := r.PathValue("templateID")
-	if err := ids.ValidateName("template ID", t); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return "", false
-	}
-	return t, true
-}
-
 func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
-	t, ok := templateOf(w, r)
+	t, ok := s.templateOf(w, r, true)
 	if !ok || !s.buildsOrFail(w) {
 		return
 	}
@@ -212,9 +206,14 @@ func apiKeyOf(r *http.Request) string {
 }
 
 func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
-	if _, ok := templateOf(w, r); !ok || !s.buildsOrFail(w) {
+	if _, ok := s.templateOf(w, r, true); !ok || !s.buildsOrFail(w) {
 		return
 	}
+	s.putFiles(w, r)
+}
+
+// putFiles stores a build's uploaded files (the caller checked it may).
+func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) {
 	if err := s.builds.PutFiles(r.Context(), r.PathValue("hash"), r.Body, r.ContentLength); err != nil {
 		if errors.Is(err, errdefs.ErrResourceLimit) {
 			writeError(w, http.StatusRequestEntityTooLarge, err.Error())
@@ -227,7 +226,7 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	t, ok := templateOf(w, r)
+	t, ok := s.templateOf(w, r, true)
 	if !ok || !s.buildsOrFail(w) {
 		return
 	}
@@ -251,7 +250,7 @@ func logEntries(logs []store.BuildLog) []BuildLogEntry {
 }
 
 func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
-	t, ok := templateOf(w, r)
+	t, ok := s.templateOf(w, r, false)
 	if !ok || !s.buildsOrFail(w) {
 		return
 	}
@@ -287,6 +286,12 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	if base, _, _ := strings.Cut(req.Target, ":"); ids.ValidateName("template name", base) == nil {
+		if err := s.templateAccess(r.Context(), teamOf(r), base, true); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	id, err := s.builds.AssignTags(r.Context(), req.Target, req.Tags)
 	if err != nil {
 		s.fail(w, r, err)
@@ -309,6 +314,12 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
+	if ids.ValidateName("template name", req.Name) == nil {
+		if err := s.templateAccess(r.Context(), teamOf(r), req.Name, true); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	if err := s.builds.RemoveTags(r.Context(), req.Name, req.Tags); err != nil {
 		s.fail(w, r, err)
 		return
@@ -322,12 +333,15 @@ func (s *Server) templateTags(w http.ResponseWriter, r *http.Request, t string) 
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if !s.buildsOrFail(w) {
-		return
-	}
 	name, err := s.templateName(r.Context(), t)
+	if err == nil {
+		err = s.templateAccess(r.Context(), teamOf(r), name, false)
+	}
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	if !s.buildsOrFail(w) {
 		return
 	}
 	tags, err := s.st.ListTags(r.Context(), name)
@@ -377,6 +391,9 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, err := s.templateName(r.Context(), t)
+	if err == nil {
+		err = s.templateAccess(r.Context(), teamOf(r), name, false)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

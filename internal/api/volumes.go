@@ -71,7 +71,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	list, next, err := s.vols.List(r.Context(), limit, r.URL.Query().Get("nextToken"))
+	list, next, err := s.vols.List(r.Context(), teamOf(r), limit, r.URL.Query().Get("nextToken"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -95,7 +95,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalidf("volume sizeMB %d: must be between %d and %d (0: %d)", body.SizeMB, volume.MinSize/volume.MiB, volume.MaxSize/volume.MiB, volume.DefaultSize/volume.MiB))
 		return
 	}
-	v, err := s.vols.Create(r.Context(), volume.CreateOptions{Name: body.Name, Mode: body.Mode, Size: body.SizeMB * volume.MiB})
+	v, err := s.vols.Create(r.Context(), volume.CreateOptions{TeamID: teamOf(r), Name: body.Name, Mode: body.Mode, Size: body.SizeMB * volume.MiB})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -104,7 +104,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.vols.Get(r.Context(), r.PathValue("volumeID"))
+	v, err := s.vols.Get(r.Context(), teamOf(r), r.PathValue("volumeID"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -121,7 +121,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.vols.Delete(r.Context(), r.PathValue("volumeID"))
+	v, err := s.vols.Delete(r.Context(), teamOf(r), r.PathValue("volumeID"))
 	if err != nil {
 		s.fail(w, r, err)
 		return

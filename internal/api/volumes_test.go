@@ -92,14 +92,14 @@ func TestVolumesAPI(t *testing.T) {
 
 	// A volume a sandbox holds stays; once let go, it is deleted.
 	ctx := context.Background()
-	if _, err := f.st.UpdateVolume(ctx, "scratch", func(x *store.Volume) error { x.Holder = "isandbox"; return nil }); err != nil {
+	if _, err := f.st.UpdateVolume(ctx, store.DefaultTeam, "scratch", func(x *store.Volume) error { x.Holder = "isandbox"; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if b := f.want(409, "DELETE", "/volumes/scratch", ""); !strings.Contains(string(b), "isandbox") {
 		t.Fatalf("delete of a held volume: %s", b)
 	}
 	f.want(200, "GET", "/volumes/scratch", "")
-	if _, err := f.st.UpdateVolume(ctx, "scratch", func(x *store.Volume) error { x.Holder = ""; return nil }); err != nil {
+	if _, err := f.st.UpdateVolume(ctx, store.DefaultTeam, "scratch", func(x *store.Volume) error { x.Holder = ""; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	f.want(204, "DELETE", "/volumes/scratch", "")
@@ -266,8 +266,13 @@ func TestVolumeContentNeedsTheVolumesToken(t *testing.T) {
 	if code, out := call("PUT", put, "Bearer "+a.Token, "mine"); code != 200 || !strings.Contains(out, `"name":"notes.txt"`) {
 		t.Fatalf("PUT with the token: %d %s", code, out)
 	}
-	if code, out := call("GET", "/volumecontent/a/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 200 || out != "mine" {
-		t.Fatalf("GET by name with the token: %d %s", code, out)
+	// By ID only: a name is its team's, and the content API names no team
+	// (the client resolves a name through GET /volumes/{name}).
+	if code, out := call("GET", "/volumecontent/"+a.VolumeID+"/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 200 || out != "mine" {
+		t.Fatalf("GET with the token: %d %s", code, out)
+	}
+	if code, out := call("GET", "/volumecontent/a/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 401 {
+		t.Fatalf("GET by name with the token: %d %s, want 401", code, out)
 	}
 	if code, out := call("GET", "/volumecontent/"+b.VolumeID+"/file?path=/notes.txt", "Bearer "+a.Token, ""); code != 401 {
 		t.Fatalf("a's token on b: %d %s", code, out)

@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"path"
+	"slices"
+	"strings"
 	"time"
 	"unicode"
 
@@ -60,23 +63,88 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// Create makes a key with a name and a role, stores its hash and returns
-// the key (shown to its owner once; only the hash is kept) with its
-// record. The key works at once on this replica's checker c (when given),
-// within KeysMissCheck on every other.
-func Create(ctx context.Context, st store.APIKeys, c *Checker, name, role, source string) (string, store.APIKey, error) {
-	if err := ValidateName(name); err != nil {
+// Store is what making keys reads and writes: the keys, and the teams
+// they belong to.
+type Store interface {
+	store.APIKeys
+	GetTeam(ctx context.Context, ref string) (store.Team, error)
+}
+
+// Spec is what a new key is: its name, its team and role, an optional
+// scope and expiry, and where it came from.
+type Spec struct {
+	Name string
+	// TeamID is the key's team; "" only for an operator key.
+	TeamID    string
+	Role      string // "" is RoleMember for a team key, RoleOperator without a team
+	Scope     *store.KeyScope
+	ExpiresAt time.Time
+	Source    string
+}
+
+// MaxScopeItems bounds the operations and templates a scope lists.
+const MaxScopeItems = 64
+
+// ValidateScope checks a key scope: known operations (ops lists them)
+// and well-formed template patterns.
+func ValidateScope(sc *store.KeyScope, ops []string) error {
+	if sc == nil {
+		return nil
+	}
+	if len(sc.Operations) > MaxScopeItems || len(sc.Templates) > MaxScopeItems {
+		return errdefs.Invalidf("key scope: at most %d operations and %d templates", MaxScopeItems, MaxScopeItems)
+	}
+	for _, op := range sc.Operations {
+		if !slices.Contains(ops, op) {
+			return errdefs.Invalidf("key scope: unknown operation %q (the operations: %s)", op, strings.Join(ops, ", "))
+		}
+	}
+	for _, p := range sc.Templates {
+		if _, err := path.Match(p, ""); err != nil || p == "" || len(p) > 128 {
+			return errdefs.Invalidf("key scope: template pattern %q is malformed (a name, or a pattern such as ci-*)", p)
+		}
+	}
+	return nil
+}
+
+// Create makes a key, stores its hash and returns the key (shown to its
+// owner once; only the hash is kept) with its record. The key works at
+// once on this replica's checker c (when given), within KeysMissCheck on
+// every other. The team must exist; an operator key has none, and a team
+// key a team.
+func Create(ctx context.Context, st Store, c *Checker, spec Spec) (string, store.APIKey, error) {
+	if err := ValidateName(spec.Name); err != nil {
 		return "", store.APIKey{}, err
 	}
-	if role == "" {
-		role = store.RoleUser
+	if spec.Role == "" {
+		spec.Role = store.RoleMember
+		if spec.TeamID == "" {
+			spec.Role = store.RoleOperator
+		}
 	}
-	if !store.ValidRole(role) {
-		return "", store.APIKey{}, errdefs.Invalidf("key role %q: want %s or %s", role, store.RoleUser, store.RoleAdmin)
+	if !store.ValidRole(spec.Role) {
+		return "", store.APIKey{}, errdefs.Invalidf("key role %q: want %s, %s or %s", spec.Role, store.RoleAdmin, store.RoleMember, store.RoleOperator)
+	}
+	switch {
+	case spec.Role == store.RoleOperator && spec.TeamID != "":
+		return "", store.APIKey{}, errdefs.Invalidf("an operator key belongs to no team: omit the team")
+	case spec.Role == store.RoleOperator && spec.Scope != nil:
+		return "", store.APIKey{}, errdefs.Invalidf("an operator key has no scope")
+	case spec.Role != store.RoleOperator && spec.TeamID == "":
+		return "", store.APIKey{}, errdefs.Invalidf("a %s key belongs to a team: name it", spec.Role)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	if !spec.ExpiresAt.IsZero() && !spec.ExpiresAt.After(now) {
+		return "", store.APIKey{}, errdefs.Invalidf("key expiry %s is not in the future", spec.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if spec.TeamID != "" {
+		if _, err := st.GetTeam(ctx, spec.TeamID); err != nil {
+			return "", store.APIKey{}, err
+		}
 	}
 	key := Generate()
-	rec := store.APIKey{ID: ids.New('k'), Hash: Hash(key), Name: name, Role: role, Source: source, Mask: Mask(key),
-		CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
+	rec := store.APIKey{ID: ids.New('k'), Hash: Hash(key), Name: spec.Name, TeamID: spec.TeamID, Role: spec.Role, Scope: spec.Scope,
+		Source: spec.Source, Mask: Mask(key), CreatedAt: now, ExpiresAt: spec.ExpiresAt.UTC().Truncate(time.Millisecond)}
 	if err := st.AddAPIKey(ctx, rec); err != nil {
 		return "", store.APIKey{}, err
 	}
@@ -88,8 +156,8 @@ func Create(ctx context.Context, st store.APIKeys, c *Checker, name, role, sourc
 
 // Revoke revokes the key id (at once on this replica's checker c, when
 // given; within KeysFresh on every other) and returns its record. The
-// last valid admin key is not revoked (ErrConflict): that would leave no
-// one able to manage the deployment, or to make a new admin key.
+// last valid operator key is not revoked (ErrConflict): that would leave
+// no one able to manage the deployment, or to make a new operator key.
 func Revoke(ctx context.Context, st store.APIKeys, c *Checker, id string) (store.APIKey, error) {
 	if err := ids.Validate("key ID", id); err != nil {
 		return store.APIKey{}, err
@@ -98,15 +166,15 @@ func Revoke(ctx context.Context, st store.APIKeys, c *Checker, id string) (store
 	if err != nil {
 		return store.APIKey{}, err
 	}
-	admins, target := 0, false
+	operators, target := 0, false
 	for _, k := range valid {
-		if k.Role == store.RoleAdmin {
-			admins++
+		if k.Role == store.RoleOperator && !k.Expired(time.Now()) {
+			operators++
 			target = target || k.ID == id
 		}
 	}
-	if target && admins == 1 {
-		return store.APIKey{}, errdefs.Conflictf("key %s is the last valid admin key: make another admin key first", id)
+	if target && operators == 1 {
+		return store.APIKey{}, errdefs.Conflictf("key %s is the last valid operator key: make another operator key first", id)
 	}
 	rec, err := st.RevokeAPIKey(ctx, id, time.Now())
 	if err == nil && c != nil {
@@ -116,7 +184,7 @@ func Revoke(ctx context.Context, st store.APIKeys, c *Checker, id string) (store
 }
 
 // EnsureConfigured makes key, the deployment's configured key (a file an
-// operator or Helm manages), a valid admin key, and revokes the configured
+// operator or Helm manages), a valid operator key, and revokes the configured
 // keys older than it: rotating the file's key revokes the previous one on
 // every replica as soon as one replica starts with the new key. A replica
 // still starting with an older configured key (a rolling update) revokes
@@ -126,7 +194,7 @@ func EnsureConfigured(ctx context.Context, st store.APIKeys, key string, log *sl
 	if len(key) < MinLen {
 		return errdefs.Invalidf("the configured API key has %d characters, want at least %d", len(key), MinLen)
 	}
-	rec := store.APIKey{ID: ids.New('k'), Hash: Hash(key), Name: "configured", Role: store.RoleAdmin, Source: store.SourceConfig,
+	rec := store.APIKey{ID: ids.New('k'), Hash: Hash(key), Name: "configured", Role: store.RoleOperator, Source: store.SourceConfig,
 		Mask: Mask(key), CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
 	err := st.AddAPIKey(ctx, rec)
 	switch {

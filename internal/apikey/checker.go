@@ -43,6 +43,8 @@ type Checker struct {
 	version int64
 	loaded  bool
 	checked time.Time // the copy was last confirmed current then
+	// touched is when this replica last recorded each key's use.
+	touched map[string]time.Time
 
 	sf singleflight.Group
 }
@@ -52,11 +54,14 @@ const (
 	KeysFresh     = 500 * time.Millisecond
 	KeysMissCheck = 100 * time.Millisecond
 	KeysStale     = 10 * time.Second
+	// TouchEvery is how often a key's last use is written: its
+	// LastUsedAt is right to within it.
+	TouchEvery = time.Minute
 )
 
 // NewChecker returns a checker over st.
 func NewChecker(st store.APIKeys) *Checker {
-	return &Checker{st: st, now: time.Now, log: slog.New(slog.DiscardHandler), byHash: map[string]store.APIKey{}}
+	return &Checker{st: st, now: time.Now, log: slog.New(slog.DiscardHandler), byHash: map[string]store.APIKey{}, touched: map[string]time.Time{}}
 }
 
 // WithLogger sets the logger that reports store failures.
@@ -66,7 +71,9 @@ func (k *Checker) WithLogger(l *slog.Logger) *Checker {
 }
 
 // Lookup returns the valid key whose hash is key's: ErrNotFound for a key
-// that is unknown or revoked, ErrUnavailable when the store cannot say.
+// that is unknown, revoked or expired, ErrUnavailable when the store
+// cannot say. It records the key's use (at most every TouchEvery, in the
+// background).
 func (k *Checker) Lookup(ctx context.Context, key string) (store.APIKey, error) {
 	hash := Hash(key)
 	if err := k.sync(ctx, KeysFresh); err != nil {
@@ -83,7 +90,38 @@ func (k *Checker) Lookup(ctx context.Context, key string) (store.APIKey, error) 
 	if !ok || rec.Revoked() || subtle.ConstantTimeCompare([]byte(rec.Hash), []byte(hash)) != 1 {
 		return store.APIKey{}, errdefs.NotFoundf("invalid API key")
 	}
+	if rec.Expired(k.now()) {
+		return store.APIKey{}, errdefs.NotFoundf("API key %s expired at %s", rec.ID, rec.ExpiresAt.Format(time.RFC3339))
+	}
+	k.touch(rec)
 	return rec, nil
+}
+
+// touch writes the key's use when the stored one is older than
+// TouchEvery: one small write a minute per key and replica, off the
+// request's path.
+func (k *Checker) touch(rec store.APIKey) {
+	now := k.now()
+	k.mu.Lock()
+	last := rec.LastUsedAt
+	if t := k.touched[rec.ID]; t.After(last) {
+		last = t
+	}
+	due := now.Sub(last) >= TouchEvery
+	if due {
+		k.touched[rec.ID] = now
+	}
+	k.mu.Unlock()
+	if !due {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := k.st.TouchAPIKey(ctx, rec.ID, now.UTC().Truncate(time.Millisecond)); err != nil && !errdefs.IsNotFound(err) {
+			k.log.Warn("api keys: record a key's use", "key_id", rec.ID, "err", err)
+		}
+	}()
 }
 
 // Valid reports whether key is one of the store's valid API keys; an

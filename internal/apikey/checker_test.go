@@ -83,6 +83,29 @@ func (m *memKeys) RevokeAPIKey(_ context.Context, id string, at time.Time) (stor
 	return store.APIKey{}, errdefs.ErrNotFound
 }
 
+func (m *memKeys) TouchAPIKey(_ context.Context, id string, at time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reads["TouchAPIKey"]++
+	for i, k := range m.keys {
+		if k.ID == id {
+			if at.After(k.LastUsedAt) {
+				m.keys[i].LastUsedAt = at
+			}
+			return nil
+		}
+	}
+	return errdefs.ErrNotFound
+}
+
+// GetTeam knows the default team and "t-other".
+func (m *memKeys) GetTeam(_ context.Context, ref string) (store.Team, error) {
+	if ref == store.DefaultTeam || ref == "t-other" {
+		return store.Team{ID: ref, Name: ref}, nil
+	}
+	return store.Team{}, errdefs.NotFoundf("team %s not found", ref)
+}
+
 func (m *memKeys) APIKeysVersion(context.Context) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -133,11 +156,11 @@ func add(t *testing.T, st *memKeys, key, role string) store.APIKey {
 func TestCheckerKeepsTheKeysInMemory(t *testing.T) {
 	ctx := context.Background()
 	st := newMem()
-	add(t, st, "spore_aaaa", store.RoleAdmin)
+	add(t, st, "spore_aaaa", store.RoleOperator)
 	k, clk := checker(st)
 	for range 100 {
 		rec, err := k.Lookup(ctx, "spore_aaaa")
-		if err != nil || rec.Role != store.RoleAdmin {
+		if err != nil || rec.Role != store.RoleOperator {
 			t.Fatalf("lookup = %+v %v", rec, err)
 		}
 		clk.step(time.Millisecond)
@@ -157,7 +180,7 @@ func TestCheckerKeepsTheKeysInMemory(t *testing.T) {
 func TestRevocationSeenWithinKeysFresh(t *testing.T) {
 	ctx := context.Background()
 	st := newMem()
-	rec := add(t, st, "spore_bbbb", store.RoleUser)
+	rec := add(t, st, "spore_bbbb", store.RoleMember)
 	k, clk := checker(st)
 	if ok, err := k.Valid(ctx, "spore_bbbb"); !ok || err != nil {
 		t.Fatalf("valid = %v %v", ok, err)
@@ -182,7 +205,7 @@ func TestRevocationSeenWithinKeysFresh(t *testing.T) {
 func TestBadKeyFloodCostsNoReadEach(t *testing.T) {
 	ctx := context.Background()
 	st := newMem()
-	add(t, st, "spore_cccc", store.RoleUser)
+	add(t, st, "spore_cccc", store.RoleMember)
 	k, clk := checker(st)
 	const n = 10000
 	for i := range n {
@@ -208,7 +231,7 @@ func TestNewKeyWorksAtTheMissCheck(t *testing.T) {
 	if ok, _ := k.Valid(ctx, "spore_dddd"); ok {
 		t.Fatal("an unknown key is valid")
 	}
-	add(t, st, "spore_dddd", store.RoleUser)
+	add(t, st, "spore_dddd", store.RoleMember)
 	clk.step(KeysMissCheck)
 	if ok, err := k.Valid(ctx, "spore_dddd"); !ok || err != nil {
 		t.Fatalf("a key added elsewhere, after KeysMissCheck: %v %v", ok, err)
@@ -221,7 +244,7 @@ func TestNewKeyWorksAtTheMissCheck(t *testing.T) {
 func TestStoreDown(t *testing.T) {
 	ctx := context.Background()
 	st := newMem()
-	add(t, st, "spore_eeee", store.RoleUser)
+	add(t, st, "spore_eeee", store.RoleMember)
 	k, clk := checker(st)
 	k.WithLogger(slog.New(slog.DiscardHandler))
 	if ok, _ := k.Valid(ctx, "spore_eeee"); !ok {
@@ -258,7 +281,7 @@ func TestStoreDownAtStart(t *testing.T) {
 // Concurrent checks share one store read.
 func TestConcurrentChecksShareOneRead(t *testing.T) {
 	st := newMem()
-	add(t, st, "spore_gggg", store.RoleUser)
+	add(t, st, "spore_gggg", store.RoleMember)
 	k, _ := checker(st)
 	var wg sync.WaitGroup
 	for range 50 {
@@ -271,5 +294,57 @@ func TestConcurrentChecksShareOneRead(t *testing.T) {
 	wg.Wait()
 	if r := st.take(); r["ListAPIKeys"] > 2 {
 		t.Fatalf("50 concurrent first checks read %v", r)
+	}
+}
+
+// An expired key is refused like an unknown one; a used key's last use
+// is written once per TouchEvery, not per request.
+func TestCheckerExpiryAndLastUse(t *testing.T) {
+	ctx := context.Background()
+	st := newMem()
+	k, clk := checker(st)
+	rec := store.APIKey{ID: "kexp1", Hash: Hash("spore_expiring"), Role: store.RoleMember, TeamID: store.DefaultTeam,
+		CreatedAt: clk.now(), ExpiresAt: clk.now().Add(time.Hour)}
+	if err := st.AddAPIKey(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	touches := func() int {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return st.reads["TouchAPIKey"]
+	}
+	waitTouches := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for touches() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("last-use writes = %d, want %d", touches(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for range 5 {
+		if _, err := k.Lookup(ctx, "spore_expiring"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitTouches(1)
+	clk.step(TouchEvery)
+	if _, err := k.Lookup(ctx, "spore_expiring"); err != nil {
+		t.Fatal(err)
+	}
+	waitTouches(2)
+	st.mu.Lock()
+	used := st.keys[0].LastUsedAt
+	st.mu.Unlock()
+	if !used.Equal(clk.now().UTC().Truncate(time.Millisecond)) {
+		t.Fatalf("last used %v, want %v", used, clk.now())
+	}
+	clk.step(time.Hour)
+	if _, err := k.Lookup(ctx, "spore_expiring"); !errdefs.IsNotFound(err) {
+		t.Fatalf("an expired key = %v, want refused", err)
+	}
+	if !k.Check(ctx, "spore_expiring") {
+		t.Fatal("an expired key is no longer recognized as a key: the proxy would let it into a sandbox")
 	}
 }

@@ -25,18 +25,23 @@ type Platform interface {
 	// (a tag may have moved).
 	ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error)
 	// Resolve returns the ID of the snapshot ref (a template, snapshot
-	// ID or name) is at now: errdefs.ErrNotFound when none.
-	Resolve(ctx context.Context, ref string) (string, error)
+	// ID or name, of team's or one it may use) is at now:
+	// errdefs.ErrNotFound when none.
+	Resolve(ctx context.Context, team, ref string) (string, error)
 	// Cached is Resolve for the names the build service makes itself
 	// (cache entries, CachePrefix): they are always store rows, so a miss
-	// asks no node.
-	Cached(ctx context.Context, name string) (string, error)
+	// asks no node. Cache entries are snapshots of the build's team: a
+	// team's builds share them, another team's do not see them.
+	Cached(ctx context.Context, team, name string) (string, error)
 	// Start starts a sandbox from ref, of size (zeros: the defaults).
-	Start(ctx context.Context, ref string, size Size) (Sandbox, error)
+	// Start makes a build sandbox for team (its snapshots and templates
+	// are the ones ref may name).
+	Start(ctx context.Context, team, ref string, size Size) (Sandbox, error)
 	// Snapshot takes a live snapshot of sandbox id under name and
 	// returns its ID; template makes it the template name.
 	Snapshot(ctx context.Context, id, name string, template bool) (string, error)
-	DeleteSnapshot(ctx context.Context, ref string) error
+	// DeleteSnapshot deletes team's snapshot ref (its ID or name).
+	DeleteSnapshot(ctx context.Context, team, ref string) error
 	Kill(ctx context.Context, id string) error
 	// Files opens the archive uploaded under hash for template.
 	Files(ctx context.Context, template, hash string) (io.ReadCloser, error)
@@ -94,6 +99,7 @@ type Size struct{ CPUCount, MemoryMB int }
 
 // Job is one build: template Name from Spec, in sandboxes of Size.
 type Job struct {
+	Team string // the team it builds for ("": the default team)
 	Name string
 	Spec Spec
 	Size Size
@@ -152,7 +158,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	} else {
 		info(StepBase, "FROM template %s", spec.FromTemplate)
 	}
-	baseSnap, err := b.P.Resolve(ctx, base)
+	baseSnap, err := b.P.Resolve(ctx, job.Team, base)
 	if err != nil {
 		return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("base %s: %w", base, err)}
 	}
@@ -175,7 +181,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	// The longest cached prefix before any forced step.
 	from, done := base, 0
 	for i := min(firstForced-1, len(keys)-1); i >= 1; i-- {
-		if _, err := b.P.Cached(ctx, CachePrefix+keys[i]); err == nil {
+		if _, err := b.P.Cached(ctx, job.Team, CachePrefix+keys[i]); err == nil {
 			from, done = CachePrefix+keys[i], i
 			break
 		} else if !errdefs.IsNotFound(err) {
@@ -185,7 +191,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	for i := 1; i <= min(done, len(spec.Steps)); i++ {
 		info(StepName(i-1), "CACHED [%d/%d] %s", i, len(spec.Steps), describe(spec.Steps[i-1]))
 	}
-	sb, err := b.P.Start(ctx, from, job.Size)
+	sb, err := b.P.Start(ctx, job.Team, from, job.Size)
 	if err != nil {
 		return Result{}, &StepError{Step: StepBase, Err: fmt.Errorf("start a build sandbox from %s: %w", from, err)}
 	}
@@ -203,7 +209,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 		if err := b.step(ctx, name, sb, st, out); err != nil {
 			return Result{}, &StepError{Step: step, Err: fmt.Errorf("step %d (%s): %w", i, describe(st), err)}
 		}
-		if err := b.cache(ctx, sb, keys[i], i >= firstForced); err != nil {
+		if err := b.cache(ctx, job.Team, sb, keys[i], i >= firstForced); err != nil {
 			return Result{}, &StepError{Step: step, Err: err}
 		}
 	}
@@ -211,7 +217,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 		if err := b.finalize(ctx, sb, spec, info); err != nil {
 			return Result{}, &StepError{Step: StepFinalize, Err: err}
 		}
-		if err := b.cache(ctx, sb, keys[len(keys)-1], firstForced < len(keys)); err != nil {
+		if err := b.cache(ctx, job.Team, sb, keys[len(keys)-1], firstForced < len(keys)); err != nil {
 			return Result{}, &StepError{Step: StepFinalize, Err: err}
 		}
 	} else {
@@ -221,7 +227,7 @@ func (b *Builder) Build(ctx context.Context, job Job, logf func(Log)) (Result, e
 	if err != nil {
 		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("snapshot the template: %w", err)}
 	}
-	final, err := b.P.Cached(ctx, CachePrefix+keys[len(keys)-1])
+	final, err := b.P.Cached(ctx, job.Team, CachePrefix+keys[len(keys)-1])
 	if err != nil {
 		return Result{}, &StepError{Step: StepFinalize, Err: fmt.Errorf("the build's cache entry: %w", err)}
 	}
@@ -367,10 +373,10 @@ func (b *Builder) finalize(ctx context.Context, sb Sandbox, spec Spec, info func
 
 // cache snapshots sb as the cache entry of key; replace drops an entry of
 // that key first (a forced step).
-func (b *Builder) cache(ctx context.Context, sb Sandbox, k string, replace bool) error {
+func (b *Builder) cache(ctx context.Context, team string, sb Sandbox, k string, replace bool) error {
 	name := CachePrefix + k
 	if replace {
-		if err := b.P.DeleteSnapshot(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		if err := b.P.DeleteSnapshot(ctx, team, name); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("drop cache entry %s: %w", name, err)
 		}
 	}

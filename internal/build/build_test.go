@@ -54,7 +54,7 @@ func (f *fakePlatform) ImageBase(_ context.Context, ref string, _ *Registry, for
 	return name, nil
 }
 
-func (f *fakePlatform) Resolve(_ context.Context, ref string) (string, error) {
+func (f *fakePlatform) Resolve(_ context.Context, _, ref string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if strings.HasPrefix(ref, CachePrefix) {
@@ -68,7 +68,7 @@ func (f *fakePlatform) Resolve(_ context.Context, ref string) (string, error) {
 	return "", errdefs.NotFoundf("%s", ref)
 }
 
-func (f *fakePlatform) Cached(_ context.Context, name string) (string, error) {
+func (f *fakePlatform) Cached(_ context.Context, _, name string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !strings.HasPrefix(name, CachePrefix) {
@@ -102,7 +102,7 @@ func (f *fakePlatform) Snapshot(_ context.Context, id, name string, template boo
 	return "", errors.New("snapshot needs the sandbox: use fakeSandbox")
 }
 
-func (f *fakePlatform) DeleteSnapshot(_ context.Context, ref string) error {
+func (f *fakePlatform) DeleteSnapshot(_ context.Context, _, ref string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.snaps[ref]; !ok {
@@ -221,7 +221,7 @@ type snapPlatform struct {
 	sandboxes map[string]*fakeSandbox
 }
 
-func (p *snapPlatform) Start(ctx context.Context, ref string, size Size) (Sandbox, error) {
+func (p *snapPlatform) Start(ctx context.Context, _, ref string, size Size) (Sandbox, error) {
 	sb, err := p.fakePlatform.Start(ctx, ref, size)
 	if err == nil {
 		p.mu.Lock()

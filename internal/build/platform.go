@@ -38,7 +38,7 @@ func ImageName(ref string, reg *Registry) string {
 func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, force bool) (string, error) {
 	name := ImageName(ref, reg)
 	if !force {
-		if _, err := p.C.ResolveStored(ctx, name); err == nil { // BuildImage stored its row
+		if _, err := p.C.ResolveStored(ctx, "", name); err == nil { // BuildImage stored its row (a template)
 			return name, nil
 		} else if !errdefs.IsNotFound(err) {
 			return "", err
@@ -52,16 +52,16 @@ func (p *Control) ImageBase(ctx context.Context, ref string, reg *Registry, forc
 	return name, nil
 }
 
-func (p *Control) Resolve(ctx context.Context, ref string) (string, error) {
-	return p.C.Resolve(ctx, ref)
+func (p *Control) Resolve(ctx context.Context, team, ref string) (string, error) {
+	return p.C.Resolve(ctx, team, ref)
 }
 
-func (p *Control) Cached(ctx context.Context, name string) (string, error) {
-	return p.C.ResolveStored(ctx, name)
+func (p *Control) Cached(ctx context.Context, team, name string) (string, error) {
+	return p.C.ResolveStored(ctx, team, name)
 }
 
-func (p *Control) Start(ctx context.Context, ref string, size Size) (Sandbox, error) {
-	sb, err := p.C.Create(ctx, control.CreateRequest{TemplateID: ref, Timeout: 2 * time.Hour,
+func (p *Control) Start(ctx context.Context, team, ref string, size Size) (Sandbox, error) {
+	sb, err := p.C.Create(ctx, control.CreateRequest{TeamID: team, TemplateID: ref, Timeout: 2 * time.Hour,
 		Metadata: map[string]string{"spore.build": "true"}, CPUCount: size.CPUCount, MemoryMB: size.MemoryMB})
 	if err != nil {
 		return nil, err
@@ -77,7 +77,13 @@ func (p *Control) Snapshot(ctx context.Context, id, name string, template bool) 
 	return sn.ID, nil
 }
 
-func (p *Control) DeleteSnapshot(ctx context.Context, ref string) error {
+func (p *Control) DeleteSnapshot(ctx context.Context, team, ref string) error {
+	// The team's snapshot by its ID: the store holds its names.
+	sn, err := p.C.GetSnapshot(ctx, team, ref)
+	if err != nil {
+		return err
+	}
+	ref = sn.ID
 	return p.C.DeleteSnapshot(ctx, ref)
 }
 

@@ -111,7 +111,7 @@ func newBuildID() string { return uuid.NewString() }
 // Request records a build of nameTag ("name" or "name:tag") waiting for
 // its spec (E2B's POST /v3/templates). With no tag at all it will get
 // DefaultTag.
-func (s *Service) Request(ctx context.Context, nameTag string, tags []string, cpu, memMB int) (store.Build, error) {
+func (s *Service) Request(ctx context.Context, team, nameTag string, tags []string, cpu, memMB int) (store.Build, error) {
 	name, tag, err := SplitName(nameTag)
 	if err != nil {
 		return store.Build{}, err
@@ -126,7 +126,7 @@ func (s *Service) Request(ctx context.Context, nameTag string, tags []string, cp
 		tags = []string{DefaultTag}
 	}
 	slices.Sort(tags)
-	b := store.Build{ID: newBuildID(), Template: name, Status: store.BuildWaiting, Tags: slices.Compact(tags), CPUCount: cpu, MemoryMB: memMB}
+	b := store.Build{ID: newBuildID(), TeamID: team, Template: name, Status: store.BuildWaiting, Tags: slices.Compact(tags), CPUCount: cpu, MemoryMB: memMB}
 	if err := s.St.CreateBuild(ctx, b); err != nil {
 		return store.Build{}, err
 	}
@@ -229,7 +229,7 @@ func (s *Service) run(b store.Build, spec Spec) {
 	logs := &logSink{st: s.St, id: b.ID, log: s.Log}
 	stop := logs.start(ctx)
 	logs.add(Log{Time: time.Now(), Level: "info", Step: StepBase, Message: fmt.Sprintf("building template %s (build %s)", b.Template, b.ID)})
-	res, err := s.Builder.Build(ctx, Job{Name: b.Template, Spec: spec, Size: Size{CPUCount: b.CPUCount, MemoryMB: b.MemoryMB}}, logs.add)
+	res, err := s.Builder.Build(ctx, Job{Team: b.TeamID, Name: b.Template, Spec: spec, Size: Size{CPUCount: b.CPUCount, MemoryMB: b.MemoryMB}}, logs.add)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && s.ctx.Err() == nil {
 		err = &StepError{Step: stepOf(err), Err: fmt.Errorf("%w: the build did not finish within %v", errdefs.ErrUnavailable, s.Timeout)}
 	}

@@ -60,7 +60,7 @@ func wait(t *testing.T, s *Service, tpl, id string) (store.Build, []store.BuildL
 func TestServiceBuildAndTags(t *testing.T) {
 	s, p := newService(t)
 	ctx := context.Background()
-	b, err := s.Request(ctx, "app", nil, 2, 512)
+	b, err := s.Request(ctx, "", "app", nil, 2, 512)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestServiceBuildAndTags(t *testing.T) {
 		t.Fatalf("app:default = %q, %v; want %s", snap, err, done.SnapshotID)
 	}
 	// A second build tagged v2 leaves default on the first.
-	b2, _ := s.Request(ctx, "app:v2", nil, 0, 0)
+	b2, _ := s.Request(ctx, "", "app:v2", nil, 0, 0)
 	sp := spec3()
 	sp.Steps[0].Args = []string{"echo ONE"}
 	if err := s.Start(ctx, "app", b2.ID, sp); err != nil {
@@ -110,7 +110,7 @@ func TestServiceBuildAndTags(t *testing.T) {
 		t.Fatal("a refused removal removed a tag")
 	}
 	for _, bad := range []string{"app:bad tag", "../x", ""} {
-		if _, err := s.Request(ctx, bad, nil, 0, 0); !errdefs.IsInvalidArgument(err) {
+		if _, err := s.Request(ctx, "", bad, nil, 0, 0); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("request %q: %v", bad, err)
 		}
 	}
@@ -120,7 +120,7 @@ func TestServiceFailedBuildRecordsStep(t *testing.T) {
 	s, p := newService(t)
 	p.failOn = "echo three"
 	ctx := context.Background()
-	b, _ := s.Request(ctx, "app", nil, 0, 0)
+	b, _ := s.Request(ctx, "", "app", nil, 0, 0)
 	if err := s.Start(ctx, "app", b.ID, spec3()); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestServiceConcurrentBuilds(t *testing.T) {
 	var wg sync.WaitGroup
 	ids := make([]string, 6)
 	for i := range ids {
-		b, err := s.Request(ctx, fmt.Sprintf("app%d", i), nil, 0, 0)
+		b, err := s.Request(ctx, "", fmt.Sprintf("app%d", i), nil, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestServiceTimeoutAndClose(t *testing.T) {
 	s.Timeout = 300 * time.Millisecond
 	ctx := context.Background()
 	sp := Spec{FromTemplate: "base", Steps: []Step{{Type: StepRun, Args: []string{"sleep forever"}}}}
-	b, _ := s.Request(ctx, "slow", nil, 0, 0)
+	b, _ := s.Request(ctx, "", "slow", nil, 0, 0)
 	if err := s.Start(ctx, "slow", b.ID, sp); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestServiceTimeoutAndClose(t *testing.T) {
 	}
 	// A replica that stops ends its builds in error.
 	s.Timeout = time.Hour
-	b2, _ := s.Request(ctx, "slow", nil, 0, 0)
+	b2, _ := s.Request(ctx, "", "slow", nil, 0, 0)
 	if err := s.Start(ctx, "slow", b2.ID, sp); err != nil {
 		t.Fatal(err)
 	}

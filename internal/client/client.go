@@ -26,7 +26,24 @@ import (
 type Client struct {
 	base string
 	key  string
+	team string // sent as api.TeamHeader when set (an operator acting in a team)
 	http *http.Client
+}
+
+// WithTeam returns a copy of c that acts in team (an operator key's
+// choice; a team key acts in its own team only).
+func (c *Client) WithTeam(team string) *Client {
+	cp := *c
+	cp.team = team
+	return &cp
+}
+
+// auth sets a request's credentials: the key, and the team it acts in.
+func (c *Client) auth(req *http.Request) {
+	req.Header.Set("X-API-KEY", c.key)
+	if c.team != "" {
+		req.Header.Set(api.TeamHeader, c.team)
+	}
 }
 
 // New returns a client of the API at base (http://127.0.0.1:3000).
@@ -49,6 +66,8 @@ func (e *Error) Unwrap() error {
 	switch e.Status {
 	case 400, 413:
 		return errdefs.ErrInvalidArgument
+	case 403:
+		return errdefs.ErrPermission
 	case 404:
 		return errdefs.ErrNotFound
 	case 409:
@@ -98,7 +117,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (http
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("X-API-KEY", c.key)
+	c.auth(req)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -459,7 +478,7 @@ func (c *Client) ExportLayout(ctx context.Context, id string, sandbox bool) (bod
 	if err != nil {
 		return nil, 0, "", err
 	}
-	req.Header.Set("X-API-KEY", c.key)
+	c.auth(req)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -184,6 +184,10 @@ type Sandbox struct {
 
 // CreateRequest is a validated create.
 type CreateRequest struct {
+	// TeamID is the team the sandbox is made for ("": the default team):
+	// the template or snapshot, the secrets and the volumes it names are
+	// looked up among that team's.
+	TeamID     string
 	TemplateID string
 	Timeout    time.Duration
 	Metadata   map[string]string
@@ -364,8 +368,11 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 		env = append(env, k+"="+r.EnvVars[k])
 	}
 	now := s.now()
+	if r.TeamID == "" {
+		r.TeamID = store.DefaultTeam
+	}
 	rec := store.Sandbox{
-		TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
+		TeamID: r.TeamID, TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AutoResume: r.AutoResume, AllowInternet: policy.Internet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut, PrivateTraffic: r.PrivateTraffic,
 	}
@@ -382,12 +389,12 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 			return Sandbox{}, err
 		}
 	}
-	src, err := s.sourceOf(ctx, r.TemplateID)
+	src, err := s.sourceOf(ctx, rec.TeamID, r.TemplateID)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	var home string
-	if rec.VolumeMounts, home, err = volumesOf(ctx, s.st, r.Volumes, src); err != nil {
+	if rec.VolumeMounts, home, err = volumesOf(ctx, s.st, rec.TeamID, r.Volumes, src); err != nil {
 		return Sandbox{}, err
 	}
 	if home != "" {
@@ -423,7 +430,7 @@ func (s *Service) createPlaced(ctx context.Context, r CreateRequest, rec store.S
 	rec.CPUCount, rec.MemoryMB = r.CPUCount, r.MemoryMB
 	if src != nil && len(src.volumes) > 0 {
 		// The snapshot's exclusive volumes come as volumes of its own.
-		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.ID, nodeID, rec.VolumeMounts); err != nil {
+		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.TeamID, rec.ID, nodeID, rec.VolumeMounts); err != nil {
 			return Sandbox{}, err
 		}
 	}

@@ -200,27 +200,73 @@ type sourceInfo struct {
 	volumes  []store.VolumeMount // a user snapshot's sandbox's volumes: they come with it
 }
 
-// sourceOf resolves a create's or rollback's reference in one store read:
-// a user snapshot by ID or name, or a template made from a sandbox
-// (`template: true`), by name. nil: a template every node builds (passed
-// on by name).
-func (s *Service) sourceOf(ctx context.Context, ref string) (*sourceInfo, error) {
-	r, err := s.st.ResolveRef(ctx, ref)
+// sourceOf resolves a create's or rollback's reference for a team in one
+// store read: a snapshot of the team's by ID or name, or a template made
+// from a sandbox (`template: true`) or built, by name. nil: a template
+// every node builds (passed on by name). team "" is the control plane's
+// own lookup (the warm pool's): anything by ID.
+//
+// What the store does not resolve for the team: see beyondTeam.
+func (s *Service) sourceOf(ctx context.Context, team, ref string) (*sourceInfo, error) {
+	r, err := s.st.ResolveRef(ctx, team, ref)
 	switch {
 	case errdefs.IsNotFound(err):
-		return nil, nil
+		return s.beyondTeam(ctx, team, ref)
 	case err != nil:
 		return nil, err
+	case r.Template != nil && !store.TemplateVisible(team, *r.Template):
+		return nil, errdefs.NotFoundf("template or snapshot %s not found", ref)
 	case r.Snapshot != nil:
 		sn := r.Snapshot
 		return &sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
 			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...), volumes: sn.VolumeMounts}, nil
-	case r.Template.SnapshotID != "" && len(r.Template.NodeIDs) > 0:
-		tp := r.Template
-		return &sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
-			runsc: tp.RunscBuild, cpu: tp.CPUFeatures, holders: tp.NodeIDs}, nil
 	}
-	return nil, nil
+	return templateSource(*r.Template), nil
+}
+
+// templateSource is where a template's snapshot is; nil for a template
+// with none stored (the node resolves its name).
+func templateSource(tp store.Template) *sourceInfo {
+	if tp.SnapshotID == "" || len(tp.NodeIDs) == 0 {
+		return nil
+	}
+	return &sourceInfo{id: tp.SnapshotID, origin: tp.NodeIDs[0], durable: tp.Storage == store.StorageDurable,
+		runsc: tp.RunscBuild, cpu: tp.CPUFeatures, holders: tp.NodeIDs}
+}
+
+// beyondTeam resolves what the store does not resolve for a team: a
+// template by its snapshot ID (E2B's template ID; templates are the
+// deployment's), or a name passed on to the node as it is, only when it
+// cannot name another team's snapshot there: a template every node
+// builds, or, for the default team, a name the nodes knew before teams
+// (the default team's then) that is no other snapshot's ID.
+func (s *Service) beyondTeam(ctx context.Context, team, ref string) (*sourceInfo, error) {
+	if team == "" || nodeapi.BuiltinTemplate(ref) {
+		return nil, nil
+	}
+	tpls, err := s.st.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, tp := range tpls {
+		if tp.SnapshotID == ref {
+			if !store.TemplateVisible(team, tp) {
+				break // another team's private template
+			}
+			return templateSource(tp), nil
+		}
+	}
+	if team == store.DefaultTeam && !slices.ContainsFunc(tpls, func(tp store.Template) bool { return tp.SnapshotID == ref }) {
+		other, err := s.st.ResolveRef(ctx, "", ref)
+		switch {
+		case err == nil && other.Snapshot != nil:
+		case err != nil && !errdefs.IsNotFound(err):
+			return nil, err
+		default:
+			return nil, nil
+		}
+	}
+	return nil, errdefs.NotFoundf("template or snapshot %s not found", ref)
 }
 
 // sourceID is what the node is given for ref.
@@ -231,13 +277,18 @@ func (src *sourceInfo) sourceID(ref string) string {
 	return src.id
 }
 
-// GetSnapshot returns a user snapshot's row by ID or name.
-func (s *Service) GetSnapshot(ctx context.Context, ref string) (store.Snapshot, error) {
+// GetSnapshot returns the row of a team's snapshot ("": the default
+// team's) by ID or name; another team's is ErrNotFound.
+func (s *Service) GetSnapshot(ctx context.Context, team, ref string) (store.Snapshot, error) {
+	team = teamOr(team)
 	sn, err := s.st.GetSnapshot(ctx, ref)
+	if err == nil && sn.TeamID != team {
+		err = errdefs.NotFoundf("snapshot %s", ref)
+	}
 	if !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
 		return sn, err
 	}
-	page, _, lerr := s.st.ListSnapshots(ctx, store.SnapshotFilter{Name: ref, Limit: 1})
+	page, _, lerr := s.st.ListSnapshots(ctx, store.SnapshotFilter{TeamID: team, Name: ref, Limit: 1})
 	if lerr != nil {
 		return store.Snapshot{}, lerr
 	}

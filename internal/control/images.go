@@ -46,7 +46,7 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 		sn.RunscBuild, sn.CPUFeatures = nr.RunscBuild, nr.CPUFeatures
 	}
 	old, oerr := s.st.GetTemplate(ctx, req.Name)
-	if _, err := s.st.PutTemplate(ctx, store.Template{Name: req.Name, SnapshotID: info.ID, NodeIDs: []string{nodeID},
+	if _, err := s.st.PutTemplate(ctx, store.Template{Name: req.Name, TeamID: old.TeamID, SnapshotID: info.ID, NodeIDs: []string{nodeID},
 		Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures, Spec: old.Spec}); err != nil {
 		return "", err
 	}
@@ -58,10 +58,11 @@ func (s *Service) BuildImage(ctx context.Context, req nodeapi.ImageBuildRequest)
 	return info.ID, nil
 }
 
-// Resolve returns the ID of the snapshot ref names now: a snapshot by ID
-// or name, or a template by name (errdefs.ErrNotFound: none).
-func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
-	id, err := s.ResolveStored(ctx, ref)
+// Resolve returns the ID of the snapshot ref names now for a team ("":
+// the default team): one of its snapshots by ID or name, or a template it
+// may use by name (errdefs.ErrNotFound: none).
+func (s *Service) Resolve(ctx context.Context, team, ref string) (string, error) {
+	id, err := s.resolveStored(ctx, teamOr(team), ref)
 	if errdefs.IsNotFound(err) {
 		// A template every node builds (base) has no row: the first
 		// node's (in ID order) stands for it.
@@ -81,11 +82,21 @@ func (s *Service) Resolve(ctx context.Context, ref string) (string, error) {
 
 // ResolveStored is Resolve from the store's rows alone: no node is asked,
 // so a miss costs one read. For names only a store row can carry (the
-// snapshots and templates Spore made through the control plane).
-func (s *Service) ResolveStored(ctx context.Context, ref string) (string, error) {
-	r, err := s.st.ResolveRef(ctx, ref)
+// snapshots and templates Spore made through the control plane). Team ""
+// is the default team.
+func (s *Service) ResolveStored(ctx context.Context, team, ref string) (string, error) {
+	return s.resolveStored(ctx, teamOr(team), ref)
+}
+
+// resolveStored is ResolveStored for a team ("": any snapshot by ID,
+// every template).
+func (s *Service) resolveStored(ctx context.Context, team, ref string) (string, error) {
+	r, err := s.st.ResolveRef(ctx, team, ref)
 	if err != nil {
 		return "", err
+	}
+	if r.Template != nil && !store.TemplateVisible(team, *r.Template) {
+		return "", errdefs.NotFoundf("template %s not found", ref)
 	}
 	if r.Snapshot != nil {
 		return r.Snapshot.ID, nil
@@ -126,10 +137,10 @@ func (s *Service) Export(ctx context.Context, sandboxID string, req nodeapi.Expo
 }
 
 // ExportSnapshot exports the filesystem of snapshot ref (a snapshot or a
-// template): a sandbox is started from it for the export and killed
-// after.
-func (s *Service) ExportSnapshot(ctx context.Context, ref string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
-	sb, err := s.Create(ctx, CreateRequest{TemplateID: ref, Timeout: 30 * time.Minute,
+// template) for a team: a sandbox of the team's is started from it for
+// the export and killed after.
+func (s *Service) ExportSnapshot(ctx context.Context, team, ref string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
+	sb, err := s.Create(ctx, CreateRequest{TeamID: team, TemplateID: ref, Timeout: 30 * time.Minute,
 		Metadata: map[string]string{"spore.export": ref}})
 	if err != nil {
 		return nodeapi.ExportInfo{}, err

@@ -123,7 +123,7 @@ func injections(rules map[string][]store.NetworkRule, resolve func(string) strin
 // does not exist is ErrInvalidArgument naming it when strict (rules being
 // given); otherwise (rules set again: a secret deleted since) the headers
 // that name it are left out, so its value stops going anywhere.
-func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.NetworkRule, strict bool) ([]nodeapi.Injection, error) {
+func (s *Service) resolveRules(ctx context.Context, team string, rules map[string][]store.NetworkRule, strict bool) ([]nodeapi.Injection, error) {
 	if len(rules) == 0 {
 		return nil, nil
 	}
@@ -139,7 +139,7 @@ func (s *Service) resolveRules(ctx context.Context, rules map[string][]store.Net
 					if _, ok := values[n]; ok || missing[n] {
 						continue
 					}
-					val, err := s.secretValue(ctx, n)
+					val, err := s.secretValue(ctx, team, n)
 					if errdefs.IsNotFound(err) {
 						if !strict {
 							missing[n] = true
@@ -212,14 +212,14 @@ func usesSecret(rules map[string][]store.NetworkRule, name string) bool {
 	return false
 }
 
-// pushSecret sets again the policy of every sandbox whose rules name a
-// secret that changed (a new version, or deleted), so their requests
+// pushSecret sets again the policy of every sandbox of the team whose
+// rules name a secret that changed (a new version, or deleted), so their requests
 // carry the new value (or none) from now on. Best effort: a node that
 // cannot be told is logged, and the sandbox keeps the value it had.
-func (s *Service) pushSecret(ctx context.Context, name string) {
+func (s *Service) pushSecret(ctx context.Context, team, name string) {
 	cursor := ""
 	for {
-		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{Limit: 500, Cursor: cursor,
+		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{TeamID: team, Limit: 500, Cursor: cursor,
 			States: []string{store.StateRunning, store.StatePaused, store.StateHibernated}})
 		if err != nil {
 			s.log.Warn("secret changed: sandboxes not listed, their rules keep the old value", "secret", name, "err", err)
@@ -247,13 +247,13 @@ func (s *Service) pushSecret(ctx context.Context, name string) {
 	}
 }
 
-// secretValue opens a secret's current value by name.
-func (s *Service) secretValue(ctx context.Context, name string) (string, error) {
+// secretValue opens the current value of a team's secret by name.
+func (s *Service) secretValue(ctx context.Context, team, name string) (string, error) {
 	box, err := s.secretsBox()
 	if err != nil {
 		return "", err
 	}
-	sec, err := s.st.GetSecret(ctx, name)
+	sec, err := s.st.GetSecret(ctx, team, name)
 	if err != nil {
 		return "", err
 	}
@@ -302,7 +302,7 @@ func (s *Service) withRules(ctx context.Context, p nodeapi.Policy, rec store.San
 	if len(rec.NetworkRules) == 0 {
 		return p, nil
 	}
-	inject, err := s.resolveRules(ctx, rec.NetworkRules, strict)
+	inject, err := s.resolveRules(ctx, teamOf(rec), rec.NetworkRules, strict)
 	if err != nil {
 		return p, err
 	}

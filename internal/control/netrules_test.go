@@ -118,7 +118,7 @@ func TestNetworkRulesReachTheNode(t *testing.T) {
 func testNetworkRulesReachTheNode(t *testing.T) {
 	h := newRulesHarness(t, true)
 	ctx := ctxFor(t)
-	if _, err := h.ctl.CreateSecret(ctx, "api-key", "sk-first", nil); err != nil {
+	if _, err := h.ctl.CreateSecret(ctx, "", "api-key", "sk-first", nil); err != nil {
 		t.Fatal(err)
 	}
 	rules := map[string][]store.NetworkRule{
@@ -144,7 +144,7 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 	ca := p.CA
 
 	// A rotated secret reaches the sandboxes that use it, at once.
-	if _, err := h.ctl.UpdateSecret(ctx, "api-key", "sk-rotated", nil); err != nil {
+	if _, err := h.ctl.UpdateSecret(ctx, "", "api-key", "sk-rotated", nil); err != nil {
 		t.Fatal(err)
 	}
 	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "Bearer sk-rotated" || !p.CA.Equal(ca) {
@@ -203,13 +203,13 @@ func testNetworkRulesReachTheNode(t *testing.T) {
 
 	// A deleted secret stops going anywhere: the headers naming it are
 	// dropped, the others stay.
-	if err := h.ctl.DeleteSecret(ctx, "api-key"); err != nil {
+	if err := h.ctl.DeleteSecret(ctx, "", "api-key"); err != nil {
 		t.Fatal(err)
 	}
 	if p := h.nodePolicy(sb.ID); injected(p, "api.test", "Authorization") != "" || injected(p, "*.wild.test", "X-A") != "2" {
 		t.Fatalf("after the secret's deletion: %+v", p.Inject)
 	}
-	if _, err := h.ctl.CreateSecret(ctx, "api-key", "sk-again", nil); err != nil {
+	if _, err := h.ctl.CreateSecret(ctx, "", "api-key", "sk-again", nil); err != nil {
 		t.Fatal(err)
 	}
 

@@ -141,7 +141,7 @@ func (s *Service) addPooledOn(ctx context.Context, cfg PoolConfig, template stri
 		n, err = s.node(nodeID)
 	} else {
 		var src *sourceInfo
-		if src, err = s.sourceOf(ctx, template); err == nil {
+		if src, err = s.sourceOf(ctx, "", template); err == nil {
 			nodeID, n, err = s.place(ctx, CreateRequest{TemplateID: template}, src)
 		}
 	}

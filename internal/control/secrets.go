@@ -52,9 +52,11 @@ func validRef(ref string) (string, error) {
 	return secrets.NormalizeName(ref)
 }
 
-// CreateSecret stores a new secret, its value sealed, at version 1, and
-// returns it without the value. A name in use is ErrAlreadyExists.
-func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[string]string) (store.Secret, error) {
+// CreateSecret stores a new secret of a team ("": the default team), its
+// value sealed, at version 1, and returns it without the value. A name
+// the team uses is ErrAlreadyExists.
+func (s *Service) CreateSecret(ctx context.Context, team, name, value string, md map[string]string) (store.Secret, error) {
+	team = teamOr(team)
 	name, err := secrets.NormalizeName(name)
 	if err != nil {
 		return store.Secret{}, err
@@ -63,7 +65,7 @@ func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[s
 	if err != nil {
 		return store.Secret{}, err
 	}
-	sec := store.Secret{ID: secrets.NewID(), Name: name, Version: 1, Metadata: maps.Clone(md)}
+	sec := store.Secret{ID: secrets.NewID(), TeamID: team, Name: name, Version: 1, Metadata: maps.Clone(md)}
 	sec.Sealed = box.Seal(sec.ID, sec.Version, []byte(value))
 	if err := s.st.CreateSecret(ctx, sec); err != nil {
 		if errdefs.IsAlreadyExists(err) {
@@ -71,7 +73,7 @@ func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[s
 		}
 		return store.Secret{}, err
 	}
-	got, err := s.st.GetSecret(ctx, sec.ID)
+	got, err := s.st.GetSecret(ctx, team, sec.ID)
 	if err != nil {
 		return store.Secret{}, err
 	}
@@ -81,7 +83,8 @@ func (s *Service) CreateSecret(ctx context.Context, name, value string, md map[s
 // UpdateSecret stores value as the secret's next version; md, when not
 // nil, replaces its metadata. Sandboxes whose network rules name it get
 // the new value from their next request on.
-func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[string]string) (store.Secret, error) {
+func (s *Service) UpdateSecret(ctx context.Context, team, ref, value string, md map[string]string) (store.Secret, error) {
+	team = teamOr(team)
 	ref, err := validRef(ref)
 	if err != nil {
 		return store.Secret{}, err
@@ -90,7 +93,7 @@ func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[st
 	if err != nil {
 		return store.Secret{}, err
 	}
-	sec, err := s.st.UpdateSecret(ctx, ref, func(x *store.Secret) error {
+	sec, err := s.st.UpdateSecret(ctx, team, ref, func(x *store.Secret) error {
 		x.Version++
 		x.Sealed = box.Seal(x.ID, x.Version, []byte(value))
 		if md != nil {
@@ -101,31 +104,33 @@ func (s *Service) UpdateSecret(ctx context.Context, ref, value string, md map[st
 	if err != nil {
 		return store.Secret{}, err
 	}
-	s.pushSecret(ctx, sec.Name)
+	s.pushSecret(ctx, team, sec.Name)
 	return infoOf(sec), nil
 }
 
-// GetSecret returns a secret by ID or name, without its value.
-func (s *Service) GetSecret(ctx context.Context, ref string) (store.Secret, error) {
+// GetSecret returns a team's secret by ID or name, without its value.
+func (s *Service) GetSecret(ctx context.Context, team, ref string) (store.Secret, error) {
+	team = teamOr(team)
 	ref, err := validRef(ref)
 	if err != nil {
 		return store.Secret{}, err
 	}
-	sec, err := s.st.GetSecret(ctx, ref)
+	sec, err := s.st.GetSecret(ctx, team, ref)
 	if err != nil {
 		return store.Secret{}, err
 	}
 	return infoOf(sec), nil
 }
 
-// ListSecrets returns a page of secrets (oldest first, without values)
+// ListSecrets returns a page of a team's secrets (oldest first, without values)
 // and the token of the next ("" at the end). limit <= 0 or over
 // MaxSecretsPage: MaxSecretsPage.
-func (s *Service) ListSecrets(ctx context.Context, limit int, next string) ([]store.Secret, string, error) {
+func (s *Service) ListSecrets(ctx context.Context, team string, limit int, next string) ([]store.Secret, string, error) {
+	team = teamOr(team)
 	if limit <= 0 || limit > MaxSecretsPage {
 		limit = MaxSecretsPage
 	}
-	list, cursor, err := s.st.ListSecrets(ctx, limit, next)
+	list, cursor, err := s.st.ListSecrets(ctx, team, limit, next)
 	if err != nil {
 		return nil, "", err
 	}
@@ -138,18 +143,19 @@ func (s *Service) ListSecrets(ctx context.Context, limit int, next string) ([]st
 // DeleteSecret removes a secret and every version of it; sandboxes whose
 // network rules name it stop sending its value (those headers are left
 // out).
-func (s *Service) DeleteSecret(ctx context.Context, ref string) error {
+func (s *Service) DeleteSecret(ctx context.Context, team, ref string) error {
+	team = teamOr(team)
 	ref, err := validRef(ref)
 	if err != nil {
 		return err
 	}
-	sec, err := s.st.GetSecret(ctx, ref)
+	sec, err := s.st.GetSecret(ctx, team, ref)
 	if err != nil {
 		return err
 	}
-	if err := s.st.DeleteSecret(ctx, sec.ID); err != nil {
+	if err := s.st.DeleteSecret(ctx, team, sec.ID); err != nil {
 		return err
 	}
-	s.pushSecret(ctx, sec.Name)
+	s.pushSecret(ctx, team, sec.Name)
 	return nil
 }

@@ -45,7 +45,13 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	req := nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Names: names, Template: template}
+	// A snapshot's names are its team's (the store keeps them); the node
+	// knows it by ID. A template's name is the deployment's, and the
+	// node's too.
+	req := nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Template: template}
+	if template {
+		req.Names = names
+	}
 	info, err := retryNodeCall(ctx, s, "snapshot", req.SnapshotID, func(ctx context.Context) (nodeapi.SnapshotInfo, error) {
 		return n.Snapshot(ctx, id, req)
 	})
@@ -65,14 +71,18 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		return store.Snapshot{}, err
 	}
 	sn := snapshotRecord(info, rec.NodeID)
-	sn.VolumeMounts = rec.VolumeMounts
+	sn.TeamID, sn.Names, sn.VolumeMounts = teamOf(rec), names, rec.VolumeMounts
 	durable := false
 	if nr, err := s.st.GetNode(ctx, rec.NodeID); err == nil {
 		sn.RunscBuild, sn.CPUFeatures, durable = nr.RunscBuild, nr.CPUFeatures, nr.Durable
 	}
 	if template {
 		old, oerr := s.st.GetTemplate(ctx, name)
-		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID},
+		owner := old.TeamID // a template keeps its team (the API lets only that team replace it)
+		if oerr != nil {
+			owner = teamOf(rec)
+		}
+		if _, err := s.st.PutTemplate(ctx, store.Template{Name: name, TeamID: owner, SnapshotID: info.ID, NodeIDs: []string{rec.NodeID},
 			Storage: store.StorageLocal, RunscBuild: sn.RunscBuild, CPUFeatures: sn.CPUFeatures, Spec: old.Spec}); err != nil {
 			return store.Snapshot{}, err
 		}
@@ -294,7 +304,7 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 		rec.Hibernation, rec.HibernationDurable = "", false
 		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
 		// Its parent's exclusive volumes come as volumes of its own.
-		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.ID, rec.NodeID, parent.VolumeMounts); err == nil {
+		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.TeamID, rec.ID, rec.NodeID, parent.VolumeMounts); err == nil {
 			if err = s.st.CreateSandbox(ctx, rec); err != nil {
 				s.dropOwnVolumes(ctx, rec.ID, rec.VolumeMounts)
 			}
@@ -482,26 +492,15 @@ func (s *Service) dropForkImage(ctx context.Context, snapID string) {
 // sandbox is rolled back too and runs afterwards; a failed rollback leaves
 // it as it was.
 func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox, error) {
-	// The sandbox's row and the snapshot's resolution are independent
-	// reads: one round trip's wait instead of two.
-	type resolved struct {
-		src *sourceInfo
-		err error
-	}
-	ref := make(chan resolved, 1)
-	go func() {
-		src, err := s.sourceOf(ctx, snapshotID)
-		ref <- resolved{src, err}
-	}()
+	// The snapshot is looked up among the sandbox's team's.
 	rec, err := s.st.GetSandbox(ctx, id)
-	r := <-ref
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if r.err != nil {
-		return Sandbox{}, r.err
+	src, err := s.sourceOf(ctx, teamOf(rec), snapshotID)
+	if err != nil {
+		return Sandbox{}, err
 	}
-	src := r.src
 	if rec.State == store.StateHibernated {
 		if _, _, err := s.Connect(ctx, id, 0); err != nil {
 			return Sandbox{}, err
@@ -566,7 +565,16 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, n nodea
 			// Committed on the node, its row never written (a crash in
 			// between). Only if there is still none: a Snapshot that
 			// wrote its row since knows more (an upload under way).
-			if err := s.st.CreateSnapshot(ctx, snapshotRecord(m, nodeID)); err != nil && !errdefs.IsAlreadyExists(err) {
+			sn := snapshotRecord(m, nodeID)
+			// Its sandbox's team, when its row is still there; otherwise
+			// it stays no team's (listed to none) until an operator
+			// deletes it: a guess could hand it to another team.
+			if origin, err := s.st.GetSandbox(ctx, m.Origin); err == nil && m.Origin != "" {
+				sn.TeamID = teamOf(origin)
+			} else {
+				s.log.Warn("a snapshot catalogued by reconcile has no team (its sandbox is gone)", "snapshot_id", m.ID, "sandbox_id", m.Origin)
+			}
+			if err := s.st.CreateSnapshot(ctx, sn); err != nil && !errdefs.IsAlreadyExists(err) {
 				return err
 			}
 		case err == nil && cur.NodeID == "":

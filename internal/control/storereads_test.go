@@ -60,12 +60,12 @@ func (c *counting) take() string {
 	return strings.Join(out, " ")
 }
 
-func (c *counting) ResolveRef(ctx context.Context, ref string) (store.Ref, error) {
+func (c *counting) ResolveRef(ctx context.Context, team, ref string) (store.Ref, error) {
 	c.hit(ctx, "ResolveRef")
 	if c.failRefs != nil {
 		return store.Ref{}, c.failRefs
 	}
-	return c.Store.ResolveRef(ctx, ref)
+	return c.Store.ResolveRef(ctx, team, ref)
 }
 func (c *counting) GetSnapshot(ctx context.Context, id string) (store.Snapshot, error) {
 	c.hit(ctx, "GetSnapshot")

@@ -38,7 +38,7 @@ func validateVolumeRequests(reqs []VolumeRequest) error {
 // volumes: the mounts to record, and the node that holds their content
 // ("" when none has yet). Volumes on two nodes cannot be mounted
 // together.
-func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest) ([]store.VolumeMount, string, error) {
+func resolveVolumes(ctx context.Context, st store.Volumes, team string, reqs []VolumeRequest) ([]store.VolumeMount, string, error) {
 	if len(reqs) == 0 {
 		return nil, "", nil
 	}
@@ -55,7 +55,7 @@ func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest)
 		if err := volume.ValidateRef(r.Name); err != nil {
 			return nil, "", err
 		}
-		v, err := st.GetVolume(ctx, r.Name)
+		v, err := st.GetVolume(ctx, team, r.Name)
 		if errdefs.IsNotFound(err) {
 			return nil, "", fmt.Errorf("%w: no volume %q", errdefs.ErrNotFound, r.Name)
 		}
@@ -84,9 +84,9 @@ func resolveVolumes(ctx context.Context, st store.Volumes, reqs []VolumeRequest)
 // gives the sandbox its own): on the snapshot's node, or, once the
 // snapshot is durable, on any (its copy travels with it through the blob
 // store).
-func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src *sourceInfo) ([]store.VolumeMount, string, error) {
+func volumesOf(ctx context.Context, st store.Volumes, team string, reqs []VolumeRequest, src *sourceInfo) ([]store.VolumeMount, string, error) {
 	if src == nil || len(src.volumes) == 0 {
-		return resolveVolumes(ctx, st, reqs)
+		return resolveVolumes(ctx, st, team, reqs)
 	}
 	if len(reqs) > 0 {
 		return nil, "", errdefs.Invalidf("snapshot %s brings its sandbox's volumes: mount none at create", src.id)
@@ -104,7 +104,7 @@ func volumesOf(ctx context.Context, st store.Volumes, reqs []VolumeRequest, src 
 		if captured(m) {
 			continue
 		}
-		v, err := st.GetVolume(ctx, m.VolumeID)
+		v, err := st.GetVolume(ctx, "", m.VolumeID)
 		if errdefs.IsNotFound(err) {
 			return nil, "", fmt.Errorf("%w: snapshot %s mounts volume %s, which was deleted", errdefs.ErrNotFound, src.id, m.Name)
 		}
@@ -129,13 +129,13 @@ func captured(m store.VolumeMount) bool { return m.Exclusive && !m.ReadOnly }
 // for each exclusive volume the image holds read-write: a new record
 // (volume.CopyFor) whose content the node makes from the image's copy.
 // The mounts returned name them. On failure the records made are gone.
-func (s *Service) ownVolumes(ctx context.Context, id, nodeID string, mounts []store.VolumeMount) ([]store.VolumeMount, error) {
+func (s *Service) ownVolumes(ctx context.Context, team, id, nodeID string, mounts []store.VolumeMount) ([]store.VolumeMount, error) {
 	out := slices.Clone(mounts)
 	for i, m := range mounts {
 		if !captured(m) {
 			continue
 		}
-		v := volume.CopyFor(m, id, nodeID)
+		v := volume.CopyFor(m, team, id, nodeID)
 		if err := s.st.CreateVolume(ctx, v); err != nil {
 			s.dropOwnVolumes(ctx, id, out[:i])
 			if errdefs.IsAlreadyExists(err) {
@@ -158,7 +158,7 @@ func (s *Service) dropOwnVolumes(ctx context.Context, id string, mounts []store.
 			continue
 		}
 		var gone store.Volume
-		err := s.st.DeleteVolume(dctx, m.VolumeID, func(v store.Volume) error {
+		err := s.st.DeleteVolume(dctx, "", m.VolumeID, func(v store.Volume) error {
 			if v.MadeFor != id {
 				return errNotMine
 			}
@@ -188,7 +188,7 @@ func claimVolumes(ctx context.Context, st store.Store, id, nodeID string, mounts
 	for _, m := range mounts {
 		holder := ""
 		if captured(m) {
-			v, err := st.GetVolume(ctx, m.VolumeID)
+			v, err := st.GetVolume(ctx, "", m.VolumeID)
 			if err != nil && !errdefs.IsNotFound(err) {
 				return nil, err
 			}
@@ -203,7 +203,7 @@ func claimVolumes(ctx context.Context, st store.Store, id, nodeID string, mounts
 			}
 			holder = v.Holder
 		}
-		v, err := st.UpdateVolume(ctx, m.VolumeID, func(v *store.Volume) error {
+		v, err := st.UpdateVolume(ctx, "", m.VolumeID, func(v *store.Volume) error {
 			if captured(m) {
 				if v.Holder != holder && v.Holder != id {
 					return errdefs.Conflictf("volume %s is exclusive and sandbox %s just mounted it read-write", v.Name, v.Holder)

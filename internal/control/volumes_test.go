@@ -46,7 +46,7 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 	if size, ok := f.b.Volumes.Made(data.ID); !ok || size != 64<<20 {
 		t.Fatalf("nb made the volume: %v (size %d)", ok, size)
 	}
-	got, _ := f.st.GetVolume(ctx, "data")
+	got, _ := f.st.GetVolume(ctx, store.DefaultTeam, "data")
 	if got.NodeID != "nb" || !slices.Contains(got.Users, first.ID) {
 		t.Fatalf("volume row %+v", got)
 	}
@@ -113,11 +113,11 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 	}
 
 	// Not deleted while any of them lives; then deleted, and nb told.
-	got, _ = f.st.GetVolume(ctx, "data")
+	got, _ = f.st.GetVolume(ctx, store.DefaultTeam, "data")
 	if len(got.Users) != 1+3+2+1 {
 		t.Fatalf("users %v", got.Users)
 	}
-	if _, err := cat.Delete(ctx, "data"); !errdefs.IsConflict(err) {
+	if _, err := cat.Delete(ctx, "", "data"); !errdefs.IsConflict(err) {
 		t.Fatalf("delete of a mounted volume: %v", err)
 	}
 	for _, id := range got.Users {
@@ -125,7 +125,7 @@ func testVolumesPlaced(t *testing.T, _ controltest.Config) {
 			t.Fatal(err)
 		}
 	}
-	gone, err := cat.Delete(ctx, "data")
+	gone, err := cat.Delete(ctx, "", "data")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 	if err := os.WriteFile(filepath.Join(home.Volumes.Dir(ex.ID), "f"), []byte("at-snapshot"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := f.st.GetVolume(ctx, ex.ID); got.Holder != a.ID || !a.VolumeMounts[0].Exclusive {
+	if got, _ := f.st.GetVolume(ctx, "", ex.ID); got.Holder != a.ID || !a.VolumeMounts[0].Exclusive {
 		t.Fatalf("the holder of the volume is %q (sandbox mounts %+v)", got.Holder, a.VolumeMounts)
 	}
 	before, _, _ := f.st.ListSandboxes(ctx, store.SandboxFilter{Limit: 100})
@@ -205,7 +205,7 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 	own := func(sb store.Sandbox, want string) {
 		t.Helper()
 		id := ids.Derive('v', sb.ID, ex.ID)
-		v, err := f.st.GetVolume(ctx, id)
+		v, err := f.st.GetVolume(ctx, "", id)
 		if err != nil || v.Holder != sb.ID || v.MadeFor != sb.ID || v.NodeID != a.NodeID || v.Mode != store.VolumeExclusive || v.SizeBytes != 64<<20 || v.Name != "work-"+sb.ID {
 			t.Fatalf("the volume of %s: %+v (%v)", sb.ID, v, err)
 		}
@@ -225,7 +225,7 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 
 	// The volume deleted (once its holder and reader are gone): the
 	// snapshot still brings its content, as a volume of the new sandbox.
-	if _, err := cat.Delete(ctx, "work"); !errdefs.IsConflict(err) {
+	if _, err := cat.Delete(ctx, "", "work"); !errdefs.IsConflict(err) {
 		t.Fatalf("delete of a held volume: %v", err)
 	}
 	for _, id := range []string{a.ID, ro.ID} {
@@ -233,7 +233,7 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := cat.Delete(ctx, "work"); err != nil {
+	if _, err := cat.Delete(ctx, "", "work"); err != nil {
 		t.Fatal(err)
 	}
 	// The snapshot is not durable (no blob store here): its copy of the
@@ -253,12 +253,12 @@ func testExclusiveVolume(t *testing.T, _ controltest.Config) {
 
 	// A create from the snapshot that fails on its node leaves no row and
 	// no volume.
-	vols, _, _ := f.st.ListVolumes(ctx, 100, "")
+	vols, _, _ := f.st.ListVolumes(ctx, "", 100, "")
 	home.Runtime.Fail(fake.OpRestore, "", 1, errdefs.ErrInternal)
 	if _, err := f.ctl.Create(ctx, control.CreateRequest{TemplateID: snap.ID, Timeout: time.Hour}); err == nil {
 		t.Fatal("a create whose restore failed succeeded")
 	}
-	if after, _, _ := f.st.ListVolumes(ctx, 100, ""); len(after) != len(vols) {
+	if after, _, _ := f.st.ListVolumes(ctx, "", 100, ""); len(after) != len(vols) {
 		t.Fatalf("the failed create left volumes: %d, were %d", len(after), len(vols))
 	}
 }

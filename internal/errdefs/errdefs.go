@@ -16,6 +16,7 @@ var (
 	ErrNotFound        = errors.New("not found")          // 404
 	ErrAlreadyExists   = errors.New("already exists")     // 409
 	ErrConflict        = errors.New("conflict")           // 409: wrong state for the operation
+	ErrPermission      = errors.New("permission denied")  // 403: the caller may not do this
 	ErrUnavailable     = errors.New("unavailable")        // 503: runtime or resource not ready
 	ErrResourceLimit   = errors.New("resource exhausted") // 429/507
 	ErrInternal        = errors.New("internal error")     // 500
@@ -32,6 +33,14 @@ func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 
 // IsAlreadyExists reports whether err is of kind ErrAlreadyExists.
 func IsAlreadyExists(err error) bool { return errors.Is(err, ErrAlreadyExists) }
+
+// IsPermission reports whether err is of kind ErrPermission.
+func IsPermission(err error) bool { return errors.Is(err, ErrPermission) }
+
+// Forbiddenf returns an ErrPermission with a message.
+func Forbiddenf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrPermission, fmt.Sprintf(format, args...))
+}
 
 // IsConflict reports whether err is of kind ErrConflict.
 func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }

@@ -30,6 +30,7 @@ import (
 	"github.com/spore-run/spore/internal/envdclient"
 	"github.com/spore-run/spore/internal/netaudit"
 	"github.com/spore-run/spore/internal/netns"
+	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/rootfs"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/runtime/gvisor"
@@ -419,10 +420,10 @@ func installEnvd(bin, root string) (string, error) {
 	return dir, os.Rename(tmp.Name(), dst)
 }
 
-// Template names every node builds.
+// Template names every node builds (nodeapi.BuiltinTemplates).
 const (
-	TemplateBase            = "base"
-	TemplateCodeInterpreter = "code-interpreter-v1"
+	TemplateBase            = nodeapi.TemplateBase
+	TemplateCodeInterpreter = nodeapi.TemplateCodeInterpreter
 )
 
 // TemplateSpecs are the default templates: the daemon as init, ready once

@@ -283,6 +283,18 @@ const (
 	StateDead = "dead"
 )
 
+// The templates every node builds itself: they have no store row, and a
+// create names them to the node as they are.
+const (
+	TemplateBase            = "base"
+	TemplateCodeInterpreter = "code-interpreter-v1"
+)
+
+// BuiltinTemplate reports whether name is a template every node builds.
+func BuiltinTemplate(name string) bool {
+	return name == TemplateBase || name == TemplateCodeInterpreter
+}
+
 // Snapshot kinds.
 const (
 	KindTemplate    = "template"

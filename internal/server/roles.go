@@ -159,7 +159,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 		// Secrets in the store need the key to be of any use: a replica
 		// started without it would answer 503 to every secret, and create
 		// sandboxes whose credential injection is silently off.
-		if page, _, err := st.ListSecrets(ctx, 1, ""); err != nil {
+		if page, _, err := st.ListSecrets(ctx, "", 1, ""); err != nil {
 			return err
 		} else if len(page) > 0 {
 			return fmt.Errorf("the store holds secrets, but this replica has no secrets key: give it --secrets-key-file (every replica the same key: docs/deploy.md)")

@@ -27,7 +27,7 @@ func volumeForwarder(st store.Store, reg *registry, fleet *fleetauth.Fleet, log 
 				content.Fail(w, content.StatusError(http.StatusServiceUnavailable, "no node is ready to hold the volume"))
 				return
 			}
-			got, err := st.UpdateVolume(r.Context(), v.ID, func(x *store.Volume) error {
+			got, err := st.UpdateVolume(r.Context(), "", v.ID, func(x *store.Volume) error {
 				if x.NodeID == "" {
 					x.NodeID = ready[0]
 				}

@@ -23,8 +23,9 @@ const MaxBuildLogs = 10000
 // lives in the store because the build runs on one API replica while
 // clients poll its status and logs through any other.
 type Build struct {
-	ID       string   `json:"id"`       // minted by the caller
-	Template string   `json:"template"` // the template name it builds
+	ID       string   `json:"id"`               // minted by the caller
+	TeamID   string   `json:"teamID,omitempty"` // the team that asked for it ("": the default team)
+	Template string   `json:"template"`         // the template name it builds
 	Status   string   `json:"status"`
 	Spec     []byte   `json:"spec,omitempty"` // opaque JSON (the build spec)
 	Tags     []string `json:"tags,omitempty"` // tags the template's build gets when it succeeds

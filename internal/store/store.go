@@ -38,7 +38,10 @@ type NetworkRule struct {
 
 // Sandbox is the control plane's record of a sandbox.
 type Sandbox struct {
-	ID         string            `json:"id"`
+	ID string `json:"id"`
+	// TeamID is the team that owns it ("" while it is pooled: nobody's
+	// until a create claims it for its team).
+	TeamID     string            `json:"teamID,omitempty"`
 	TemplateID string            `json:"templateID"` // as asked: a template name or a snapshot ID
 	Alias      string            `json:"alias,omitempty"`
 	State      string            `json:"state"`
@@ -112,7 +115,9 @@ type VolumeMount struct {
 
 // Snapshot is the control plane's record of a snapshot.
 type Snapshot struct {
-	ID        string    `json:"id"`
+	ID     string `json:"id"`
+	TeamID string `json:"teamID,omitempty"` // the team that owns it
+	// Names are unique within its team.
 	Names     []string  `json:"names,omitempty"`
 	SandboxID string    `json:"sandboxID,omitempty"` // the sandbox it was taken of
 	Kind      string    `json:"kind"`
@@ -146,7 +151,11 @@ const (
 // Template is a named, buildable sandbox image: the snapshot it starts
 // from, its build spec and the nodes that hold a copy.
 type Template struct {
-	Name       string   `json:"name"`
+	Name string `json:"name"`
+	// TeamID is the team that made it ("" in rows from before teams: the
+	// default team's). Names are the deployment's; another team sees it
+	// only when it is public (docs/teams.md).
+	TeamID     string   `json:"teamID,omitempty"`
 	SnapshotID string   `json:"snapshotID,omitempty"`
 	Spec       []byte   `json:"spec,omitempty"`    // opaque JSON
 	NodeIDs    []string `json:"nodeIDs,omitempty"` // the node that made it first, then nodes holding a copy
@@ -215,9 +224,16 @@ type APIKey struct {
 	Hash string `json:"hash"` // hex sha256 of the key
 	// Name is the operator's label for the key (not unique).
 	Name string `json:"name"`
-	// Role is what the key may do: RoleAdmin (everything, the operator
-	// routes too) or RoleUser (everything but the operator routes).
+	// TeamID is the team the key acts for; "" for an operator key, which
+	// belongs to no team.
+	TeamID string `json:"teamID,omitempty"`
+	// Role is what the key may do: RoleOperator (the operator routes,
+	// teams and every team's keys), RoleAdmin (everything in its team,
+	// its keys too) or RoleMember (everything in its team but its keys).
 	Role string `json:"role"`
+	// Scope, when set, narrows a team key further: the operations it may
+	// call and the templates it may create from.
+	Scope *KeyScope `json:"scope,omitempty"`
 	// Source says where the key came from: SourceConfig (the deployment's
 	// configured key, --api-key-file: a newer one revokes the older),
 	// SourceGenerated (made by `spore up`), SourceAPI (POST /api-keys).
@@ -226,16 +242,32 @@ type APIKey struct {
 	// use it ("spore_3f2a…91c0").
 	Mask      string    `json:"mask"`
 	CreatedAt time.Time `json:"createdAt"`
+	// ExpiresAt, when set, is when the key stops being valid.
+	ExpiresAt time.Time `json:"expiresAt,omitzero"`
+	// LastUsedAt is when the key last authenticated a request, to the
+	// minute (store.APIKeys.TouchAPIKey; zero: never).
+	LastUsedAt time.Time `json:"lastUsedAt,omitzero"`
 	// RevokedAt is when the key was revoked; zero while it is valid. A
 	// revoked key stays listed (who had access, and until when) and is
 	// never valid again.
 	RevokedAt time.Time `json:"revokedAt,omitzero"`
 }
 
+// KeyScope narrows what a team key may do. Operations are the API's
+// operation names ("sandboxes.create", "sandboxes.read"...: see the
+// api package's route table); Templates are patterns (path.Match: "ci-*")
+// of the templates and snapshots a create may start from. An empty list
+// allows nothing of its kind.
+type KeyScope struct {
+	Operations []string `json:"operations"`
+	Templates  []string `json:"templates"`
+}
+
 // API key roles.
 const (
-	RoleAdmin = "admin"
-	RoleUser  = "user"
+	RoleOperator = "operator"
+	RoleAdmin    = "admin"
+	RoleMember   = "member"
 )
 
 // API key sources.
@@ -246,13 +278,17 @@ const (
 )
 
 // ValidRole reports whether r is a role a key can have.
-func ValidRole(r string) bool { return r == RoleAdmin || r == RoleUser }
+func ValidRole(r string) bool { return r == RoleOperator || r == RoleAdmin || r == RoleMember }
 
 // Revoked reports whether the key was revoked.
 func (k APIKey) Revoked() bool { return !k.RevokedAt.IsZero() }
 
+// Expired reports whether the key has expired at now.
+func (k APIKey) Expired(now time.Time) bool { return !k.ExpiresAt.IsZero() && !now.Before(k.ExpiresAt) }
+
 // SandboxFilter selects sandboxes. Metadata matches every pair given.
 type SandboxFilter struct {
+	TeamID   string // "": every team
 	States   []string
 	Metadata map[string]string
 	Template string
@@ -263,8 +299,9 @@ type SandboxFilter struct {
 
 // SnapshotFilter selects snapshots.
 type SnapshotFilter struct {
+	TeamID    string // "": every team
 	SandboxID string
-	Name      string
+	Name      string // within TeamID (with TeamID "": matches nothing)
 	Limit     int
 	Cursor    string
 }
@@ -284,6 +321,7 @@ type Store interface {
 	Builds
 	Secrets
 	Volumes
+	Teams
 	Close() error
 }
 
@@ -347,10 +385,12 @@ type Templates interface {
 
 // Refs resolve what a create or rollback names.
 type Refs interface {
-	// ResolveRef finds what ref names, the first match winning: a
-	// snapshot by ID, a snapshot by name, a template by name. One read
-	// (one round trip on PostgreSQL); none of them: ErrNotFound.
-	ResolveRef(ctx context.Context, ref string) (Ref, error)
+	// ResolveRef finds what ref names for a team, the first match
+	// winning: a snapshot of the team's by ID, a snapshot by one of the
+	// team's names, a template by name. team "" is the control plane's
+	// own lookup: a snapshot of any team by ID, no snapshot by name. One
+	// read (one round trip on PostgreSQL); none of them: ErrNotFound.
+	ResolveRef(ctx context.Context, team, ref string) (Ref, error)
 }
 
 // Ref is what ResolveRef found: exactly one of its fields is set.
@@ -397,7 +437,7 @@ type Leases interface {
 // replica that keeps the keys in memory reads that one number to know
 // whether its copy is current.
 type APIKeys interface {
-	// AddAPIKey stores a new key (valid; an empty Role is RoleAdmin).
+	// AddAPIKey stores a new key (valid; an empty Role is RoleOperator).
 	// The same hash or ID again is ErrAlreadyExists, also when that key
 	// was revoked: a revoked key never comes back.
 	AddAPIKey(ctx context.Context, k APIKey) error
@@ -413,4 +453,8 @@ type APIKeys interface {
 	RevokeAPIKey(ctx context.Context, id string, at time.Time) (APIKey, error)
 	// APIKeysVersion is the change counter (see above).
 	APIKeysVersion(ctx context.Context) (int64, error)
+	// TouchAPIKey records that the key was used at at (kept when a later
+	// use is stored already). It is not a change of the keys: the
+	// counter stays.
+	TouchAPIKey(ctx context.Context, id string, at time.Time) error
 }

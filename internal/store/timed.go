@@ -87,9 +87,9 @@ func (x timed) DeleteSnapshot(ctx context.Context, id string) error {
 	return x.st.DeleteSnapshot(ctx, id)
 }
 
-func (x timed) ResolveRef(ctx context.Context, ref string) (Ref, error) {
+func (x timed) ResolveRef(ctx context.Context, team, ref string) (Ref, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.ResolveRef(ctx, ref)
+	return x.st.ResolveRef(ctx, team, ref)
 }
 
 func (x timed) PutTemplate(ctx context.Context, t Template) (Template, error) {
@@ -247,24 +247,24 @@ func (x timed) CreateSecret(ctx context.Context, s Secret) error {
 	return x.st.CreateSecret(ctx, s)
 }
 
-func (x timed) GetSecret(ctx context.Context, ref string) (Secret, error) {
+func (x timed) GetSecret(ctx context.Context, team, ref string) (Secret, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.GetSecret(ctx, ref)
+	return x.st.GetSecret(ctx, team, ref)
 }
 
-func (x timed) UpdateSecret(ctx context.Context, ref string, fn func(*Secret) error) (Secret, error) {
+func (x timed) UpdateSecret(ctx context.Context, team, ref string, fn func(*Secret) error) (Secret, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.UpdateSecret(ctx, ref, fn)
+	return x.st.UpdateSecret(ctx, team, ref, fn)
 }
 
-func (x timed) ListSecrets(ctx context.Context, limit int, cursor string) ([]Secret, string, error) {
+func (x timed) ListSecrets(ctx context.Context, team string, limit int, cursor string) ([]Secret, string, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.ListSecrets(ctx, limit, cursor)
+	return x.st.ListSecrets(ctx, team, limit, cursor)
 }
 
-func (x timed) DeleteSecret(ctx context.Context, ref string) error {
+func (x timed) DeleteSecret(ctx context.Context, team, ref string) error {
 	defer timing.Track(ctx, "store")()
-	return x.st.DeleteSecret(ctx, ref)
+	return x.st.DeleteSecret(ctx, team, ref)
 }
 
 func (x timed) CreateVolume(ctx context.Context, v Volume) error {
@@ -272,22 +272,47 @@ func (x timed) CreateVolume(ctx context.Context, v Volume) error {
 	return x.st.CreateVolume(ctx, v)
 }
 
-func (x timed) GetVolume(ctx context.Context, ref string) (Volume, error) {
+func (x timed) GetVolume(ctx context.Context, team, ref string) (Volume, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.GetVolume(ctx, ref)
+	return x.st.GetVolume(ctx, team, ref)
 }
 
-func (x timed) UpdateVolume(ctx context.Context, ref string, fn func(*Volume) error) (Volume, error) {
+func (x timed) UpdateVolume(ctx context.Context, team, ref string, fn func(*Volume) error) (Volume, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.UpdateVolume(ctx, ref, fn)
+	return x.st.UpdateVolume(ctx, team, ref, fn)
 }
 
-func (x timed) ListVolumes(ctx context.Context, limit int, cursor string) ([]Volume, string, error) {
+func (x timed) ListVolumes(ctx context.Context, team string, limit int, cursor string) ([]Volume, string, error) {
 	defer timing.Track(ctx, "store")()
-	return x.st.ListVolumes(ctx, limit, cursor)
+	return x.st.ListVolumes(ctx, team, limit, cursor)
 }
 
-func (x timed) DeleteVolume(ctx context.Context, ref string, check func(Volume) error) error {
+func (x timed) DeleteVolume(ctx context.Context, team, ref string, check func(Volume) error) error {
 	defer timing.Track(ctx, "store")()
-	return x.st.DeleteVolume(ctx, ref, check)
+	return x.st.DeleteVolume(ctx, team, ref, check)
+}
+
+func (x timed) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.TouchAPIKey(ctx, id, at)
+}
+
+func (x timed) CreateTeam(ctx context.Context, t Team) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.CreateTeam(ctx, t)
+}
+
+func (x timed) GetTeam(ctx context.Context, ref string) (Team, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.GetTeam(ctx, ref)
+}
+
+func (x timed) ListTeams(ctx context.Context) ([]Team, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListTeams(ctx)
+}
+
+func (x timed) DeleteTeam(ctx context.Context, id string, at time.Time) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.DeleteTeam(ctx, id, at)
 }

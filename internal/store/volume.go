@@ -20,9 +20,10 @@ const (
 // volume's identity and settings; its content lives on nodes and in the
 // blob store (docs/volumes.md).
 type Volume struct {
-	ID   string `json:"id"`   // minted by the caller (ids.New('v'))
-	Name string `json:"name"` // unique; never shaped like an ID
-	Mode string `json:"mode"` // VolumeShared or VolumeExclusive
+	ID     string `json:"id"`     // minted by the caller (ids.New('v'))
+	TeamID string `json:"teamID"` // the team that owns it
+	Name   string `json:"name"`   // unique in its team; never shaped like an ID
+	Mode   string `json:"mode"`   // VolumeShared or VolumeExclusive
 	// SizeBytes is the volume's quota: a write past it fails with ENOSPC.
 	SizeBytes int64 `json:"sizeBytes"`
 	// Token authorizes the volume content API for this volume alone
@@ -46,24 +47,28 @@ type Volume struct {
 }
 
 // Volumes are the stored volumes. A ref is a volume's ID or its name
-// (the caller keeps names from looking like IDs).
+// (the caller keeps names from looking like IDs), looked up in one team:
+// another team's volume is ErrNotFound. Team "" is the control plane's
+// own lookup: a volume of any team by ID, none by name.
 type Volumes interface {
 	// CreateVolume stores a new volume (UpdatedAt now; CreatedAt now if
-	// zero); an ID or a name another volume has is ErrAlreadyExists.
+	// zero); an ID, or a name another volume of its team has, is
+	// ErrAlreadyExists.
 	CreateVolume(ctx context.Context, v Volume) error
 	// GetVolume returns the volume ref names; ErrNotFound if none.
-	GetVolume(ctx context.Context, ref string) (Volume, error)
+	GetVolume(ctx context.Context, team, ref string) (Volume, error)
 	// UpdateVolume reads, changes with fn and writes a volume in one
 	// transaction (concurrent updates serialized, none lost); an error
 	// from fn aborts it and is returned. ID, Name and CreatedAt are kept.
-	UpdateVolume(ctx context.Context, ref string, fn func(*Volume) error) (Volume, error)
-	// ListVolumes returns a page, oldest first, and the cursor of the next
-	// page ("" when it is the last).
-	ListVolumes(ctx context.Context, limit int, cursor string) ([]Volume, string, error)
+	UpdateVolume(ctx context.Context, team, ref string, fn func(*Volume) error) (Volume, error)
+	// ListVolumes returns a page of a team's volumes (team "": every
+	// team's), oldest first, and the cursor of the next page ("" when it
+	// is the last).
+	ListVolumes(ctx context.Context, team string, limit int, cursor string) ([]Volume, string, error)
 	// DeleteVolume removes the volume ref names; ErrNotFound if none. With
 	// check non-nil it runs inside the transaction on the row read there,
 	// and its error aborts the delete (a volume held by a sandbox stays).
-	DeleteVolume(ctx context.Context, ref string, check func(Volume) error) error
+	DeleteVolume(ctx context.Context, team, ref string, check func(Volume) error) error
 }
 
 // StampVolume sets the times a write keeps: CreatedAt (when zero) and

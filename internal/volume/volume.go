@@ -60,14 +60,14 @@ func NewID() string { return ids.New('v') }
 // gets: a new exclusive volume with m's quota, held by sandbox on node,
 // whose ID is the one the node's engine derives for the content it makes
 // (ids.Derive('v', sandbox, volume)) and whose name is m's followed by
-// the sandbox's ID.
-func CopyFor(m store.VolumeMount, sandbox, node string) store.Volume {
+// the sandbox's ID, owned by the sandbox's team.
+func CopyFor(m store.VolumeMount, team, sandbox, node string) store.Volume {
 	name := m.Name
 	if max := 62 - len(sandbox); len(name) > max {
 		name = name[:max]
 	}
 	return store.Volume{
-		ID: ids.Derive('v', sandbox, m.VolumeID), Name: name + "-" + sandbox, Mode: store.VolumeExclusive,
+		ID: ids.Derive('v', sandbox, m.VolumeID), TeamID: team, Name: name + "-" + sandbox, Mode: store.VolumeExclusive,
 		SizeBytes: m.SizeBytes, Token: newToken(), Holder: sandbox, NodeID: node, Users: []string{sandbox}, MadeFor: sandbox,
 	}
 }
@@ -235,9 +235,10 @@ func NewCatalog(st Store) *Catalog {
 
 // CreateOptions are a new volume's settings.
 type CreateOptions struct {
-	Name string
-	Mode string // "" is shared
-	Size int64  // bytes; 0 is DefaultSize
+	TeamID string // the team that owns it ("": the default team)
+	Name   string
+	Mode   string // "" is shared
+	Size   int64  // bytes; 0 is DefaultSize
 }
 
 // Create stores a new volume. A name in use is ErrAlreadyExists; bad
@@ -254,40 +255,53 @@ func (c *Catalog) Create(ctx context.Context, o CreateOptions) (store.Volume, er
 	if err != nil {
 		return store.Volume{}, err
 	}
-	v := store.Volume{ID: NewID(), Name: o.Name, Mode: mode, SizeBytes: size, Token: newToken()}
+	if o.TeamID == "" {
+		o.TeamID = store.DefaultTeam
+	}
+	v := store.Volume{ID: NewID(), TeamID: o.TeamID, Name: o.Name, Mode: mode, SizeBytes: size, Token: newToken()}
 	if err := c.st.CreateVolume(ctx, v); err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			return store.Volume{}, fmt.Errorf("%w: a volume named %q exists", errdefs.ErrAlreadyExists, o.Name)
 		}
 		return store.Volume{}, err
 	}
-	return c.st.GetVolume(ctx, v.ID)
+	return c.st.GetVolume(ctx, v.TeamID, v.ID)
 }
 
-// Get returns a volume by ID or name.
-func (c *Catalog) Get(ctx context.Context, ref string) (store.Volume, error) {
+// teamOr is team, or the default team for "" (callers from before
+// teams act in it).
+func teamOr(team string) string {
+	if team == "" {
+		return store.DefaultTeam
+	}
+	return team
+}
+
+// Get returns a team's volume by ID or name (another team's is
+// ErrNotFound).
+func (c *Catalog) Get(ctx context.Context, team, ref string) (store.Volume, error) {
 	if err := ValidateRef(ref); err != nil {
 		return store.Volume{}, err
 	}
-	return c.st.GetVolume(ctx, ref)
+	return c.st.GetVolume(ctx, teamOr(team), ref)
 }
 
-// List returns a page of volumes, oldest first, and the token of the next
-// ("" at the end). limit <= 0 or over MaxPage: MaxPage.
-func (c *Catalog) List(ctx context.Context, limit int, next string) ([]store.Volume, string, error) {
+// List returns a page of a team's volumes, oldest first, and the token of
+// the next ("" at the end). limit <= 0 or over MaxPage: MaxPage.
+func (c *Catalog) List(ctx context.Context, team string, limit int, next string) ([]store.Volume, string, error) {
 	if limit <= 0 || limit > MaxPage {
 		limit = MaxPage
 	}
-	return c.st.ListVolumes(ctx, limit, next)
+	return c.st.ListVolumes(ctx, teamOr(team), limit, next)
 }
 
-// Delete removes a volume's record. A volume a sandbox holds is
+// Delete removes a team's volume's record. A volume a sandbox holds is
 // ErrConflict (checked in the delete's transaction), and stays.
-func (c *Catalog) Delete(ctx context.Context, ref string) (store.Volume, error) {
+func (c *Catalog) Delete(ctx context.Context, team, ref string) (store.Volume, error) {
 	if err := ValidateRef(ref); err != nil {
 		return store.Volume{}, err
 	}
-	v, err := c.st.GetVolume(ctx, ref)
+	v, err := c.st.GetVolume(ctx, teamOr(team), ref)
 	if err != nil {
 		return store.Volume{}, err
 	}
@@ -305,7 +319,7 @@ func (c *Catalog) Delete(ctx context.Context, ref string) (store.Volume, error) 
 		dead[id] = true
 	}
 	var gone store.Volume
-	err = c.st.DeleteVolume(ctx, v.ID, func(v store.Volume) error {
+	err = c.st.DeleteVolume(ctx, v.TeamID, v.ID, func(v store.Volume) error {
 		if v.Holder != "" && !dead[v.Holder] {
 			return fmt.Errorf("%w: volume %s is mounted by sandbox %s; kill the sandbox first", errdefs.ErrConflict, v.Name, v.Holder)
 		}
@@ -345,7 +359,9 @@ func (c *Catalog) Authorize(ctx context.Context, ref, token string) (store.Volum
 	if ValidateRef(ref) != nil || !strings.HasPrefix(token, TokenPrefix) {
 		return store.Volume{}, deny
 	}
-	v, err := c.st.GetVolume(ctx, ref)
+	// By ID only (team ""): names are a team's, and the token is the
+	// proof here, not a key.
+	v, err := c.st.GetVolume(ctx, "", ref)
 	if errdefs.IsNotFound(err) {
 		return store.Volume{}, deny
 	}

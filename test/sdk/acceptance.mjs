@@ -172,10 +172,14 @@ try {
   {
     // An E2B route Spore does not serve answers 501 with a JSON error
     // naming it, never the 404 an SDK reads as "absent".
-    const res = await fetch(`${process.env.E2B_API_URL}/teams`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    const res = await fetch(`${process.env.E2B_API_URL}/v2/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
     const body = await res.json()
     assert.equal(res.status, 501)
     assert.match(body.message, /does not implement/)
+    // E2B's team list: the key's team (the operator key acts in the
+    // default one).
+    const teams = await (await fetch(`${process.env.E2B_API_URL}/teams`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })).json()
+    assert.ok(teams.some((t) => t.teamID === 'default' && t.isDefault), JSON.stringify(teams))
   }
   ok('errors for unknown sandboxes; Template.exists')
 

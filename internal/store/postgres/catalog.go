@@ -14,21 +14,21 @@ import (
 
 // PutSnapshot implements store.Store (insert or replace, names included).
 func (s *DB) PutSnapshot(ctx context.Context, sn store.Snapshot) error {
-	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)
-		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`)
+	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data, team_id) VALUES ($1, $2, $3, $4)
+		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data, team_id = excluded.team_id`)
 }
 
 // CreateSnapshot implements store.Store (insert only).
 func (s *DB) CreateSnapshot(ctx context.Context, sn store.Snapshot) error {
-	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data) VALUES ($1, $2, $3)`)
+	return s.writeSnapshot(ctx, sn, `INSERT INTO snapshots(id, sandbox_id, data, team_id) VALUES ($1, $2, $3, $4)`)
 }
 
-// writeSnapshot writes a snapshot's row with insert (its ID, sandbox ID
-// and data as $1-$3) and then its names.
+// writeSnapshot writes a snapshot's row with insert (its ID, sandbox ID,
+// data and team as $1-$4) and then its names, in its team.
 func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, insert string) error {
 	data, _ := json.Marshal(sn)
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, insert, sn.ID, sn.SandboxID, data); err != nil {
+		if _, err := tx.Exec(ctx, insert, sn.ID, sn.SandboxID, data, sn.TeamID); err != nil {
 			if isUnique(err) {
 				return fmt.Errorf("snapshot %s: %w", sn.ID, errdefs.ErrAlreadyExists)
 			}
@@ -38,7 +38,7 @@ func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, insert string
 			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
 		}
 		for _, n := range sn.Names {
-			if _, err := tx.Exec(ctx, `INSERT INTO snapshot_names(snapshot_id, name) VALUES ($1, $2)`, sn.ID, n); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO snapshot_names(snapshot_id, team_id, name) VALUES ($1, $2, $3)`, sn.ID, sn.TeamID, n); err != nil {
 				if isUnique(err) {
 					return fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
 				}
@@ -60,11 +60,11 @@ func (s *DB) UpdateSnapshot(ctx context.Context, id string, fn func(*store.Snaps
 	var sn store.Snapshot
 	err := updateJSON(ctx, s, "snapshot", id, `SELECT data FROM snapshots WHERE id = $1 FOR UPDATE`, &sn,
 		func(sn *store.Snapshot) (string, []any, error) {
-			names := sn.Names
+			names, team := sn.Names, sn.TeamID
 			if err := fn(sn); err != nil {
 				return "", nil, err
 			}
-			sn.ID, sn.Names = id, names
+			sn.ID, sn.Names, sn.TeamID = id, names, team
 			data, _ := json.Marshal(sn)
 			return `UPDATE snapshots SET sandbox_id = $2, data = $3 WHERE id = $1`, []any{id, sn.SandboxID, data}, nil
 		})
@@ -81,11 +81,15 @@ func (s *DB) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store
 		return nil, "", err
 	}
 	w := where{q: `SELECT seq, data FROM snapshots s WHERE seq > $1`, args: []any{after}}
+	if f.TeamID != "" {
+		w.and(`team_id = $%d`, f.TeamID)
+	}
 	if f.SandboxID != "" {
 		w.and(`sandbox_id = $%d`, f.SandboxID)
 	}
 	if f.Name != "" {
-		w.and(`EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.name = $%d)`, f.Name)
+		// A name is only unique within a team: without one it names none.
+		w.and(`EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.team_id = $%d AND n.team_id <> '' AND n.name = $%d)`, f.TeamID, f.Name)
 	}
 	return page[store.Snapshot](ctx, s.pool, w, f.Limit)
 }
@@ -220,13 +224,13 @@ func (s *DB) ReleaseLease(ctx context.Context, name, holder string) error {
 }
 
 // ResolveRef implements store.Store: the three lookups in one statement,
-// ranked.
-func (s *DB) ResolveRef(ctx context.Context, ref string) (store.Ref, error) {
+// ranked. Team "" finds a snapshot of any team by ID and none by name.
+func (s *DB) ResolveRef(ctx context.Context, team, ref string) (store.Ref, error) {
 	var rank int
 	var data []byte
-	err := s.pool.QueryRow(ctx, `SELECT 0, data FROM snapshots WHERE id = $1
-		UNION ALL SELECT 1, s.data FROM snapshots s JOIN snapshot_names n ON n.snapshot_id = s.id WHERE n.name = $1
+	err := s.pool.QueryRow(ctx, `SELECT 0, data FROM snapshots WHERE id = $1 AND ($2 = '' OR team_id = $2)
+		UNION ALL SELECT 1, s.data FROM snapshots s JOIN snapshot_names n ON n.snapshot_id = s.id WHERE n.name = $1 AND $2 <> '' AND n.team_id = $2
 		UNION ALL SELECT 2, data FROM templates WHERE name = $1
-		ORDER BY 1 LIMIT 1`, ref).Scan(&rank, &data)
+		ORDER BY 1 LIMIT 1`, ref, team).Scan(&rank, &data)
 	return store.DecodeRef(err, rank, data, ref, pgx.ErrNoRows)
 }

@@ -12,19 +12,38 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-const keyColumns = `id, hash, name, role, source, mask, created_at, revoked_at`
+const keyColumns = `id, hash, name, team_id, role, scope, source, mask, created_at, expires_at, last_used_at, revoked_at`
 
 func scanKey(sc interface{ Scan(...any) error }) (store.APIKey, error) {
 	var k store.APIKey
-	var revoked *time.Time
-	if err := sc.Scan(&k.ID, &k.Hash, &k.Name, &k.Role, &k.Source, &k.Mask, &k.CreatedAt, &revoked); err != nil {
+	var scope string
+	var expires, used, revoked *time.Time
+	if err := sc.Scan(&k.ID, &k.Hash, &k.Name, &k.TeamID, &k.Role, &scope, &k.Source, &k.Mask, &k.CreatedAt, &expires, &used, &revoked); err != nil {
 		return store.APIKey{}, err
 	}
-	k.CreatedAt = k.CreatedAt.UTC()
-	if revoked != nil {
-		k.RevokedAt = revoked.UTC()
+	var err error
+	if k.Scope, err = store.DecodeKeyScope(scope); err != nil {
+		return store.APIKey{}, fmt.Errorf("api key %s: %w", k.ID, err)
 	}
+	k.CreatedAt = k.CreatedAt.UTC()
+	k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromNull(expires), fromNull(used), fromNull(revoked)
 	return k, nil
+}
+
+// fromNull is a stored time; NULL is none.
+func fromNull(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// toNull stores a time; none is NULL.
+func toNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // bumpKeys increments the keys' change counter inside tx.
@@ -36,11 +55,11 @@ func bumpKeys(ctx context.Context, tx pgx.Tx) error {
 // AddAPIKey implements store.Store.
 func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
 	if k.Role == "" {
-		k.Role = store.RoleAdmin
+		k.Role = store.RoleOperator
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO api_keys(`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)`,
-			k.ID, k.Hash, k.Name, k.Role, k.Source, k.Mask, k.CreatedAt)
+		_, err := tx.Exec(ctx, `INSERT INTO api_keys(`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, NULL)`,
+			k.ID, k.Hash, k.Name, k.TeamID, k.Role, store.EncodeKeyScope(k.Scope), k.Source, k.Mask, k.CreatedAt, toNull(k.ExpiresAt))
 		if isUnique(err) {
 			return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
 		}
@@ -120,6 +139,19 @@ func (s *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) (store.A
 		return store.APIKey{}, fmt.Errorf("api key %s: %w", id, err)
 	}
 	return k, nil
+}
+
+// TouchAPIKey implements store.Store: one statement, keeping a later use
+// already stored (GREATEST skips the NULL of a key never used).
+func (s *DB) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET last_used_at = GREATEST(last_used_at, $1) WHERE id = $2`, at.UTC(), id)
+	if err != nil {
+		return fmt.Errorf("api key %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errdefs.NotFoundf("api key %s not found", id)
+	}
+	return nil
 }
 
 // APIKeysVersion implements store.Store.

@@ -144,6 +144,46 @@ var migrations = []string{
 		name TEXT NOT NULL UNIQUE,
 		data JSONB NOT NULL
 	);`,
+	// 8: teams (docs/teams.md). Everything made before belongs to the
+	// default team (a pooled sandbox is nobody's until claimed); names
+	// become unique per team, the deployment-wide constraints giving way
+	// to (team_id, name) ones; the administrators' keys become operator
+	// keys and the users' the default team's members.
+	`CREATE TABLE teams (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		created_at TIMESTAMPTZ NOT NULL
+	);
+	INSERT INTO teams(id, name, created_at) VALUES ('default', 'default', date_trunc('milliseconds', now()));
+	ALTER TABLE sandboxes ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	UPDATE sandboxes SET team_id = 'default', data = jsonb_set(data, '{teamID}', '"default"') WHERE state != 'pooled';
+	CREATE INDEX sandboxes_team ON sandboxes(team_id, seq);
+	ALTER TABLE snapshots ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	UPDATE snapshots SET team_id = 'default', data = jsonb_set(data, '{teamID}', '"default"');
+	CREATE INDEX snapshots_team ON snapshots(team_id, seq);
+	ALTER TABLE snapshot_names ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	UPDATE snapshot_names n SET team_id = s.team_id FROM snapshots s WHERE s.id = n.snapshot_id;
+	ALTER TABLE snapshot_names ALTER COLUMN team_id DROP DEFAULT;
+	ALTER TABLE snapshot_names DROP CONSTRAINT snapshot_names_name_key;
+	ALTER TABLE snapshot_names ADD CONSTRAINT snapshot_names_team_name_key UNIQUE (team_id, name);
+	ALTER TABLE secrets ADD COLUMN team_id TEXT NOT NULL DEFAULT 'default';
+	ALTER TABLE secrets ALTER COLUMN team_id DROP DEFAULT;
+	UPDATE secrets SET data = jsonb_set(data, '{teamID}', '"default"');
+	ALTER TABLE secrets DROP CONSTRAINT secrets_name_key;
+	ALTER TABLE secrets ADD CONSTRAINT secrets_team_name_key UNIQUE (team_id, name);
+	ALTER TABLE volumes ADD COLUMN team_id TEXT NOT NULL DEFAULT 'default';
+	ALTER TABLE volumes ALTER COLUMN team_id DROP DEFAULT;
+	UPDATE volumes SET data = jsonb_set(data, '{teamID}', '"default"');
+	ALTER TABLE volumes DROP CONSTRAINT volumes_name_key;
+	ALTER TABLE volumes ADD CONSTRAINT volumes_team_name_key UNIQUE (team_id, name);
+	ALTER TABLE api_keys ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN expires_at TIMESTAMPTZ;
+	ALTER TABLE api_keys ADD COLUMN last_used_at TIMESTAMPTZ;
+	UPDATE api_keys SET role = 'operator' WHERE role = 'admin';
+	UPDATE api_keys SET role = 'member', team_id = 'default' WHERE role = 'user';
+	UPDATE api_key_version SET version = version + 1;`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;
@@ -232,8 +272,8 @@ func decodeRow(err error, data []byte, v any, kind, key string) error {
 func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
 	sb.Version = 1
 	data, _ := json.Marshal(sb)
-	_, err := s.pool.Exec(ctx, `INSERT INTO sandboxes(id, state, template_id, node_id, end_at, version, data) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data)
+	_, err := s.pool.Exec(ctx, `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
 	}
@@ -291,9 +331,9 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 // version is expect.
 func sandboxUpdate(sb store.Sandbox, expect int64) (string, []any) {
 	data, _ := json.Marshal(sb)
-	return `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7
+	return `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7, team_id = $9
 		WHERE id = $1 AND version = $8`,
-		[]any{sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect}
+		[]any{sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect, sb.TeamID}
 }
 
 // writeSandbox replaces the sandbox row if its version is expect, and
@@ -327,8 +367,10 @@ func (s *DB) DeleteSandboxIf(ctx context.Context, id string, version int64) erro
 	return fmt.Errorf("sandbox %s changed since version %d: %w", id, version, errdefs.ErrConflict)
 }
 
-func (s *DB) deleteRow(ctx context.Context, sql, kind, key string) error {
-	tag, err := s.pool.Exec(ctx, sql, key)
+// deleteRow runs a delete of the row named key ($1; more arguments
+// follow it); no row is ErrNotFound.
+func (s *DB) deleteRow(ctx context.Context, sql, kind, key string, more ...any) error {
+	tag, err := s.pool.Exec(ctx, sql, append([]any{key}, more...)...)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", kind, key, err)
 	}
@@ -345,6 +387,9 @@ func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		return nil, "", err
 	}
 	w := where{q: `SELECT seq, data FROM sandboxes WHERE seq > $1`, args: []any{after}}
+	if f.TeamID != "" {
+		w.and(`team_id = $%d`, f.TeamID)
+	}
 	if len(f.States) > 0 {
 		w.and(`state = ANY($%d)`, f.States)
 	}
@@ -367,10 +412,14 @@ type where struct {
 	args []any
 }
 
-// and adds a condition whose one parameter is written $%d.
-func (w *where) and(cond string, arg any) {
-	w.args = append(w.args, arg)
-	w.q += ` AND ` + fmt.Sprintf(cond, len(w.args))
+// and adds a condition whose parameters are written $%d, in order.
+func (w *where) and(cond string, args ...any) {
+	n := make([]any, len(args))
+	for i, a := range args {
+		w.args = append(w.args, a)
+		n[i] = len(w.args)
+	}
+	w.q += ` AND ` + fmt.Sprintf(cond, n...)
 }
 
 // page runs a "SELECT seq, data ... " query ordered by seq (one row more

@@ -157,14 +157,14 @@ func BenchmarkCreatePath(b *testing.B) {
 	}
 	b.Run("ResolveRef", func(b *testing.B) {
 		for range b.N {
-			if _, err := s.ResolveRef(ctx, "py"); err != nil {
+			if _, err := s.ResolveRef(ctx, store.DefaultTeam, "py"); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("ResolveRef/miss", func(b *testing.B) {
 		for range b.N {
-			if _, err := s.ResolveRef(ctx, "base"); !errdefs.IsNotFound(err) {
+			if _, err := s.ResolveRef(ctx, store.DefaultTeam, "base"); !errdefs.IsNotFound(err) {
 				b.Fatal(err)
 			}
 		}

@@ -23,6 +23,13 @@ import (
 // into v; apply changes v and returns the UPDATE to run.
 func updateJSON[T any](ctx context.Context, s *DB, kind, key, selectSQL string, v *T,
 	apply func(v *T) (sql string, args []any, err error)) error {
+	return updateJSONArgs(ctx, s, kind, key, selectSQL, []any{key}, v, apply)
+}
+
+// updateJSONArgs is updateJSON with selectSQL's arguments given (a
+// lookup by more than the key: a team's secret by ID or name).
+func updateJSONArgs[T any](ctx context.Context, s *DB, kind, key, selectSQL string, selectArgs []any, v *T,
+	apply func(v *T) (sql string, args []any, err error)) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", kind, key, err)
@@ -37,7 +44,7 @@ func updateJSON[T any](ctx context.Context, s *DB, kind, key, selectSQL string, 
 	var data []byte
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(selectSQL, key).QueryRow(func(row pgx.Row) error { return row.Scan(&data) })
+	b.Queue(selectSQL, selectArgs...).QueryRow(func(row pgx.Row) error { return row.Scan(&data) })
 	if err := decodeRow(conn.SendBatch(ctx, b).Close(), data, v, kind, key); err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 	store.StampVolume(&v, time.Now().UTC())
 	data, _ := json.Marshal(v)
-	_, err := s.pool.Exec(ctx, `INSERT INTO volumes(id, name, data) VALUES ($1, $2, $3)`, v.ID, v.Name, string(data))
+	_, err := s.pool.Exec(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES ($1, $2, $3, $4)`, v.ID, v.TeamID, v.Name, string(data))
 	if isUnique(err) {
 		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
 	}
@@ -27,21 +27,21 @@ func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 }
 
 // GetVolume implements store.Store.
-func (s *DB) GetVolume(ctx context.Context, ref string) (store.Volume, error) {
+func (s *DB) GetVolume(ctx context.Context, team, ref string) (store.Volume, error) {
 	var v store.Volume
-	return v, getJSON(ctx, s.pool, &v, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1`, ref)
+	return v, getJSON(ctx, s.pool, &v, "volume", ref, `SELECT data FROM volumes WHERE `+inTeam, ref, team)
 }
 
 // UpdateVolume implements store.Store (the row locked from read to write).
-func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume) error) (store.Volume, error) {
+func (s *DB) UpdateVolume(ctx context.Context, team, ref string, fn func(*store.Volume) error) (store.Volume, error) {
 	var v store.Volume
-	err := updateJSON(ctx, s, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1 FOR UPDATE`, &v,
+	err := updateJSONArgs(ctx, s, "volume", ref, `SELECT data FROM volumes WHERE `+inTeam+` FOR UPDATE`, []any{ref, team}, &v,
 		func(v *store.Volume) (string, []any, error) {
-			id, name, created := v.ID, v.Name, v.CreatedAt
+			id, owner, name, created := v.ID, v.TeamID, v.Name, v.CreatedAt
 			if err := fn(v); err != nil {
 				return "", nil, err
 			}
-			v.ID, v.Name, v.CreatedAt = id, name, created
+			v.ID, v.TeamID, v.Name, v.CreatedAt = id, owner, name, created
 			store.StampVolume(v, time.Now().UTC())
 			data, _ := json.Marshal(v)
 			return `UPDATE volumes SET data = $2 WHERE id = $1`, []any{id, string(data)}, nil
@@ -53,25 +53,29 @@ func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume
 }
 
 // ListVolumes implements store.Store.
-func (s *DB) ListVolumes(ctx context.Context, limit int, cursor string) ([]store.Volume, string, error) {
+func (s *DB) ListVolumes(ctx context.Context, team string, limit int, cursor string) ([]store.Volume, string, error) {
 	after, err := store.DecodeCursor(cursor)
 	if err != nil {
 		return nil, "", err
 	}
-	return page[store.Volume](ctx, s.pool, where{q: `SELECT seq, data FROM volumes WHERE seq > $1`, args: []any{after}}, limit)
+	w := where{q: `SELECT seq, data FROM volumes WHERE seq > $1`, args: []any{after}}
+	if team != "" {
+		w.and(`team_id = $%d`, team)
+	}
+	return page[store.Volume](ctx, s.pool, w, limit)
 }
 
 // DeleteVolume implements store.Store. The check runs on the row locked
 // (FOR UPDATE) until the delete commits, so an update that would make it
 // refuse (a mount recorded by another replica) waits or is waited for.
 // Without a check, the delete is one statement.
-func (s *DB) DeleteVolume(ctx context.Context, ref string, check func(store.Volume) error) error {
+func (s *DB) DeleteVolume(ctx context.Context, team, ref string, check func(store.Volume) error) error {
 	if check == nil {
-		return s.deleteRow(ctx, `DELETE FROM volumes WHERE id = $1 OR name = $1`, "volume", ref)
+		return s.deleteRow(ctx, `DELETE FROM volumes WHERE `+inTeam, "volume", ref, team)
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var v store.Volume
-		if err := getJSON(ctx, tx, &v, "volume", ref, `SELECT data FROM volumes WHERE id = $1 OR name = $1 FOR UPDATE`, ref); err != nil {
+		if err := getJSON(ctx, tx, &v, "volume", ref, `SELECT data FROM volumes WHERE `+inTeam+` FOR UPDATE`, ref, team); err != nil {
 			return err
 		}
 		if err := check(v); err != nil {

@@ -11,19 +11,38 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-const keyColumns = `id, hash, name, role, source, mask, created_at, revoked_at`
+const keyColumns = `id, hash, name, team_id, role, scope, source, mask, created_at, expires_at, last_used_at, revoked_at`
 
 func scanKey(sc interface{ Scan(...any) error }) (store.APIKey, error) {
 	var k store.APIKey
-	var created, revoked int64
-	if err := sc.Scan(&k.ID, &k.Hash, &k.Name, &k.Role, &k.Source, &k.Mask, &created, &revoked); err != nil {
+	var scope string
+	var created, expires, used, revoked int64
+	if err := sc.Scan(&k.ID, &k.Hash, &k.Name, &k.TeamID, &k.Role, &scope, &k.Source, &k.Mask, &created, &expires, &used, &revoked); err != nil {
 		return store.APIKey{}, err
 	}
-	k.CreatedAt = time.UnixMilli(created).UTC()
-	if revoked != 0 {
-		k.RevokedAt = time.UnixMilli(revoked).UTC()
+	var err error
+	if k.Scope, err = store.DecodeKeyScope(scope); err != nil {
+		return store.APIKey{}, fmt.Errorf("api key %s: %w", k.ID, err)
 	}
+	k.CreatedAt = time.UnixMilli(created).UTC()
+	k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromMilli(expires), fromMilli(used), fromMilli(revoked)
 	return k, nil
+}
+
+// fromMilli is a stored time; 0 is none.
+func fromMilli(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+// toMilli stores a time; none is 0.
+func toMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }
 
 // bumpKeys increments the keys' change counter inside tx.
@@ -35,15 +54,15 @@ func bumpKeys(ctx context.Context, tx *sql.Tx) error {
 // AddAPIKey implements store.Store.
 func (s *DB) AddAPIKey(ctx context.Context, k store.APIKey) error {
 	if k.Role == "" {
-		k.Role = store.RoleAdmin
+		k.Role = store.RoleOperator
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `INSERT INTO api_keys(`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, 0)`,
-		k.ID, k.Hash, k.Name, k.Role, k.Source, k.Mask, k.CreatedAt.UnixMilli())
+	_, err = tx.ExecContext(ctx, `INSERT INTO api_keys(`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)`,
+		k.ID, k.Hash, k.Name, k.TeamID, k.Role, store.EncodeKeyScope(k.Scope), k.Source, k.Mask, k.CreatedAt.UnixMilli(), toMilli(k.ExpiresAt))
 	if isUnique(err) {
 		return fmt.Errorf("api key %s: %w", k.ID, errdefs.ErrAlreadyExists)
 	}
@@ -122,6 +141,18 @@ func (s *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) (store.A
 		return store.APIKey{}, fmt.Errorf("api key %s: %w", id, err)
 	}
 	return k, tx.Commit()
+}
+
+// TouchAPIKey implements store.Store.
+func (s *DB) TouchAPIKey(ctx context.Context, id string, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET last_used_at = MAX(last_used_at, ?) WHERE id = ?`, at.UnixMilli(), id)
+	if err != nil {
+		return fmt.Errorf("api key %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFoundf("api key %s not found", id)
+	}
+	return nil
 }
 
 // APIKeysVersion implements store.Store.

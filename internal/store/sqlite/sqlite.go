@@ -142,6 +142,63 @@ var migrations = []string{
 		name TEXT NOT NULL UNIQUE,
 		data TEXT NOT NULL
 	);`,
+	// 8: teams (docs/teams.md). Everything made before belongs to the
+	// default team; names become unique per team (the tables whose
+	// names were unique deployment-wide are rebuilt, keeping their
+	// sequence numbers, which cursors name); the administrators' keys
+	// become operator keys and the users' the default team's members.
+	`CREATE TABLE teams (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		name TEXT NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL
+	);
+	INSERT INTO teams(id, name, created_at) VALUES ('default', 'default', CAST(strftime('%s', 'now') AS INTEGER) * 1000);
+	ALTER TABLE sandboxes ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	UPDATE sandboxes SET team_id = 'default', data = json_set(data, '$.teamID', 'default') WHERE state != 'pooled';
+	CREATE INDEX sandboxes_team ON sandboxes(team_id, seq);
+	ALTER TABLE snapshots ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	UPDATE snapshots SET team_id = 'default', data = json_set(data, '$.teamID', 'default');
+	CREATE INDEX snapshots_team ON snapshots(team_id, seq);
+	CREATE TABLE snapshot_names_t (
+		snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+		team_id TEXT NOT NULL,
+		name TEXT NOT NULL,
+		UNIQUE (team_id, name)
+	);
+	INSERT INTO snapshot_names_t(snapshot_id, team_id, name) SELECT n.snapshot_id, s.team_id, n.name FROM snapshot_names n JOIN snapshots s ON s.id = n.snapshot_id;
+	DROP TABLE snapshot_names;
+	ALTER TABLE snapshot_names_t RENAME TO snapshot_names;
+	CREATE INDEX snapshot_names_snapshot ON snapshot_names(snapshot_id);
+	CREATE TABLE secrets_t (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		team_id TEXT NOT NULL,
+		name TEXT NOT NULL,
+		data TEXT NOT NULL,
+		UNIQUE (team_id, name)
+	);
+	INSERT INTO secrets_t(seq, id, team_id, name, data) SELECT seq, id, 'default', name, json_set(data, '$.teamID', 'default') FROM secrets;
+	DROP TABLE secrets;
+	ALTER TABLE secrets_t RENAME TO secrets;
+	CREATE TABLE volumes_t (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		team_id TEXT NOT NULL,
+		name TEXT NOT NULL,
+		data TEXT NOT NULL,
+		UNIQUE (team_id, name)
+	);
+	INSERT INTO volumes_t(seq, id, team_id, name, data) SELECT seq, id, 'default', name, json_set(data, '$.teamID', 'default') FROM volumes;
+	DROP TABLE volumes;
+	ALTER TABLE volumes_t RENAME TO volumes;
+	ALTER TABLE api_keys ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN expires_at INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE api_keys ADD COLUMN last_used_at INTEGER NOT NULL DEFAULT 0;
+	UPDATE api_keys SET role = 'operator' WHERE role = 'admin';
+	UPDATE api_keys SET role = 'member', team_id = 'default' WHERE role = 'user';
+	UPDATE api_key_version SET version = version + 1;`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with
@@ -237,8 +294,8 @@ func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
 	defer tx.Rollback()
 	sb.Version = 1
 	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, state, template_id, node_id, end_at, version, data) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data)); err != nil {
 		if isUnique(err) {
 			return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
 		}
@@ -333,8 +390,8 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 // writeSandbox replaces an existing sandbox row and its metadata.
 func writeSandbox(ctx context.Context, tx *sql.Tx, sb store.Sandbox) error {
 	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, template_id = ?, node_id = ?, end_at = ?, version = ?, data = ? WHERE id = ?`,
-		sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), sb.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET team_id = ?, state = ?, template_id = ?, node_id = ?, end_at = ?, version = ?, data = ? WHERE id = ?`,
+		sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), sb.ID); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	return putMetadata(ctx, tx, sb)
@@ -375,6 +432,10 @@ func (s *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 	}
 	q := `SELECT seq, data FROM sandboxes s WHERE seq > ?`
 	args := []any{after}
+	if f.TeamID != "" {
+		q += ` AND team_id = ?`
+		args = append(args, f.TeamID)
+	}
 	if len(f.States) > 0 {
 		q += ` AND state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",") + `)`
 		for _, st := range f.States {
@@ -483,21 +544,21 @@ func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, replace bool)
 	defer tx.Rollback()
 	data, _ := json.Marshal(sn)
 	if !replace {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)`, sn.ID, sn.SandboxID, string(data)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, team_id, sandbox_id, data) VALUES (?, ?, ?, ?)`, sn.ID, sn.TeamID, sn.SandboxID, string(data)); err != nil {
 			if isUnique(err) {
 				return fmt.Errorf("snapshot %s: %w", sn.ID, errdefs.ErrAlreadyExists)
 			}
 			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
 		}
-	} else if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, sandbox_id, data) VALUES (?, ?, ?)
-		ON CONFLICT(id) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.SandboxID, string(data)); err != nil {
+	} else if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, team_id, sandbox_id, data) VALUES (?, ?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET team_id = excluded.team_id, sandbox_id = excluded.sandbox_id, data = excluded.data`, sn.ID, sn.TeamID, sn.SandboxID, string(data)); err != nil {
 		return fmt.Errorf("snapshot %s: %w", sn.ID, err)
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM snapshot_names WHERE snapshot_id = ?`, sn.ID); err != nil {
 		return err
 	}
 	for _, n := range sn.Names {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshot_names(snapshot_id, name) VALUES (?, ?)`, sn.ID, n); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshot_names(snapshot_id, team_id, name) VALUES (?, ?, ?)`, sn.ID, sn.TeamID, n); err != nil {
 			if isUnique(err) {
 				return fmt.Errorf("snapshot name %q: %w", n, errdefs.ErrAlreadyExists)
 			}
@@ -532,11 +593,11 @@ func (s *DB) UpdateSnapshot(ctx context.Context, id string, fn func(*store.Snaps
 	if err := getJSON(ctx, tx, "snapshots", "id", id, "snapshot", &sn); err != nil {
 		return store.Snapshot{}, err
 	}
-	names := sn.Names
+	names, team := sn.Names, sn.TeamID
 	if err := fn(&sn); err != nil {
 		return store.Snapshot{}, err
 	}
-	sn.ID, sn.Names = id, names
+	sn.ID, sn.Names, sn.TeamID = id, names, team
 	data, _ := json.Marshal(sn)
 	if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET sandbox_id = ?, data = ? WHERE id = ?`, sn.SandboxID, string(data), id); err != nil {
 		return store.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
@@ -552,13 +613,17 @@ func (s *DB) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]store
 	}
 	q := `SELECT seq, data FROM snapshots s WHERE seq > ?`
 	args := []any{after}
+	if f.TeamID != "" {
+		q += ` AND team_id = ?`
+		args = append(args, f.TeamID)
+	}
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ?`
 		args = append(args, f.SandboxID)
 	}
 	if f.Name != "" {
-		q += ` AND EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.name = ?)`
-		args = append(args, f.Name)
+		q += ` AND EXISTS (SELECT 1 FROM snapshot_names n WHERE n.snapshot_id = s.id AND n.team_id = ? AND n.team_id != '' AND n.name = ?)`
+		args = append(args, f.TeamID, f.Name)
 	}
 	return page[store.Snapshot](ctx, s.db, q, args, f.Limit)
 }

@@ -15,7 +15,7 @@ import (
 func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 	store.StampVolume(&v, s.now().UTC())
 	data, _ := json.Marshal(v)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(id, name, data) VALUES (?, ?, ?)`, v.ID, v.Name, string(data))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES (?, ?, ?, ?)`, v.ID, v.TeamID, v.Name, string(data))
 	if isUnique(err) {
 		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
 	}
@@ -25,10 +25,10 @@ func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 	return nil
 }
 
-func getVolume(ctx context.Context, q querier, ref string) (store.Volume, error) {
+func getVolume(ctx context.Context, q querier, team, ref string) (store.Volume, error) {
 	var data string
 	var v store.Volume
-	err := q.QueryRowContext(ctx, `SELECT data FROM volumes WHERE id = ? OR name = ?`, ref, ref).Scan(&data)
+	err := q.QueryRowContext(ctx, `SELECT data FROM volumes WHERE (id = ?1 AND (?2 = '' OR team_id = ?2)) OR (name = ?1 AND ?2 != '' AND team_id = ?2)`, ref, team).Scan(&data)
 	if errors.Is(err, sql.ErrNoRows) {
 		return v, fmt.Errorf("volume %s: %w", ref, errdefs.ErrNotFound)
 	}
@@ -42,27 +42,27 @@ func getVolume(ctx context.Context, q querier, ref string) (store.Volume, error)
 }
 
 // GetVolume implements store.Store.
-func (s *DB) GetVolume(ctx context.Context, ref string) (store.Volume, error) {
-	return getVolume(ctx, s.db, ref)
+func (s *DB) GetVolume(ctx context.Context, team, ref string) (store.Volume, error) {
+	return getVolume(ctx, s.db, team, ref)
 }
 
 // UpdateVolume implements store.Store (IMMEDIATE: the write lock is held
 // from the read to the write).
-func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume) error) (store.Volume, error) {
+func (s *DB) UpdateVolume(ctx context.Context, team, ref string, fn func(*store.Volume) error) (store.Volume, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return store.Volume{}, fmt.Errorf("volume %s: %w", ref, err)
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, ref)
+	v, err := getVolume(ctx, tx, team, ref)
 	if err != nil {
 		return store.Volume{}, err
 	}
-	id, name, created := v.ID, v.Name, v.CreatedAt
+	id, owner, name, created := v.ID, v.TeamID, v.Name, v.CreatedAt
 	if err := fn(&v); err != nil {
 		return store.Volume{}, err
 	}
-	v.ID, v.Name, v.CreatedAt = id, name, created
+	v.ID, v.TeamID, v.Name, v.CreatedAt = id, owner, name, created
 	store.StampVolume(&v, s.now().UTC())
 	data, _ := json.Marshal(v)
 	if _, err := tx.ExecContext(ctx, `UPDATE volumes SET data = ? WHERE id = ?`, string(data), id); err != nil {
@@ -75,24 +75,28 @@ func (s *DB) UpdateVolume(ctx context.Context, ref string, fn func(*store.Volume
 }
 
 // ListVolumes implements store.Store.
-func (s *DB) ListVolumes(ctx context.Context, limit int, cursor string) ([]store.Volume, string, error) {
+func (s *DB) ListVolumes(ctx context.Context, team string, limit int, cursor string) ([]store.Volume, string, error) {
 	after, err := decodeCursor(cursor)
 	if err != nil {
 		return nil, "", err
 	}
-	return page[store.Volume](ctx, s.db, `SELECT seq, data FROM volumes WHERE seq > ?`, []any{after}, limit)
+	q, args := `SELECT seq, data FROM volumes WHERE seq > ?`, []any{after}
+	if team != "" {
+		q, args = q+` AND team_id = ?`, append(args, team)
+	}
+	return page[store.Volume](ctx, s.db, q, args, limit)
 }
 
 // DeleteVolume implements store.Store. The check runs on the row read
 // under the write lock (IMMEDIATE), so no mount recorded after it can be
 // lost to the delete.
-func (s *DB) DeleteVolume(ctx context.Context, ref string, check func(store.Volume) error) error {
+func (s *DB) DeleteVolume(ctx context.Context, team, ref string, check func(store.Volume) error) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", ref, err)
 	}
 	defer tx.Rollback()
-	v, err := getVolume(ctx, tx, ref)
+	v, err := getVolume(ctx, tx, team, ref)
 	if err != nil {
 		return err
 	}

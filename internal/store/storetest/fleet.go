@@ -116,7 +116,7 @@ func testNodeFilter(t *testing.T, s store.Store) {
 func testSnapshotFields(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	sn := store.Snapshot{ID: "f1", Names: []string{"tpl-base"}, SandboxID: "x", Kind: "template", CreatedAt: now,
+	sn := store.Snapshot{ID: "f1", TeamID: teamA, Names: []string{"tpl-base"}, SandboxID: "x", Kind: "template", CreatedAt: now,
 		SizeBytes: 1 << 30, NodeID: "node-a", Storage: store.StorageUploading, Template: "base"}
 	if err := s.PutSnapshot(ctx, sn); err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func testSnapshotFields(t *testing.T, s store.Store) {
 	if err := s.PutSnapshot(ctx, sn); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "tpl-base"})
+	l, _, err := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: teamA, Name: "tpl-base"})
 	if err != nil || len(l) != 1 || fmt.Sprint(l[0]) != fmt.Sprint(sn) {
 		t.Fatalf("list = %+v, %v; want %+v", l, err, sn)
 	}

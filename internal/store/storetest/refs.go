@@ -9,12 +9,13 @@ import (
 )
 
 // testResolveRef: a snapshot's ID beats a snapshot's name, which beats a
-// template's name; each of the three is found alone.
+// template's name; each of the three is found alone (in one team: see
+// teams.go for the others).
 func testResolveRef(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	want := func(ref, kind, id string) {
 		t.Helper()
-		got, err := s.ResolveRef(ctx, ref)
+		got, err := s.ResolveRef(ctx, teamA, ref)
 		switch {
 		case kind == "" && !errdefs.IsNotFound(err):
 			t.Fatalf("resolve %q = %+v, %v; want not found", ref, got, err)
@@ -34,13 +35,13 @@ func testResolveRef(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	want("py", "template", "t-py")
-	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s1", NodeID: "a", Names: []string{"py"}}); err != nil {
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s1", TeamID: teamA, NodeID: "a", Names: []string{"py"}}); err != nil {
 		t.Fatal(err)
 	}
 	want("py", "snapshot", "s1") // a snapshot's name beats a template's
 	want("s1", "snapshot", "s1")
 	// A snapshot named like another's ID: the ID wins.
-	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s2", Names: []string{"s1"}}); err != nil {
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s2", TeamID: teamA, Names: []string{"s1"}}); err != nil {
 		t.Fatal(err)
 	}
 	want("s1", "snapshot", "s1")

@@ -18,7 +18,7 @@ func testSecrets(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	before := time.Now().UTC().Add(-time.Second)
 	mk := func(id, name string) store.Secret {
-		return store.Secret{ID: id, Name: name, Version: 1, Metadata: map[string]string{"team": "ml"}, Sealed: []byte{1, 2, 3, 0, 255}}
+		return store.Secret{ID: id, TeamID: teamA, Name: name, Version: 1, Metadata: map[string]string{"team": "ml"}, Sealed: []byte{1, 2, 3, 0, 255}}
 	}
 	if err := s.CreateSecret(ctx, mk("sec_a", "openai")); err != nil {
 		t.Fatal(err)
@@ -30,7 +30,7 @@ func testSecrets(t *testing.T, s store.Store) {
 		t.Fatalf("duplicate name = %v, want already exists", err)
 	}
 	for _, ref := range []string{"sec_a", "openai"} {
-		got, err := s.GetSecret(ctx, ref)
+		got, err := s.GetSecret(ctx, teamA, ref)
 		if err != nil {
 			t.Fatalf("get %s: %v", ref, err)
 		}
@@ -39,12 +39,12 @@ func testSecrets(t *testing.T, s store.Store) {
 			t.Fatalf("get %s = %+v", ref, got)
 		}
 	}
-	if _, err := s.GetSecret(ctx, "nope"); !errdefs.IsNotFound(err) {
+	if _, err := s.GetSecret(ctx, teamA, "nope"); !errdefs.IsNotFound(err) {
 		t.Fatalf("unknown secret: %v", err)
 	}
-	created, _ := s.GetSecret(ctx, "sec_a")
+	created, _ := s.GetSecret(ctx, teamA, "sec_a")
 	time.Sleep(5 * time.Millisecond)
-	up, err := s.UpdateSecret(ctx, "openai", func(x *store.Secret) error {
+	up, err := s.UpdateSecret(ctx, teamA, "openai", func(x *store.Secret) error {
 		x.Version++
 		x.Sealed = []byte("new")
 		x.ID, x.Name, x.CreatedAt = "sec_z", "renamed", time.Time{} // kept whatever fn does
@@ -57,16 +57,16 @@ func testSecrets(t *testing.T, s store.Store) {
 		!up.CreatedAt.Equal(created.CreatedAt) || !up.UpdatedAt.After(created.UpdatedAt) {
 		t.Fatalf("update = %+v (created %+v)", up, created)
 	}
-	if got, _ := s.GetSecret(ctx, "sec_a"); got.Version != 2 || string(got.Sealed) != "new" {
+	if got, _ := s.GetSecret(ctx, teamA, "sec_a"); got.Version != 2 || string(got.Sealed) != "new" {
 		t.Fatalf("after update: %+v", got)
 	}
-	if _, err := s.UpdateSecret(ctx, "sec_a", func(*store.Secret) error { return errdefs.Invalidf("no") }); !errdefs.IsInvalidArgument(err) {
+	if _, err := s.UpdateSecret(ctx, teamA, "sec_a", func(*store.Secret) error { return errdefs.Invalidf("no") }); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("aborted update: %v", err)
 	}
-	if got, _ := s.GetSecret(ctx, "sec_a"); got.Version != 2 {
+	if got, _ := s.GetSecret(ctx, teamA, "sec_a"); got.Version != 2 {
 		t.Fatalf("an aborted update changed the row: %+v", got)
 	}
-	if _, err := s.UpdateSecret(ctx, "nope", func(*store.Secret) error { return nil }); !errdefs.IsNotFound(err) {
+	if _, err := s.UpdateSecret(ctx, teamA, "nope", func(*store.Secret) error { return nil }); !errdefs.IsNotFound(err) {
 		t.Fatalf("update of an unknown secret: %v", err)
 	}
 
@@ -79,7 +79,7 @@ func testSecrets(t *testing.T, s store.Store) {
 	var names []string
 	cursor := ""
 	for pages := 0; ; pages++ {
-		list, next, err := s.ListSecrets(ctx, 2, cursor)
+		list, next, err := s.ListSecrets(ctx, teamA, 2, cursor)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,21 +97,21 @@ func testSecrets(t *testing.T, s store.Store) {
 	if fmt.Sprint(names) != "[openai p0 p1 p2 p3]" {
 		t.Fatalf("paged list = %v", names)
 	}
-	if all, next, err := s.ListSecrets(ctx, 0, ""); err != nil || len(all) != 5 || next != "" {
+	if all, next, err := s.ListSecrets(ctx, teamA, 0, ""); err != nil || len(all) != 5 || next != "" {
 		t.Fatalf("unlimited list: %d %q %v", len(all), next, err)
 	}
-	if _, _, err := s.ListSecrets(ctx, 2, "garbage!"); !errdefs.IsInvalidArgument(err) {
+	if _, _, err := s.ListSecrets(ctx, teamA, 2, "garbage!"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("malformed cursor: %v", err)
 	}
 
 	for _, ref := range []string{"openai", "sec_p0"} {
-		if err := s.DeleteSecret(ctx, ref); err != nil {
+		if err := s.DeleteSecret(ctx, teamA, ref); err != nil {
 			t.Fatalf("delete %s: %v", ref, err)
 		}
-		if _, err := s.GetSecret(ctx, ref); !errdefs.IsNotFound(err) {
+		if _, err := s.GetSecret(ctx, teamA, ref); !errdefs.IsNotFound(err) {
 			t.Fatalf("after delete %s: %v", ref, err)
 		}
-		if err := s.DeleteSecret(ctx, ref); !errdefs.IsNotFound(err) {
+		if err := s.DeleteSecret(ctx, teamA, ref); !errdefs.IsNotFound(err) {
 			t.Fatalf("second delete %s: %v", ref, err)
 		}
 	}
@@ -125,7 +125,7 @@ func testSecrets(t *testing.T, s store.Store) {
 func testSecretNoLostUpdate(t *testing.T, open2 func(*testing.T) (store.Store, store.Store)) {
 	a, b := open2(t)
 	ctx := context.Background()
-	if err := a.CreateSecret(ctx, store.Secret{ID: "sec_n", Name: "n", Version: 1, Sealed: []byte("x")}); err != nil {
+	if err := a.CreateSecret(ctx, store.Secret{ID: "sec_n", TeamID: teamA, Name: "n", Version: 1, Sealed: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	const each = 10
@@ -134,7 +134,7 @@ func testSecretNoLostUpdate(t *testing.T, open2 func(*testing.T) (store.Store, s
 	for _, st := range []store.Store{a, b} {
 		wg.Go(func() {
 			for range each {
-				if _, err := st.UpdateSecret(ctx, "n", func(x *store.Secret) error { x.Version++; return nil }); err != nil {
+				if _, err := st.UpdateSecret(ctx, teamA, "n", func(x *store.Secret) error { x.Version++; return nil }); err != nil {
 					errs <- err
 				}
 			}
@@ -145,7 +145,7 @@ func testSecretNoLostUpdate(t *testing.T, open2 func(*testing.T) (store.Store, s
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if got, _ := a.GetSecret(ctx, "sec_n"); got.Version != 1+2*each {
+	if got, _ := a.GetSecret(ctx, teamA, "sec_n"); got.Version != 1+2*each {
 		t.Fatalf("version %d after %d updates from two handles", got.Version, 2*each)
 	}
 }

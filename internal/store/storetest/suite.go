@@ -69,6 +69,12 @@ func Run(t *testing.T, b Backend) {
 	t.Run("TwoHandles/SecretNoLostUpdate", func(t *testing.T) { testSecretNoLostUpdate(t, two) })
 	t.Run("Volumes", func(t *testing.T) { testVolumes(t, open(t)) })
 	t.Run("TwoHandles/VolumeDeleteVersusHold", func(t *testing.T) { testVolumeDeleteVersusHold(t, two) })
+	t.Run("Teams", func(t *testing.T) { testTeams(t, open(t)) })
+	t.Run("DeleteTeam", func(t *testing.T) { testDeleteTeam(t, open(t)) })
+	t.Run("TeamNames", func(t *testing.T) { testTeamNames(t, open(t)) })
+	t.Run("TeamLookups", func(t *testing.T) { testTeamLookups(t, open(t)) })
+	t.Run("TeamLists", func(t *testing.T) { testTeamLists(t, open(t)) })
+	t.Run("APIKeyFields", func(t *testing.T) { testKeyFields(t, open(t)) })
 }
 
 func (b Backend) handle(t *testing.T, db string) store.Store {
@@ -247,7 +253,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	for i := range 5 {
-		sn := store.Snapshot{ID: fmt.Sprintf("s%d", i), SandboxID: []string{"x", "y"}[i%2], Kind: "snapshot", CreatedAt: now, SizeBytes: int64(i)}
+		sn := store.Snapshot{ID: fmt.Sprintf("s%d", i), TeamID: teamA, SandboxID: []string{"x", "y"}[i%2], Kind: "snapshot", CreatedAt: now, SizeBytes: int64(i)}
 		if i == 2 {
 			sn.Names = []string{"golden"}
 		}
@@ -255,14 +261,14 @@ func testSnapshots(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", TeamID: teamA, Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("taken name = %v", err)
 	}
 	got, err := s.GetSnapshot(ctx, "s2")
 	if err != nil || got.Names[0] != "golden" || got.SandboxID != "x" {
 		t.Fatalf("get = %+v %v", got, err)
 	}
-	named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "golden"})
+	named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: teamA, Name: "golden"})
 	if len(named) != 1 || named[0].ID != "s2" {
 		t.Fatalf("by name = %v", named)
 	}
@@ -282,7 +288,7 @@ func testSnapshots(t *testing.T, s store.Store) {
 		t.Fatalf("second delete = %v", err)
 	}
 	// The name is free again.
-	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", Names: []string{"golden"}}); err != nil {
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s9", TeamID: teamA, Names: []string{"golden"}}); err != nil {
 		t.Fatalf("reuse of a freed name = %v", err)
 	}
 }
@@ -292,21 +298,21 @@ func testSnapshots(t *testing.T, s store.Store) {
 // aborted by fn's error; CreateSnapshot inserts only.
 func testSnapshotUpdateAndCreate(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s1", SandboxID: "x", Names: []string{"golden"}, Storage: store.StorageUploading}); err != nil {
+	if err := s.PutSnapshot(ctx, store.Snapshot{ID: "s1", TeamID: teamA, SandboxID: "x", Names: []string{"golden"}, Storage: store.StorageUploading}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.UpdateSnapshot(ctx, "s1", func(x *store.Snapshot) error {
 		x.Storage, x.StoredBytes = store.StorageDurable, 42
-		x.ID, x.Names = "other", []string{"renamed"} // not the way to rename: kept
+		x.ID, x.Names, x.TeamID = "other", []string{"renamed"}, teamB // not the way to rename or move: kept
 		return nil
 	})
-	if err != nil || got.ID != "s1" || got.Storage != store.StorageDurable || len(got.Names) != 1 || got.Names[0] != "golden" {
+	if err != nil || got.ID != "s1" || got.TeamID != teamA || got.Storage != store.StorageDurable || len(got.Names) != 1 || got.Names[0] != "golden" {
 		t.Fatalf("update = %+v %v", got, err)
 	}
-	if now, err := s.GetSnapshot(ctx, "s1"); err != nil || now.Storage != store.StorageDurable || now.StoredBytes != 42 || now.SandboxID != "x" {
+	if now, err := s.GetSnapshot(ctx, "s1"); err != nil || now.TeamID != teamA || now.Storage != store.StorageDurable || now.StoredBytes != 42 || now.SandboxID != "x" {
 		t.Fatalf("after update: %+v %v", now, err)
 	}
-	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "golden"}); len(named) != 1 || named[0].ID != "s1" {
+	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: teamA, Name: "golden"}); len(named) != 1 || named[0].ID != "s1" {
 		t.Fatalf("by name after update = %v", named)
 	}
 	if _, err := s.GetSnapshot(ctx, "other"); !errdefs.IsNotFound(err) {
@@ -349,16 +355,16 @@ func testSnapshotUpdateAndCreate(t *testing.T, s store.Store) {
 	if now, _ := s.GetSnapshot(ctx, "s1"); now.Storage != store.StorageDurable || len(now.Names) != 1 {
 		t.Fatalf("a refused create changed the row: %+v", now)
 	}
-	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
+	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", TeamID: teamA, Names: []string{"golden"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("create with a taken name = %v", err)
 	}
 	if _, err := s.GetSnapshot(ctx, "s2"); !errdefs.IsNotFound(err) {
 		t.Fatalf("a create refused for its name left a row: %v", err)
 	}
-	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", SandboxID: "y", Names: []string{"silver"}}); err != nil {
+	if err := s.CreateSnapshot(ctx, store.Snapshot{ID: "s2", TeamID: teamA, SandboxID: "y", Names: []string{"silver"}}); err != nil {
 		t.Fatal(err)
 	}
-	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{Name: "silver"}); len(named) != 1 || named[0].ID != "s2" || named[0].SandboxID != "y" {
+	if named, _, _ := s.ListSnapshots(ctx, store.SnapshotFilter{TeamID: teamA, Name: "silver"}); len(named) != 1 || named[0].ID != "s2" || named[0].SandboxID != "y" {
 		t.Fatalf("created = %v", named)
 	}
 }
@@ -420,8 +426,8 @@ func testKeys(t *testing.T, s store.Store) {
 	if n, _ := s.CountAPIKeys(ctx); n != 1 {
 		t.Fatalf("count = %d", n)
 	}
-	if got.Role != store.RoleAdmin {
-		t.Fatalf("a key added without a role has role %q, want admin", got.Role)
+	if got.Role != store.RoleOperator || got.TeamID != "" {
+		t.Fatalf("a key added without a role has role %q (team %q), want operator", got.Role, got.TeamID)
 	}
 
 	// Roles, names, sources and masks are kept; every change moves the
@@ -431,7 +437,7 @@ func testKeys(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := store.APIKey{ID: "k3", Hash: "def", Name: "ci", Role: store.RoleUser, Source: store.SourceAPI, Mask: "spore_de…ef",
+	u := store.APIKey{ID: "k3", Hash: "def", Name: "ci", TeamID: teamA, Role: store.RoleMember, Source: store.SourceAPI, Mask: "spore_de…ef",
 		CreatedAt: k.CreatedAt.Add(time.Second)}
 	if err := s.AddAPIKey(ctx, u); err != nil {
 		t.Fatal(err)

@@ -31,7 +31,7 @@ func testVolumes(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	before := time.Now().UTC().Add(-time.Second)
 	mk := func(id, name string) store.Volume {
-		return store.Volume{ID: id, Name: name, Mode: store.VolumeExclusive, SizeBytes: 1 << 30, Token: "tok-" + id}
+		return store.Volume{ID: id, TeamID: teamA, Name: name, Mode: store.VolumeExclusive, SizeBytes: 1 << 30, Token: "tok-" + id}
 	}
 	if err := s.CreateVolume(ctx, mk("vaaaa", "data")); err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func testVolumes(t *testing.T, s store.Store) {
 		t.Fatalf("duplicate name = %v, want already exists", err)
 	}
 	for _, ref := range []string{"vaaaa", "data"} {
-		got, err := s.GetVolume(ctx, ref)
+		got, err := s.GetVolume(ctx, teamA, ref)
 		if err != nil {
 			t.Fatalf("get %s: %v", ref, err)
 		}
@@ -53,7 +53,7 @@ func testVolumes(t *testing.T, s store.Store) {
 		}
 	}
 	for _, ref := range []string{"nope", "vbbbb", "other"} { // the refused creates left no row
-		if _, err := s.GetVolume(ctx, ref); !errdefs.IsNotFound(err) {
+		if _, err := s.GetVolume(ctx, teamA, ref); !errdefs.IsNotFound(err) {
 			t.Fatalf("get %s: %v, want not found", ref, err)
 		}
 	}
@@ -66,9 +66,9 @@ func testVolumes(t *testing.T, s store.Store) {
 // fn's error writes nothing; concurrent updates are none lost.
 func testVolumeUpdate(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	created, _ := s.GetVolume(ctx, "vaaaa")
+	created, _ := s.GetVolume(ctx, teamA, "vaaaa")
 	time.Sleep(5 * time.Millisecond)
-	up, err := s.UpdateVolume(ctx, "data", func(v *store.Volume) error {
+	up, err := s.UpdateVolume(ctx, teamA, "data", func(v *store.Volume) error {
 		v.Holder = "isb1"
 		v.ID, v.Name, v.CreatedAt = "vzzzz", "renamed", time.Time{} // kept whatever fn does
 		return nil
@@ -80,26 +80,26 @@ func testVolumeUpdate(t *testing.T, s store.Store) {
 		!up.CreatedAt.Equal(created.CreatedAt) || !up.UpdatedAt.After(created.UpdatedAt) {
 		t.Fatalf("update = %+v (created %+v)", up, created)
 	}
-	if got, err := s.GetVolume(ctx, "vaaaa"); err != nil || got.Holder != "isb1" || !got.UpdatedAt.Equal(up.UpdatedAt) {
+	if got, err := s.GetVolume(ctx, teamA, "vaaaa"); err != nil || got.Holder != "isb1" || !got.UpdatedAt.Equal(up.UpdatedAt) {
 		t.Fatalf("after update: %+v %v", got, err)
 	}
 	for _, ref := range []string{"vzzzz", "renamed"} {
-		if _, err := s.GetVolume(ctx, ref); !errdefs.IsNotFound(err) {
+		if _, err := s.GetVolume(ctx, teamA, ref); !errdefs.IsNotFound(err) {
 			t.Fatalf("a row under the %s fn set: %v", ref, err)
 		}
 	}
 
 	boom := errors.New("boom")
-	if _, err := s.UpdateVolume(ctx, "vaaaa", func(v *store.Volume) error {
+	if _, err := s.UpdateVolume(ctx, teamA, "vaaaa", func(v *store.Volume) error {
 		v.Holder, v.SizeBytes = "", 7
 		return fmt.Errorf("refused: %w", boom)
 	}); !errors.Is(err, boom) {
 		t.Fatalf("update whose fn fails = %v", err)
 	}
-	if got, _ := s.GetVolume(ctx, "vaaaa"); got.Holder != "isb1" || got.SizeBytes != 1<<30 || !got.UpdatedAt.Equal(up.UpdatedAt) {
+	if got, _ := s.GetVolume(ctx, teamA, "vaaaa"); got.Holder != "isb1" || got.SizeBytes != 1<<30 || !got.UpdatedAt.Equal(up.UpdatedAt) {
 		t.Fatalf("an aborted update wrote: %+v", got)
 	}
-	if _, err := s.UpdateVolume(ctx, "nope", func(*store.Volume) error { return nil }); !errdefs.IsNotFound(err) {
+	if _, err := s.UpdateVolume(ctx, teamA, "nope", func(*store.Volume) error { return nil }); !errdefs.IsNotFound(err) {
 		t.Fatalf("update of an unknown volume: %v", err)
 	}
 
@@ -108,7 +108,7 @@ func testVolumeUpdate(t *testing.T, s store.Store) {
 	for i := range n {
 		ref := []string{"vaaaa", "data"}[i%2] // by ID and by name: one row
 		wg.Go(func() {
-			if _, err := s.UpdateVolume(ctx, ref, func(v *store.Volume) error {
+			if _, err := s.UpdateVolume(ctx, teamA, ref, func(v *store.Volume) error {
 				time.Sleep(time.Millisecond) // a slow fn: the others must wait for its write, not read around it
 				v.SizeBytes++
 				return nil
@@ -118,7 +118,7 @@ func testVolumeUpdate(t *testing.T, s store.Store) {
 		})
 	}
 	wg.Wait()
-	if got, _ := s.GetVolume(ctx, "vaaaa"); got.SizeBytes != 1<<30+n {
+	if got, _ := s.GetVolume(ctx, teamA, "vaaaa"); got.SizeBytes != 1<<30+n {
 		t.Fatalf("size %d after %d concurrent increments of %d: updates lost", got.SizeBytes, n, int64(1<<30))
 	}
 }
@@ -127,23 +127,23 @@ func testVolumeUpdate(t *testing.T, s store.Store) {
 func testVolumeList(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	for i := range 2 {
-		v := store.Volume{ID: fmt.Sprintf("vp%d", i), Name: fmt.Sprintf("p%d", i), Mode: store.VolumeShared, SizeBytes: 1 << 20}
+		v := store.Volume{ID: fmt.Sprintf("vp%d", i), TeamID: teamA, Name: fmt.Sprintf("p%d", i), Mode: store.VolumeShared, SizeBytes: 1 << 20}
 		if err := s.CreateVolume(ctx, v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	first, next, err := s.ListVolumes(ctx, 2, "")
+	first, next, err := s.ListVolumes(ctx, teamA, 2, "")
 	if err != nil || len(first) != 2 || first[0].Name != "data" || first[1].Name != "p0" || next == "" {
 		t.Fatalf("first page = %+v %q %v", first, next, err)
 	}
-	rest, last, err := s.ListVolumes(ctx, 2, next)
+	rest, last, err := s.ListVolumes(ctx, teamA, 2, next)
 	if err != nil || len(rest) != 1 || rest[0].Name != "p1" || rest[0].Mode != store.VolumeShared || last != "" {
 		t.Fatalf("second page = %+v %q %v", rest, last, err)
 	}
-	if all, next, err := s.ListVolumes(ctx, 0, ""); err != nil || len(all) != 3 || next != "" {
+	if all, next, err := s.ListVolumes(ctx, teamA, 0, ""); err != nil || len(all) != 3 || next != "" {
 		t.Fatalf("unlimited list: %d %q %v", len(all), next, err)
 	}
-	if _, _, err := s.ListVolumes(ctx, 2, "garbage!"); !errdefs.IsInvalidArgument(err) {
+	if _, _, err := s.ListVolumes(ctx, teamA, 2, "garbage!"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("malformed cursor: %v", err)
 	}
 }
@@ -154,45 +154,45 @@ func testVolumeList(t *testing.T, s store.Store) {
 func testVolumeDelete(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	var seen store.Volume
-	err := s.DeleteVolume(ctx, "data", func(v store.Volume) error { seen = v; return refuseHeld(v) })
+	err := s.DeleteVolume(ctx, teamA, "data", func(v store.Volume) error { seen = v; return refuseHeld(v) })
 	if !errors.Is(err, errHeld) {
 		t.Fatalf("delete of a held volume = %v, want the check's error", err)
 	}
 	if seen.ID != "vaaaa" || seen.Holder != "isb1" {
 		t.Fatalf("the check saw %+v, want the stored row", seen)
 	}
-	if got, err := s.GetVolume(ctx, "vaaaa"); err != nil || got.Holder != "isb1" {
+	if got, err := s.GetVolume(ctx, teamA, "vaaaa"); err != nil || got.Holder != "isb1" {
 		t.Fatalf("a refused delete removed the row: %+v %v", got, err)
 	}
-	if _, err := s.UpdateVolume(ctx, "vaaaa", func(v *store.Volume) error { v.Holder = ""; return nil }); err != nil {
+	if _, err := s.UpdateVolume(ctx, teamA, "vaaaa", func(v *store.Volume) error { v.Holder = ""; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteVolume(ctx, "data", refuseHeld); err != nil {
+	if err := s.DeleteVolume(ctx, teamA, "data", refuseHeld); err != nil {
 		t.Fatalf("delete of a released volume = %v", err)
 	}
-	if err := s.DeleteVolume(ctx, "vp0", nil); err != nil {
+	if err := s.DeleteVolume(ctx, teamA, "vp0", nil); err != nil {
 		t.Fatalf("delete without a check = %v", err)
 	}
 	called := false
 	for _, ref := range []string{"vaaaa", "data", "vp0", "p0", "nope"} {
-		if _, err := s.GetVolume(ctx, ref); !errdefs.IsNotFound(err) {
+		if _, err := s.GetVolume(ctx, teamA, ref); !errdefs.IsNotFound(err) {
 			t.Fatalf("after delete, get %s: %v", ref, err)
 		}
-		if err := s.DeleteVolume(ctx, ref, nil); !errdefs.IsNotFound(err) {
+		if err := s.DeleteVolume(ctx, teamA, ref, nil); !errdefs.IsNotFound(err) {
 			t.Fatalf("delete of missing %s = %v", ref, err)
 		}
-		if err := s.DeleteVolume(ctx, ref, func(store.Volume) error { called = true; return nil }); !errdefs.IsNotFound(err) {
+		if err := s.DeleteVolume(ctx, teamA, ref, func(store.Volume) error { called = true; return nil }); !errdefs.IsNotFound(err) {
 			t.Fatalf("delete of missing %s with a check = %v", ref, err)
 		}
 	}
 	if called {
 		t.Fatal("a check was called for a missing volume")
 	}
-	if l, _, _ := s.ListVolumes(ctx, 0, ""); len(l) != 1 || l[0].Name != "p1" {
+	if l, _, _ := s.ListVolumes(ctx, teamA, 0, ""); len(l) != 1 || l[0].Name != "p1" {
 		t.Fatalf("left after the deletes: %+v", l)
 	}
 	// A deleted name can be taken again, under a new ID.
-	if err := s.CreateVolume(ctx, store.Volume{ID: "vcccc", Name: "data", Mode: store.VolumeShared}); err != nil {
+	if err := s.CreateVolume(ctx, store.Volume{ID: "vcccc", TeamID: teamA, Name: "data", Mode: store.VolumeShared}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -206,17 +206,17 @@ func testVolumeDeleteVersusHold(t *testing.T, two func(*testing.T) (store.Store,
 	ctx := context.Background()
 	for round := range 20 {
 		id, name := fmt.Sprintf("vr%d", round), fmt.Sprintf("r%d", round)
-		if err := a.CreateVolume(ctx, store.Volume{ID: id, Name: name, Mode: store.VolumeExclusive}); err != nil {
+		if err := a.CreateVolume(ctx, store.Volume{ID: id, TeamID: teamA, Name: name, Mode: store.VolumeExclusive}); err != nil {
 			t.Fatal(err)
 		}
 		var holdErr, delErr error
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			_, holdErr = a.UpdateVolume(ctx, id, func(v *store.Volume) error { v.Holder = "isb"; return nil })
+			_, holdErr = a.UpdateVolume(ctx, teamA, id, func(v *store.Volume) error { v.Holder = "isb"; return nil })
 		})
-		wg.Go(func() { delErr = b.DeleteVolume(ctx, name, refuseHeld) })
+		wg.Go(func() { delErr = b.DeleteVolume(ctx, teamA, name, refuseHeld) })
 		wg.Wait()
-		got, getErr := a.GetVolume(ctx, id)
+		got, getErr := a.GetVolume(ctx, teamA, id)
 		switch {
 		case holdErr == nil && errors.Is(delErr, errHeld):
 			if getErr != nil || got.Holder != "isb" {

@@ -1,0 +1,99 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/apikey"
+	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/store/postgres"
+	"github.com/spore-run/spore/internal/testenv"
+)
+
+// BenchmarkTeamCheck is what confining a call to its team adds, on
+// SQLite and PostgreSQL:
+//
+//	go test -run '^$' -bench TeamCheck -benchtime 2000x ./internal/api/
+//
+// auth-only is a route with the key check and no sandbox (an E2B route
+// answered 501); sandbox-cold a sandbox route on a sandbox the replica
+// has not seen (one store read for its team); sandbox-warm the same
+// sandbox again (its team kept in memory). The differences are the team
+// check's cost: p50 and p99 per call, over loopback HTTP.
+func BenchmarkTeamCheck(b *testing.B) {
+	for _, backend := range []string{"sqlite", "postgres"} {
+		b.Run(backend, func(b *testing.B) {
+			var st store.Store
+			if backend == "sqlite" {
+				st = openStore(b)
+			} else {
+				pg, err := postgres.Open(context.Background(), testenv.Postgres(b))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { pg.Close() })
+				if err := pg.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()}); err != nil {
+					b.Fatal(err)
+				}
+				st = pg
+			}
+			srv := httptest.NewServer(api.New(api.Config{Store: st}))
+			b.Cleanup(srv.Close)
+			sandboxes := make([]string, b.N)
+			for i := range sandboxes {
+				sandboxes[i] = ids.New('i')
+				if err := st.CreateSandbox(context.Background(), store.Sandbox{ID: sandboxes[i], TeamID: store.DefaultTeam, State: store.StateRunning,
+					TemplateID: "base", EndAt: time.Now().Add(time.Hour)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			get := func(path string) time.Duration {
+				req, _ := http.NewRequest("GET", srv.URL+path, nil)
+				req.Header.Set("X-API-KEY", key)
+				t0 := time.Now()
+				resp, err := http.DefaultClient.Do(req)
+				d := time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNotImplemented {
+					b.Fatalf("GET %s = %d, want 501", path, resp.StatusCode)
+				}
+				return d
+			}
+			get("/v2/templates") // the keys loaded, a connection open
+			for _, c := range []struct {
+				name string
+				path func(i int) string
+			}{
+				{"auth-only", func(int) string { return "/v2/templates" }},
+				{"sandbox-cold", func(i int) string { return "/sandboxes/" + sandboxes[i] + "/logs" }},
+				{"sandbox-warm", func(i int) string { return "/sandboxes/" + sandboxes[i] + "/logs" }},
+			} {
+				ds := make([]time.Duration, b.N)
+				for i := range ds {
+					ds[i] = get(c.path(i))
+				}
+				sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+				b.ReportMetric(float64(ds[len(ds)/2].Microseconds()), c.name+"-p50-µs")
+				b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds()), c.name+"-p99-µs")
+				fmt.Fprintf(testWriter{b}, "%s %s: p50 %v p99 %v\n", backend, c.name, ds[len(ds)/2], ds[len(ds)*99/100])
+			}
+		})
+	}
+}
+
+type testWriter struct{ b *testing.B }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.b.Log(string(p))
+	return len(p), nil
+}

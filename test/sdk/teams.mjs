@@ -1,0 +1,51 @@
+// Two teams through the stock SDK, unchanged: each sees only its own
+// sandboxes and secrets, the other team's sandbox is "not found" to
+// every call (getInfo, connect, kill, setTimeout), and names are per
+// team. KEY_A and KEY_B are the two teams' keys. Prints "N passed, 0 failed".
+import assert from 'node:assert/strict'
+import { Sandbox, Secret, NotFoundError } from 'e2b'
+
+const A = { apiKey: process.env.KEY_A }
+const B = { apiKey: process.env.KEY_B }
+let passed = 0
+const ok = (msg) => { passed++; console.log(`ok ${passed} - ${msg}`) }
+const run = Date.now().toString(36)
+
+const sa = await Sandbox.create('base', { ...A, timeoutMs: 120_000, metadata: { run } })
+const sb = await Sandbox.create('base', { ...B, timeoutMs: 120_000, metadata: { run } })
+ok('each team creates a sandbox')
+
+const ids = async (opts) => (await Sandbox.list({ ...opts, query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId)
+assert.deepEqual(await ids(A), [sa.sandboxId])
+assert.deepEqual(await ids(B), [sb.sandboxId])
+ok('each team lists its own sandboxes only')
+
+await assert.rejects(Sandbox.getInfo(sa.sandboxId, B), (e) => e instanceof NotFoundError || /not found/i.test(e.message))
+await assert.rejects(Sandbox.connect(sa.sandboxId, B), (e) => /not found/i.test(e.message))
+await assert.rejects(Sandbox.setTimeout(sa.sandboxId, 60_000, B), (e) => /not found/i.test(e.message))
+assert.equal(await Sandbox.kill(sa.sandboxId, B), false)
+ok("the other team's sandbox is not found to getInfo, connect, setTimeout and kill")
+
+const r = await sa.commands.run('echo still-here')
+assert.equal(r.stdout.trim(), 'still-here')
+assert.equal((await Sandbox.getInfo(sa.sandboxId, A)).sandboxId, sa.sandboxId)
+ok("team A's sandbox is untouched")
+
+const name = `shared-${run}`
+const secA = await Secret.create(name, 'value-of-a', A)
+const secB = await Secret.create(name, 'value-of-b', B)
+assert.notEqual(secA.secretId, secB.secretId)
+assert.equal((await Secret.getInfo(name, A)).secretId, secA.secretId)
+assert.equal((await Secret.getInfo(name, B)).secretId, secB.secretId)
+await assert.rejects(Secret.getInfo(secA.secretId, B))
+assert.equal(await Secret.destroy(secA.secretId, B), false)
+assert.equal(await Secret.exists(name, A), true)
+ok('secret names are per team; the other team cannot read or delete one')
+
+assert.equal(await Sandbox.kill(sa.sandboxId, A), true)
+assert.equal(await Sandbox.kill(sb.sandboxId, B), true)
+await Secret.destroy(secA.secretId, A)
+await Secret.destroy(secB.secretId, B)
+ok('each team removes its own')
+
+console.log(`${passed} passed, 0 failed`)
