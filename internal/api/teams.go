@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -196,10 +197,27 @@ func (s *Server) usage(ctx context.Context, team string) (TeamUsage, error) {
 	return u, nil
 }
 
-// deleteTeam removes an empty team and revokes its keys.
+// deleteTeam removes an empty team and revokes its keys. Its templates
+// count too: a template of a team that no longer exists could be
+// changed or removed by no one.
 func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) {
 	t, ok := s.team(w, r)
 	if !ok {
+		return
+	}
+	tpls, err := s.st.ListTemplates(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var owned []string
+	for _, tp := range tpls {
+		if tp.TeamID == t.ID {
+			owned = append(owned, tp.Name)
+		}
+	}
+	if len(owned) > 0 {
+		s.fail(w, r, errdefs.Conflictf("team %s still owns templates %s: remove them first", t.ID, strings.Join(owned, ", ")))
 		return
 	}
 	if err := s.st.DeleteTeam(r.Context(), t.ID, time.Now()); err != nil {

@@ -247,10 +247,22 @@ func testTeamsAreIsolated(t *testing.T, _ controltest.Config) {
 		t.Fatalf("team B's usage: %+v", info.Usage)
 	}
 
-	// A team that owns things is not removed.
+	// A team that owns things is not removed; once it owns nothing it
+	// is, and its keys stop working.
+	f.want(201, "POST", "/sandboxes/"+bsbB.SandboxID+"/snapshots", `{"name":"b-tpl","template":true}`, asB...)
+	if b := f.want(409, "DELETE", "/teams/"+tb.TeamID, ""); !strings.Contains(string(b), "b-tpl") {
+		t.Fatalf("removing a team that owns a template: %s", b)
+	}
+	f.want(204, "DELETE", "/templates/b-tpl", "", asB...)
 	if b := f.want(409, "DELETE", "/teams/"+tb.TeamID, ""); !strings.Contains(string(b), "sandboxes") {
 		t.Fatalf("removing a team that owns sandboxes: %s", b)
 	}
+	for _, p := range []string{"/sandboxes/" + bsbB.SandboxID, "/sandboxes/" + fromTpl.SandboxID, "/templates/golden", "/secrets/token", "/volumes/data"} {
+		f.want(204, "DELETE", p, "", asB...)
+	}
+	f.want(204, "DELETE", "/teams/"+tb.TeamID, "")
+	f.want(401, "GET", "/v2/sandboxes", "", asB...)
+	f.want(404, "GET", "/teams/"+tb.TeamID, "")
 }
 
 // A scoped key calls only its operations, creates only from templates
