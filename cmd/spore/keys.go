@@ -156,16 +156,17 @@ nothing of another team's. Make a team, then its first admin key:
   spore team create research
   spore key create --key-team <team ID> --role admin --name lead`,
 	}
-	cmd.AddCommand(&cobra.Command{
+	var createQuotas store.Quotas
+	create := &cobra.Command{
 		Use:   "create NAME",
-		Short: "Make a team",
+		Short: "Make a team (with quotas: see team quota)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
 			if err != nil {
 				return err
 			}
-			t, err := c.CreateTeam(cmd.Context(), args[0])
+			t, err := c.CreateTeam(cmd.Context(), args[0], createQuotas)
 			if err != nil {
 				return err
 			}
@@ -175,7 +176,35 @@ nothing of another team's. Make a team, then its first admin key:
 			fmt.Fprintln(cmd.OutOrStdout(), t.TeamID)
 			return nil
 		},
-	}, &cobra.Command{
+	}
+	quotaFlags(create, &createQuotas)
+	var setQuotas store.Quotas
+	quota := &cobra.Command{
+		Use:   "quota TEAM",
+		Short: "Set a team's quotas (operators; a quota not given is no limit)",
+		Long: `Replaces a team's quotas; a quota not given (or 0) is no limit. Over a quota,
+a create is refused (403 naming it; 429 for the create rate) and nothing
+changes. Lowering a quota under what the team holds keeps what it holds.
+  spore team quota research --sandboxes 20 --vcpus 40 --memory-mb 40960 --creates-per-minute 120`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := f.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.SetTeamQuotas(cmd.Context(), args[0], setQuotas)
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), t)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s quotas: %s\n", t.TeamID, quotaLine(t.Quotas))
+			return nil
+		},
+	}
+	quotaFlags(quota, &setQuotas)
+	cmd.AddCommand(create, quota, &cobra.Command{
 		Use:   "ls",
 		Short: "List the teams the key sees (its own; an operator's, every team)",
 		Args:  cobra.NoArgs,
@@ -220,8 +249,18 @@ nothing of another team's. Make a team, then its first admin key:
 			}
 			table(cmd.OutOrStdout(), "ID\tNAME\tCREATED", [][]string{{t.TeamID, t.Name, ago(t.CreatedAt)}})
 			if u := t.Usage; u != nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nrunning %d (%d vCPUs, %d MiB), hibernated %d, snapshots %d (%s), volumes %d (%s)\n",
-					u.Running, u.VCPUs, u.MemoryMB, u.Hibernated, u.Snapshots, mib(u.SnapshotBytes), u.Volumes, mib(u.VolumeBytes))
+				q := t.Quotas
+				rows := [][]string{
+					{"sandboxes", fmt.Sprint(u.Sandboxes), limit(int64(q.Sandboxes), fmt.Sprint)},
+					{"vcpus", fmt.Sprint(u.VCPUs), limit(int64(q.VCPUs), fmt.Sprint)},
+					{"memory", fmt.Sprintf("%d MiB", u.MemoryMB), limit(q.MemoryMB, func(a ...any) string { return fmt.Sprintf("%d MiB", a...) })},
+					{"snapshots", fmt.Sprintf("%d (%s)", u.Snapshots, mib(u.SnapshotBytes)), limit(q.SnapshotBytes, func(a ...any) string { return mib(a[0].(int64)) })},
+					{"volumes", fmt.Sprintf("%d (%s)", u.Volumes, mib(u.VolumeBytes)), limit(q.VolumeBytes, func(a ...any) string { return mib(a[0].(int64)) })},
+					{"creates/minute", fmt.Sprint(u.CreatesLastMinute), limit(int64(q.CreatesPerMinute), fmt.Sprint)},
+					{"hibernated", fmt.Sprint(u.Hibernated), "-"},
+				}
+				fmt.Fprintln(cmd.OutOrStdout())
+				table(cmd.OutOrStdout(), "USAGE\tNOW\tQUOTA", rows)
 			}
 			return nil
 		},
@@ -244,4 +283,40 @@ nothing of another team's. Make a team, then its first admin key:
 		},
 	})
 	return cmd
+}
+
+// quotaFlags adds the quota flags to cmd, into q.
+func quotaFlags(cmd *cobra.Command, q *store.Quotas) {
+	cmd.Flags().IntVar(&q.Sandboxes, "sandboxes", 0, "running sandboxes (creating, running or paused in memory)")
+	cmd.Flags().IntVar(&q.VCPUs, "vcpus", 0, "their vCPUs in all")
+	cmd.Flags().Int64Var(&q.MemoryMB, "memory-mb", 0, "their memory in all, MiB")
+	cmd.Flags().Int64Var(&q.SnapshotBytes, "snapshot-bytes", 0, "the sizes of the team's snapshots in all")
+	cmd.Flags().Int64Var(&q.VolumeBytes, "volume-bytes", 0, "the sizes of the team's volumes in all")
+	cmd.Flags().IntVar(&q.CreatesPerMinute, "creates-per-minute", 0, "sandboxes created (creates, fork children) in any minute")
+}
+
+// limit shows a quota (0: none) with show.
+func limit(n int64, show func(...any) string) string {
+	if n == 0 {
+		return "-"
+	}
+	return show(n)
+}
+
+// quotaLine is q in one line.
+func quotaLine(q store.Quotas) string {
+	if q.Zero() {
+		return "none"
+	}
+	var parts []string
+	for _, p := range []struct {
+		name string
+		n    int64
+	}{{"sandboxes", int64(q.Sandboxes)}, {"vcpus", int64(q.VCPUs)}, {"memory-mb", q.MemoryMB}, {"snapshot-bytes", q.SnapshotBytes},
+		{"volume-bytes", q.VolumeBytes}, {"creates-per-minute", int64(q.CreatesPerMinute)}} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", p.name, p.n))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +91,7 @@ func TestTeamVerbs(t *testing.T) {
 	}
 	defer st.Close()
 	const op = "spore_operator_key_for_the_cli_test"
-	if err := st.AddAPIKey(ctx, store.APIKey{ID: "k1", Hash: apikey.Hash(op), Role: store.RoleOperator, CreatedAt: time.Now()}); err != nil {
+	if err := st.AddAPIKey(ctx, store.APIKey{ID: "operator-key", Hash: apikey.Hash(op), Role: store.RoleOperator, CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(api.New(api.Config{Store: st}))
@@ -120,7 +121,7 @@ func TestTeamVerbs(t *testing.T) {
 		t.Fatalf("a scoped key made by the team's admin: %q %v", out, err)
 	}
 	out, _, err = runCLI(t, srv.URL, lead, "key", "ls")
-	if err != nil || !strings.Contains(out, "sandboxes.create on ci-*") || strings.Contains(out, "k1") {
+	if err != nil || !strings.Contains(out, "sandboxes.create on ci-*") || strings.Contains(out, "operator-key") {
 		t.Fatalf("key ls with the team's key (its team's keys only): %q %v", out, err)
 	}
 	for _, args := range [][]string{
@@ -133,6 +134,26 @@ func TestTeamVerbs(t *testing.T) {
 		if _, _, err := runCLI(t, srv.URL, lead, args...); err == nil {
 			t.Errorf("%v with a team admin key succeeded", args)
 		}
+	}
+	// Quotas: an operator sets them, the team's admin reads them.
+	if out, _, err := runCLI(t, srv.URL, op, "team", "quota", "research", "--sandboxes", "3", "--memory-mb", "4096"); err != nil || !strings.Contains(out, "sandboxes 3, memory-mb 4096") {
+		t.Fatalf("team quota: %q %v", out, err)
+	}
+	if _, _, err := runCLI(t, srv.URL, lead, "team", "quota", "research", "--sandboxes", "300"); err == nil {
+		t.Fatal("a team admin set its own quotas")
+	}
+	if _, _, err := runCLI(t, srv.URL, op, "team", "quota", "research", "--vcpus", "-1"); err == nil || !strings.Contains(err.Error(), "vcpus") {
+		t.Fatalf("a negative quota: %v", err)
+	}
+	out, _, err = runCLI(t, srv.URL, lead, "team", "info", "research")
+	if err != nil || !regexp.MustCompile(`sandboxes\s+0\s+3`).MatchString(out) || !regexp.MustCompile(`memory\s+0 MiB\s+4096 MiB`).MatchString(out) || !regexp.MustCompile(`vcpus\s+0\s+-`).MatchString(out) {
+		t.Fatalf("team info with quotas: %q %v", out, err)
+	}
+	if out, _, err := runCLI(t, srv.URL, op, "team", "create", "limited", "--creates-per-minute", "10"); err != nil || !strings.HasPrefix(out, "t") {
+		t.Fatalf("team create with a quota: %q %v", out, err)
+	}
+	if out, _, err := runCLI(t, srv.URL, op, "team", "info", "limited", "--json"); err != nil || !strings.Contains(out, `"createsPerMinute": 10`) {
+		t.Fatalf("team info --json: %q %v", out, err)
 	}
 	if out, _, err := runCLI(t, srv.URL, op, "team", "rm", teamID); err != nil || !strings.Contains(out, "removed") {
 		t.Fatalf("team rm: %q %v", out, err)

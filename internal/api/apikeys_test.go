@@ -60,7 +60,7 @@ func TestOperatorRoutesNeedAnOperatorKey(t *testing.T) {
 	}
 	want := []string{"GET /nodes", "POST /nodes/{nodeID}/drain", "POST /nodes/{nodeID}/undrain", "POST /blobs/gc",
 		"GET /debug/stats", "GET /debug/pprof/", "GET /debug/pprof/profile", "GET /debug/pprof/trace", "GET /debug/pprof/symbol",
-		"POST /teams", "DELETE /teams/{teamID}"}
+		"POST /teams", "PATCH /teams/{teamID}", "DELETE /teams/{teamID}"}
 	got := api.AdminRoutes()
 	slices.Sort(got)
 	slices.Sort(want)

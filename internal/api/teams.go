@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -18,6 +17,7 @@ func (s *Server) teamRoutes() []route {
 		{"GET /teams", s.listTeams, user},
 		{"POST /teams", s.createTeam, admin},
 		{"GET /teams/{teamID}", s.getTeam, user},
+		{"PATCH /teams/{teamID}", s.updateTeam, admin},
 		{"DELETE /teams/{teamID}", s.deleteTeam, admin},
 	}
 }
@@ -31,31 +31,21 @@ type TeamEntry struct {
 	IsDefault bool   `json:"isDefault"`
 }
 
-// TeamInfo is a team as Spore's own routes show it; GET /teams/{id}
-// adds what it uses now.
+// TeamInfo is a team as Spore's own routes show it: its quotas (0: no
+// limit), and on GET /teams/{id} what it uses now (store.TeamUsage:
+// sandboxes counts those holding a host's resources, running or paused
+// in memory; vcpus and memoryMB are their sizes; volumeBytes the volumes'
+// sizes; createsLastMinute what createsPerMinute is held to).
 type TeamInfo struct {
-	TeamID    string     `json:"teamID"`
-	Name      string     `json:"name"`
-	CreatedAt string     `json:"createdAt"`
-	Usage     *TeamUsage `json:"usage,omitempty"`
-}
-
-// TeamUsage is what a team holds now. Running counts sandboxes that hold
-// a host's resources (running or paused in memory); VCPUs and MemoryMB
-// are their limits; Hibernated ones hold only storage.
-type TeamUsage struct {
-	Running       int   `json:"running"`
-	Hibernated    int   `json:"hibernated"`
-	VCPUs         int   `json:"vcpus"`
-	MemoryMB      int   `json:"memoryMB"`
-	Snapshots     int   `json:"snapshots"`
-	SnapshotBytes int64 `json:"snapshotBytes"`
-	Volumes       int   `json:"volumes"`
-	VolumeBytes   int64 `json:"volumeBytes"` // their quotas' sum
+	TeamID    string           `json:"teamID"`
+	Name      string           `json:"name"`
+	CreatedAt string           `json:"createdAt"`
+	Quotas    store.Quotas     `json:"quotas"`
+	Usage     *store.TeamUsage `json:"usage,omitempty"`
 }
 
 func teamInfo(t store.Team) TeamInfo {
-	return TeamInfo{TeamID: t.ID, Name: t.Name, CreatedAt: rfc3339(t.CreatedAt)}
+	return TeamInfo{TeamID: t.ID, Name: t.Name, CreatedAt: rfc3339(t.CreatedAt), Quotas: t.Quotas}
 }
 
 // listTeams answers the caller's team; an operator's, every team (the
@@ -87,7 +77,14 @@ func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
 
 // CreateTeamRequest is POST /teams's body.
 type CreateTeamRequest struct {
-	Name string `json:"name"`
+	Name   string       `json:"name"`
+	Quotas store.Quotas `json:"quotas"`
+}
+
+// UpdateTeamRequest is PATCH /teams/{id}'s body: the quotas replace the
+// team's (a quota left out is no limit).
+type UpdateTeamRequest struct {
+	Quotas *store.Quotas `json:"quotas"`
 }
 
 func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
@@ -99,7 +96,7 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	t := store.Team{ID: ids.New('t'), Name: req.Name, CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
+	t := store.Team{ID: ids.New('t'), Name: req.Name, CreatedAt: time.Now().UTC().Truncate(time.Millisecond), Quotas: req.Quotas}
 	if err := s.st.CreateTeam(r.Context(), t); err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			err = errdefs.Conflictf("a team named %q exists", req.Name)
@@ -136,7 +133,7 @@ func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	u, err := s.usage(r.Context(), t.ID)
+	u, err := s.st.TeamUsage(r.Context(), t.ID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -146,55 +143,30 @@ func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ti)
 }
 
-// usage sums what a team holds, a page of rows at a time.
-func (s *Server) usage(ctx context.Context, team string) (TeamUsage, error) {
-	var u TeamUsage
-	for cursor := ""; ; {
-		page, next, err := s.st.ListSandboxes(ctx, store.SandboxFilter{TeamID: team, Limit: 1000, Cursor: cursor,
-			States: []string{store.StateCreating, store.StateRunning, store.StatePaused, store.StateHibernated}})
-		if err != nil {
-			return u, err
-		}
-		for _, sb := range page {
-			if sb.State == store.StateHibernated {
-				u.Hibernated++
-				continue
-			}
-			u.Running++
-			u.VCPUs += sb.CPUCount
-			u.MemoryMB += sb.MemoryMB
-		}
-		if cursor = next; next == "" {
-			break
-		}
+// updateTeam sets a team's quotas (operators only). Lowering one under
+// what the team holds keeps what it holds and admits no more until it is
+// below.
+func (s *Server) updateTeam(w http.ResponseWriter, r *http.Request) {
+	t, ok := s.team(w, r)
+	if !ok {
+		return
 	}
-	for cursor := ""; ; {
-		page, next, err := s.st.ListSnapshots(ctx, store.SnapshotFilter{TeamID: team, Limit: 1000, Cursor: cursor})
-		if err != nil {
-			return u, err
-		}
-		for _, sn := range page {
-			u.Snapshots++
-			u.SnapshotBytes += sn.SizeBytes
-		}
-		if cursor = next; next == "" {
-			break
-		}
+	var req UpdateTeamRequest
+	if !decode(w, r, &req) {
+		return
 	}
-	for cursor := ""; ; {
-		page, next, err := s.st.ListVolumes(ctx, team, 1000, cursor)
-		if err != nil {
-			return u, err
-		}
-		for _, v := range page {
-			u.Volumes++
-			u.VolumeBytes += v.SizeBytes
-		}
-		if cursor = next; next == "" {
-			break
-		}
+	if req.Quotas == nil {
+		s.fail(w, r, errdefs.Invalidf("nothing to change: give quotas"))
+		return
 	}
-	return u, nil
+	t, err := s.st.SetTeamQuotas(r.Context(), t.ID, *req.Quotas)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	by, _ := KeyOf(r.Context())
+	s.log.Info("team quotas set", "team_id", t.ID, "quotas", t.Quotas, "by", by.ID)
+	writeJSON(w, http.StatusOK, teamInfo(t))
 }
 
 // deleteTeam removes an empty team and revokes its keys. Its templates

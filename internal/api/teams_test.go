@@ -73,8 +73,8 @@ var crossTeamRoutes = []teamRoute{
 // The routes whose path parameter is not a team's thing.
 var notTeamScoped = map[string]bool{
 	"POST /nodes/{nodeID}/drain": true, "POST /nodes/{nodeID}/undrain": true, // operator routes
-	"DELETE /teams/{teamID}": true, // operator route
-	api.SignedUploadRoute:    true, // its signature is its credential
+	"DELETE /teams/{teamID}": true, "PATCH /teams/{teamID}": true, // operator routes
+	api.SignedUploadRoute: true, // its signature is its credential
 }
 
 var pathParam = regexp.MustCompile(`\{[A-Za-z]+\}`)
@@ -243,7 +243,7 @@ func testTeamsAreIsolated(t *testing.T, _ controltest.Config) {
 	// Its usage: what it holds now.
 	var info api.TeamInfo
 	json.Unmarshal(f.want(200, "GET", "/teams/"+tb.TeamID, "", asB...), &info)
-	if u := info.Usage; u == nil || u.Running != 2 || u.Snapshots != 1 || u.Volumes != 1 || u.VolumeBytes == 0 {
+	if u := info.Usage; u == nil || u.Sandboxes != 2 || u.Snapshots != 1 || u.Volumes != 1 || u.VolumeBytes == 0 {
 		t.Fatalf("team B's usage: %+v", info.Usage)
 	}
 

@@ -6,6 +6,7 @@ import (
 	"net/url"
 
 	"github.com/spore-run/spore/internal/api"
+	"github.com/spore-run/spore/internal/store"
 )
 
 // CreateKey makes an API key; the answer carries it (shown this once).
@@ -51,10 +52,18 @@ func (c *Client) Team(ctx context.Context, ref string) (api.TeamInfo, error) {
 	return out, err
 }
 
-// CreateTeam makes a team (operator keys only).
-func (c *Client) CreateTeam(ctx context.Context, name string) (api.TeamInfo, error) {
+// CreateTeam makes a team (operator keys only), with quotas (zero: no
+// limits).
+func (c *Client) CreateTeam(ctx context.Context, name string, quotas store.Quotas) (api.TeamInfo, error) {
 	var out api.TeamInfo
-	_, err := c.do(ctx, http.MethodPost, "/teams", api.CreateTeamRequest{Name: name}, &out)
+	_, err := c.do(ctx, http.MethodPost, "/teams", api.CreateTeamRequest{Name: name, Quotas: quotas}, &out)
+	return out, err
+}
+
+// SetTeamQuotas replaces a team's quotas (operator keys only).
+func (c *Client) SetTeamQuotas(ctx context.Context, ref string, quotas store.Quotas) (api.TeamInfo, error) {
+	var out api.TeamInfo
+	_, err := c.do(ctx, http.MethodPatch, "/teams/"+url.PathEscape(ref), api.UpdateTeamRequest{Quotas: &quotas}, &out)
 	return out, err
 }
 

@@ -123,8 +123,8 @@ func schedRes(r store.Resources) scheduler.Resources {
 // Default size of a sandbox whose request names none (the default
 // templates' limits), for placement.
 const (
-	defaultMemoryMB = 1024
-	defaultVCPUs    = 2
+	defaultMemoryMB = store.DefaultMemoryMB
+	defaultVCPUs    = store.DefaultVCPUs
 )
 
 // The placement view is cached: reading every node and summing every

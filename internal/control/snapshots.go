@@ -38,6 +38,11 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 	if template && name == "" {
 		return store.Snapshot{}, errdefs.Invalidf("a template needs a name")
 	}
+	if !template {
+		if err := s.admitsSnapshot(ctx, teamOf(rec)); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
 	if template && len(rec.VolumeMounts) > 0 {
 		return store.Snapshot{}, errdefs.Invalidf("sandbox %s mounts volumes: a template carries none (take a snapshot instead: sandboxes made from it mount the same volumes)", id)
 	}
@@ -100,6 +105,8 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		sn.Storage = store.StorageUploading
 	}
 	if err := s.st.PutSnapshot(ctx, sn); err != nil {
+		// Refused (a quota, a name taken meanwhile): the node's copy goes.
+		s.inBackgroundCleanup(func(ctx context.Context) { s.dropEverywhere(ctx, sn.ID) })
 		return store.Snapshot{}, err
 	}
 	s.startUpload(sn.ID)
@@ -237,6 +244,9 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	}
 	if count < 1 || count > nodeapi.MaxFork {
 		return nil, errdefs.Invalidf("fork count %d out of range 1..%d", count, nodeapi.MaxFork)
+	}
+	if err := s.admitsChildren(ctx, parent, count); err != nil {
+		return nil, err
 	}
 	n, err := s.nodeOf(parent)
 	if err != nil {

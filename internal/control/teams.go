@@ -1,6 +1,10 @@
 package control
 
-import "github.com/spore-run/spore/internal/store"
+import (
+	"context"
+
+	"github.com/spore-run/spore/internal/store"
+)
 
 // Teams (docs/teams.md): every row a user makes belongs to a team, and
 // what a request names is looked up among its team's. The API confines
@@ -21,3 +25,43 @@ func teamOr(team string) string {
 // from before teams has none: the default team's, as the migration
 // made every such row).
 func teamOf(rec store.Sandbox) string { return teamOr(rec.TeamID) }
+
+// admitsChildren is a fork's check of its team's quotas before any work:
+// count children the size of parent, all or none (the store checks each
+// child's row again as it is written; this spares placing and capturing
+// for a fork the quotas refuse as a whole).
+func (s *Service) admitsChildren(ctx context.Context, parent store.Sandbox, count int) error {
+	team := teamOf(parent)
+	t, err := s.st.GetTeam(ctx, team)
+	if err != nil || t.Quotas.Zero() {
+		return err
+	}
+	u, err := s.st.TeamUsage(ctx, team)
+	if err != nil {
+		return err
+	}
+	each := store.ChargeOf(store.Sandbox{TeamID: team, State: store.StateCreating, CPUCount: parent.CPUCount, MemoryMB: parent.MemoryMB})
+	add := store.Charge{Sandboxes: count * each.Sandboxes, VCPUs: count * each.VCPUs, MemoryMB: int64(count) * each.MemoryMB}
+	if err := store.CheckCharge(team, t.Quotas, store.TeamUsage{Sandboxes: u.Sandboxes, VCPUs: u.VCPUs, MemoryMB: u.MemoryMB}, add); err != nil {
+		return err
+	}
+	if limit := t.Quotas.CreatesPerMinute; limit > 0 && u.CreatesLastMinute+count > limit {
+		return &store.QuotaError{Team: team, Quota: "createsPerMinute", Limit: int64(limit), Use: int64(u.CreatesLastMinute), Add: int64(count)}
+	}
+	return nil
+}
+
+// admitsSnapshot refuses a snapshot before the node takes it when its
+// team holds its whole SnapshotBytes quota already (the store checks the
+// snapshot's own size when its row is written).
+func (s *Service) admitsSnapshot(ctx context.Context, team string) error {
+	t, err := s.st.GetTeam(ctx, team)
+	if err != nil || t.Quotas.SnapshotBytes == 0 {
+		return err
+	}
+	u, err := s.st.TeamUsage(ctx, team)
+	if err != nil {
+		return err
+	}
+	return store.CheckBytes(team, "snapshotBytes", t.Quotas.SnapshotBytes, u.SnapshotBytes, 1)
+}

@@ -141,6 +141,14 @@ type Snapshot struct {
 	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
+// Snapshot kinds the store tells apart (those of internal/snapshot): a
+// user's snapshot counts against its team's SnapshotBytes quota when
+// written; a hibernation is counted but never refused.
+const (
+	SnapshotKindUser        = "snapshot"
+	SnapshotKindHibernation = "hibernation"
+)
+
 // Where a snapshot's bytes are.
 const (
 	StorageLocal     = "local"     // only on NodeID's disk ("" means the same)

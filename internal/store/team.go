@@ -17,6 +17,7 @@ type Team struct {
 	ID        string    `json:"id"`   // ids.New('t'); DefaultTeam for the first
 	Name      string    `json:"name"` // unique across the deployment
 	CreatedAt time.Time `json:"createdAt"`
+	Quotas    Quotas    `json:"quotas"` // zero: no limits
 }
 
 // Teams are the deployment's teams.
@@ -26,6 +27,12 @@ type Teams interface {
 	CreateTeam(ctx context.Context, t Team) error
 	// GetTeam returns the team ref names (its ID or its name).
 	GetTeam(ctx context.Context, ref string) (Team, error)
+	// SetTeamQuotas replaces a team's quotas (a negative one is
+	// ErrInvalidArgument); what it holds beyond them stays, and no more
+	// is admitted until it is below.
+	SetTeamQuotas(ctx context.Context, id string, q Quotas) (Team, error)
+	// TeamUsage is what a team holds now, as its quotas count it.
+	TeamUsage(ctx context.Context, id string) (TeamUsage, error)
 	// ListTeams returns every team, oldest first.
 	ListTeams(ctx context.Context) ([]Team, error)
 	// DeleteTeam removes a team and revokes its keys, in one transaction.

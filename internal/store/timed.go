@@ -316,3 +316,13 @@ func (x timed) DeleteTeam(ctx context.Context, id string, at time.Time) error {
 	defer timing.Track(ctx, "store")()
 	return x.st.DeleteTeam(ctx, id, at)
 }
+
+func (x timed) SetTeamQuotas(ctx context.Context, id string, q Quotas) (Team, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.SetTeamQuotas(ctx, id, q)
+}
+
+func (x timed) TeamUsage(ctx context.Context, id string) (TeamUsage, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.TeamUsage(ctx, id)
+}

@@ -1,7 +1,9 @@
 // Two teams through the stock SDK, unchanged: each sees only its own
 // sandboxes and secrets, the other team's sandbox is "not found" to
 // every call (getInfo, connect, kill, setTimeout), and names are per
-// team. KEY_A and KEY_B are the two teams' keys. Prints "N passed, 0 failed".
+// team; team B's quota of one sandbox refuses a second create (the
+// error names the quota) and admits one again after a kill. KEY_A and
+// KEY_B are the two teams' keys. Prints "N passed, 0 failed".
 import assert from 'node:assert/strict'
 import { Sandbox, Secret, NotFoundError } from 'e2b'
 
@@ -14,6 +16,9 @@ const run = Date.now().toString(36)
 const sa = await Sandbox.create('base', { ...A, timeoutMs: 120_000, metadata: { run } })
 const sb = await Sandbox.create('base', { ...B, timeoutMs: 120_000, metadata: { run } })
 ok('each team creates a sandbox')
+
+await assert.rejects(Sandbox.create('base', { ...B, timeoutMs: 60_000, metadata: { run } }), (e) => /quota sandboxes/.test(e.message))
+ok("over its quota, team B's second create is refused, naming the quota")
 
 const ids = async (opts) => (await Sandbox.list({ ...opts, query: { metadata: { run } } }).nextItems()).map((s) => s.sandboxId)
 assert.deepEqual(await ids(A), [sa.sandboxId])
@@ -47,5 +52,10 @@ assert.equal(await Sandbox.kill(sb.sandboxId, B), true)
 await Secret.destroy(secA.secretId, A)
 await Secret.destroy(secB.secretId, B)
 ok('each team removes its own')
+
+const again = await Sandbox.create('base', { ...B, timeoutMs: 60_000, metadata: { run } })
+assert.deepEqual(await ids(B), [again.sandboxId])
+assert.equal(await Sandbox.kill(again.sandboxId, B), true)
+ok('after the kill, team B creates again within its quota')
 
 console.log(`${passed} passed, 0 failed`)

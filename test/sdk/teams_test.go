@@ -13,7 +13,8 @@ import (
 // Two teams through the stock SDK against `spore up` (teams.mjs): the
 // operator key makes team B and a key of each team; each team sees only
 // its own sandboxes and secrets, the other's sandbox is "not found" to
-// every SDK call and keeps running, secret names are per team.
+// every SDK call and keeps running, secret names are per team; team B's
+// quota (one sandbox) refuses, then admits again after a kill.
 func TestTwoTeamsThroughTheSDK(t *testing.T) {
 	s := newServer(t)
 	post := func(path, body string) []byte {
@@ -32,13 +33,13 @@ func TestTwoTeamsThroughTheSDK(t *testing.T) {
 		return b
 	}
 	var team api.TeamInfo
-	json.Unmarshal(post("/teams", `{"name":"sdk-team-b"}`), &team)
+	json.Unmarshal(post("/teams", `{"name":"sdk-team-b","quotas":{"sandboxes":1}}`), &team)
 	var a, b api.CreatedKey
 	json.Unmarshal(post("/api-keys", `{"name":"team-a"}`), &a)
 	json.Unmarshal(post("/api-keys", `{"name":"team-b","teamID":"`+team.TeamID+`"}`), &b)
 	out := s.node("teams.mjs", "KEY_A="+a.Key, "KEY_B="+b.Key)
 	t.Log(out)
-	if !strings.Contains(out, "6 passed, 0 failed") {
+	if !strings.Contains(out, "8 passed, 0 failed") {
 		t.Fatal("the SDK part did not pass")
 	}
 }

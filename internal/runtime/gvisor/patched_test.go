@@ -25,7 +25,8 @@ import (
 // written into holes after a checkpoint. Page i holds fill(gen, i) or
 // zeros; sparseHash computes the same memory's SHA-256 outside the guest.
 // Commands arrive in /tmp/ask: "mutate" moves to the second shape, "hash"
-// reads all the memory and answers its SHA-256.
+// reads all the memory and answers its SHA-256; any other is answered as
+// unknown.
 const sparseGuest = `import hashlib, mmap, os, time
 PAGES = 8192
 m = mmap.mmap(-1, PAGES * 4096)
@@ -55,6 +56,8 @@ while True:
             answer("mutated")
         elif cmd == "hash":
             answer(hashlib.sha256(m).hexdigest())
+        else:
+            answer("unknown command %r" % cmd)
     time.sleep(0.005)
 `
 
@@ -104,7 +107,10 @@ func TestCheckpointSkipsHoles(t *testing.T) {
 	// ask sends the guest a command and returns its answer.
 	ask := func(id, cmd string) string {
 		t.Helper()
-		if _, code := out(id, "/bin/sh", "-c", "rm -f /tmp/answer && echo "+cmd+" > /tmp/ask"); code != 0 {
+		// The command is renamed into place whole: a guest that found
+		// /tmp/ask between the shell creating it and writing it read an
+		// empty command, and waited for the next one (a CI run hung here).
+		if _, code := out(id, "/bin/sh", "-c", "rm -f /tmp/answer && echo "+cmd+" > /tmp/ask.new && mv /tmp/ask.new /tmp/ask"); code != 0 {
 			t.Fatalf("ask %s: exit %d", id, code)
 		}
 		return await(t, out, id)

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,6 +29,15 @@ func (s *DB) CreateSnapshot(ctx context.Context, sn store.Snapshot) error {
 func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, insert string) error {
 	data, _ := json.Marshal(sn)
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if sn.Kind == store.SnapshotKindUser && sn.TeamID != "" {
+			prev := int64(-1)
+			if err := tx.QueryRow(ctx, `SELECT COALESCE((data->>'sizeBytes')::bigint, 0) FROM snapshots WHERE id = $1`, sn.ID).Scan(&prev); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+			}
+			if err := chargeBytes(ctx, tx, sn.TeamID, "snapshotBytes", sn.ID, prev, sn.SizeBytes); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.Exec(ctx, insert, sn.ID, sn.SandboxID, data, sn.TeamID); err != nil {
 			if isUnique(err) {
 				return fmt.Errorf("snapshot %s: %w", sn.ID, errdefs.ErrAlreadyExists)

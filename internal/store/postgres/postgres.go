@@ -184,6 +184,23 @@ var migrations = []string{
 	UPDATE api_keys SET role = 'operator' WHERE role = 'admin';
 	UPDATE api_keys SET role = 'member', team_id = 'default' WHERE role = 'user';
 	UPDATE api_key_version SET version = version + 1;`,
+	// 9: team quotas (docs/teams.md). A sandbox row carries the size its
+	// team is charged (the defaults where it names none), so the quota
+	// check sums columns; a team's create rate has its own row (not the
+	// team's, which creates lock FOR SHARE).
+	`ALTER TABLE teams ADD COLUMN quotas JSONB NOT NULL DEFAULT '{}';
+	CREATE TABLE team_rates (
+		team_id TEXT PRIMARY KEY,
+		minute BIGINT NOT NULL,
+		count INTEGER NOT NULL,
+		prev INTEGER NOT NULL
+	);
+	ALTER TABLE sandboxes ADD COLUMN vcpus INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN memory_mb BIGINT NOT NULL DEFAULT 0;
+	UPDATE sandboxes SET
+		vcpus = CASE WHEN COALESCE((data->>'cpuCount')::int, 0) > 0 THEN (data->>'cpuCount')::int ELSE 2 END,
+		memory_mb = CASE WHEN COALESCE((data->>'memoryMB')::bigint, 0) > 0 THEN (data->>'memoryMB')::bigint ELSE 1024 END;
+	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;
@@ -272,8 +289,24 @@ func decodeRow(err error, data []byte, v any, kind, key string) error {
 func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
 	sb.Version = 1
 	data, _ := json.Marshal(sb)
-	_, err := s.pool.Exec(ctx, `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data)
+	const insert = `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data, vcpus, memory_mb) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+	args := []any{sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, store.VCPUsOf(sb), store.MemoryOf(sb)}
+	var err error
+	if grows, _ := store.Grows(nil, sb); grows {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if err := chargeSandbox(ctx, tx, nil, sb); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, insert, args...)
+			return err
+		})
+	} else {
+		_, err = s.pool.Exec(ctx, insert, args...)
+	}
+	var qe *store.QuotaError
+	if errors.As(err, &qe) || errdefs.IsNotFound(err) {
+		return err
+	}
 	if isUnique(err) {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
 	}
@@ -292,14 +325,17 @@ func (s *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
 // UpdateSandbox implements store.Store.
 func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbox) error) (store.Sandbox, error) {
 	var sb store.Sandbox
-	err := updateJSON(ctx, s, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, &sb,
-		func(sb *store.Sandbox) (string, []any, error) {
-			version := sb.Version
+	err := updateJSONIn(ctx, s, "sandbox", id, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, []any{id}, &sb,
+		func(q querier, sb *store.Sandbox) (string, []any, error) {
+			version, prev := sb.Version, *sb
 			if err := fn(sb); err != nil {
 				return "", nil, err
 			}
 			sb.ID, sb.Version = id, version+1
-			sql, args := sandboxUpdate(*sb, version)
+			if err := chargeSandbox(ctx, q, &prev, *sb); err != nil {
+				return "", nil, err
+			}
+			sql, args := sandboxUpdate(*sb, version, false)
 			return sql, args, nil
 		})
 	if err != nil {
@@ -312,9 +348,30 @@ func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbo
 func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store.Sandbox, error) {
 	expect := sb.Version
 	sb.Version++
+	// The one-statement write admits a write that adds nothing to the
+	// team's charge (the row's stored team, state and size cover it);
+	// one that adds is checked against the quotas in a transaction.
 	ok, err := writeSandbox(ctx, s.pool, sb, expect)
 	if err != nil || ok {
 		return sb, err
+	}
+	if store.ChargeOf(sb).Sandboxes > 0 {
+		var stored store.Sandbox
+		err := updateJSONIn(ctx, s, "sandbox", sb.ID, `SELECT data FROM sandboxes WHERE id = $1 FOR UPDATE`, []any{sb.ID}, &stored,
+			func(q querier, cur *store.Sandbox) (string, []any, error) {
+				if cur.Version != expect {
+					return "", nil, fmt.Errorf("sandbox %s: version %d, stored %d: %w", sb.ID, expect, cur.Version, errdefs.ErrConflict)
+				}
+				if err := chargeSandbox(ctx, q, cur, sb); err != nil {
+					return "", nil, err
+				}
+				sql, args := sandboxUpdate(sb, expect, false)
+				return sql, args, nil
+			})
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		return sb, nil
 	}
 	var stored int64
 	err = s.pool.QueryRow(ctx, `SELECT version FROM sandboxes WHERE id = $1`, sb.ID).Scan(&stored)
@@ -328,18 +385,23 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 }
 
 // sandboxUpdate is the statement that replaces the sandbox row if its
-// version is expect.
-func sandboxUpdate(sb store.Sandbox, expect int64) (string, []any) {
+// version is expect; noGrowth adds that the stored row already charges
+// its team as much as sb will (its team, a charged state, its size), so
+// a write that passes it needs no quota check.
+func sandboxUpdate(sb store.Sandbox, expect int64, noGrowth bool) (string, []any) {
 	data, _ := json.Marshal(sb)
-	return `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7, team_id = $9
-		WHERE id = $1 AND version = $8`,
-		[]any{sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect, sb.TeamID}
+	q := `UPDATE sandboxes SET state = $2, template_id = $3, node_id = $4, end_at = $5, version = $6, data = $7, team_id = $9, vcpus = $10, memory_mb = $11
+		WHERE id = $1 AND version = $8`
+	if noGrowth && store.ChargeOf(sb).Sandboxes > 0 {
+		q += ` AND team_id = $9 AND ` + charged + ` AND vcpus >= $10 AND memory_mb >= $11`
+	}
+	return q, []any{sb.ID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt, sb.Version, data, expect, sb.TeamID, store.VCPUsOf(sb), store.MemoryOf(sb)}
 }
 
 // writeSandbox replaces the sandbox row if its version is expect, and
 // reports whether it did.
 func writeSandbox(ctx context.Context, q querier, sb store.Sandbox, expect int64) (bool, error) {
-	sql, args := sandboxUpdate(sb, expect)
+	sql, args := sandboxUpdate(sb, expect, true)
 	tag, err := q.Exec(ctx, sql, args...)
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", sb.ID, err)

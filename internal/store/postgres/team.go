@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,7 +19,11 @@ func (s *DB) CreateTeam(ctx context.Context, t store.Team) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now().UTC()
 	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams(id, name, created_at) VALUES ($1, $2, $3)`, t.ID, t.Name, t.CreatedAt)
+	if err := t.Quotas.Validate(); err != nil {
+		return err
+	}
+	quotas, _ := json.Marshal(t.Quotas)
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams(id, name, created_at, quotas) VALUES ($1, $2, $3, $4)`, t.ID, t.Name, t.CreatedAt, quotas)
 	if isUnique(err) {
 		return fmt.Errorf("team %s: %w", t.Name, errdefs.ErrAlreadyExists)
 	}
@@ -30,16 +35,20 @@ func (s *DB) CreateTeam(ctx context.Context, t store.Team) error {
 
 func scanTeam(sc interface{ Scan(...any) error }) (store.Team, error) {
 	var t store.Team
-	if err := sc.Scan(&t.ID, &t.Name, &t.CreatedAt); err != nil {
+	var quotas []byte
+	if err := sc.Scan(&t.ID, &t.Name, &t.CreatedAt, &quotas); err != nil {
 		return store.Team{}, err
 	}
 	t.CreatedAt = t.CreatedAt.UTC()
+	if err := json.Unmarshal(quotas, &t.Quotas); err != nil {
+		return store.Team{}, fmt.Errorf("team %s: quotas: %w", t.ID, err)
+	}
 	return t, nil
 }
 
 // GetTeam implements store.Store: by ID first, then by name.
 func (s *DB) GetTeam(ctx context.Context, ref string) (store.Team, error) {
-	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT id, name, created_at FROM teams WHERE id = $1 OR name = $1 ORDER BY id = $1 DESC LIMIT 1`, ref))
+	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT id, name, created_at, quotas FROM teams WHERE id = $1 OR name = $1 ORDER BY id = $1 DESC LIMIT 1`, ref))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return t, errdefs.NotFoundf("team %s not found", ref)
 	}
@@ -51,7 +60,7 @@ func (s *DB) GetTeam(ctx context.Context, ref string) (store.Team, error) {
 
 // ListTeams implements store.Store.
 func (s *DB) ListTeams(ctx context.Context) ([]store.Team, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, name, created_at FROM teams ORDER BY seq`)
+	rows, err := s.pool.Query(ctx, `SELECT id, name, created_at, quotas FROM teams ORDER BY seq`)
 	if err != nil {
 		return nil, fmt.Errorf("teams: %w", err)
 	}
@@ -89,6 +98,9 @@ func (s *DB) DeleteTeam(ctx context.Context, id string, at time.Time) error {
 		}
 		if err := refuseHeld(ctx, tx, id); err != nil {
 			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM team_rates WHERE team_id = $1`, id); err != nil {
+			return fmt.Errorf("team %s: %w", id, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM teams WHERE id = $1`, id); err != nil {
 			return fmt.Errorf("team %s: %w", id, err)

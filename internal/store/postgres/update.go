@@ -30,6 +30,13 @@ func updateJSON[T any](ctx context.Context, s *DB, kind, key, selectSQL string, 
 // lookup by more than the key: a team's secret by ID or name).
 func updateJSONArgs[T any](ctx context.Context, s *DB, kind, key, selectSQL string, selectArgs []any, v *T,
 	apply func(v *T) (sql string, args []any, err error)) error {
+	return updateJSONIn(ctx, s, kind, key, selectSQL, selectArgs, v, func(_ querier, v *T) (string, []any, error) { return apply(v) })
+}
+
+// updateJSONIn is updateJSONArgs whose apply may read and write in the
+// transaction (q) before the update (a quota's check).
+func updateJSONIn[T any](ctx context.Context, s *DB, kind, key, selectSQL string, selectArgs []any, v *T,
+	apply func(q querier, v *T) (sql string, args []any, err error)) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", kind, key, err)
@@ -48,7 +55,7 @@ func updateJSONArgs[T any](ctx context.Context, s *DB, kind, key, selectSQL stri
 	if err := decodeRow(conn.SendBatch(ctx, b).Close(), data, v, kind, key); err != nil {
 		return err
 	}
-	sql, args, err := apply(v)
+	sql, args, err := apply(conn, v)
 	if err != nil {
 		return err
 	}

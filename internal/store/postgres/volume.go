@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,7 +17,17 @@ import (
 func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 	store.StampVolume(&v, time.Now().UTC())
 	data, _ := json.Marshal(v)
-	_, err := s.pool.Exec(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES ($1, $2, $3, $4)`, v.ID, v.TeamID, v.Name, string(data))
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := chargeBytes(ctx, tx, v.TeamID, "volumeBytes", v.ID, -1, v.SizeBytes); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES ($1, $2, $3, $4)`, v.ID, v.TeamID, v.Name, string(data))
+		return err
+	})
+	var qe *store.QuotaError
+	if errors.As(err, &qe) || errdefs.IsNotFound(err) {
+		return err
+	}
 	if isUnique(err) {
 		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
 	}
@@ -35,10 +46,13 @@ func (s *DB) GetVolume(ctx context.Context, team, ref string) (store.Volume, err
 // UpdateVolume implements store.Store (the row locked from read to write).
 func (s *DB) UpdateVolume(ctx context.Context, team, ref string, fn func(*store.Volume) error) (store.Volume, error) {
 	var v store.Volume
-	err := updateJSONArgs(ctx, s, "volume", ref, `SELECT data FROM volumes WHERE `+inTeam+` FOR UPDATE`, []any{ref, team}, &v,
-		func(v *store.Volume) (string, []any, error) {
-			id, owner, name, created := v.ID, v.TeamID, v.Name, v.CreatedAt
+	err := updateJSONIn(ctx, s, "volume", ref, `SELECT data FROM volumes WHERE `+inTeam+` FOR UPDATE`, []any{ref, team}, &v,
+		func(q querier, v *store.Volume) (string, []any, error) {
+			id, owner, name, created, size := v.ID, v.TeamID, v.Name, v.CreatedAt, v.SizeBytes
 			if err := fn(v); err != nil {
+				return "", nil, err
+			}
+			if err := chargeBytes(ctx, q, owner, "volumeBytes", id, size, v.SizeBytes); err != nil {
 				return "", nil, err
 			}
 			v.ID, v.TeamID, v.Name, v.CreatedAt = id, owner, name, created

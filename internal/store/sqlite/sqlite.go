@@ -199,6 +199,22 @@ var migrations = []string{
 	UPDATE api_keys SET role = 'operator' WHERE role = 'admin';
 	UPDATE api_keys SET role = 'member', team_id = 'default' WHERE role = 'user';
 	UPDATE api_key_version SET version = version + 1;`,
+	// 9: team quotas (docs/teams.md). A sandbox row carries the size its
+	// team is charged (the defaults where it names none), so the quota
+	// check sums columns; a team's create rate has its own row.
+	`ALTER TABLE teams ADD COLUMN quotas TEXT NOT NULL DEFAULT '{}';
+	CREATE TABLE team_rates (
+		team_id TEXT PRIMARY KEY,
+		minute INTEGER NOT NULL,
+		count INTEGER NOT NULL,
+		prev INTEGER NOT NULL
+	);
+	ALTER TABLE sandboxes ADD COLUMN vcpus INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN memory_mb INTEGER NOT NULL DEFAULT 0;
+	UPDATE sandboxes SET
+		vcpus = CASE WHEN COALESCE(json_extract(data, '$.cpuCount'), 0) > 0 THEN json_extract(data, '$.cpuCount') ELSE 2 END,
+		memory_mb = CASE WHEN COALESCE(json_extract(data, '$.memoryMB'), 0) > 0 THEN json_extract(data, '$.memoryMB') ELSE 1024 END;
+	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with
@@ -293,9 +309,12 @@ func (s *DB) CreateSandbox(ctx context.Context, sb store.Sandbox) error {
 	}
 	defer tx.Rollback()
 	sb.Version = 1
+	if err := s.chargeSandbox(ctx, tx, nil, sb); err != nil {
+		return err
+	}
 	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id, team_id, state, template_id, node_id, end_at, version, data, vcpus, memory_mb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), store.VCPUsOf(sb), store.MemoryOf(sb)); err != nil {
 		if isUnique(err) {
 			return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
 		}
@@ -355,11 +374,14 @@ func (s *DB) UpdateSandbox(ctx context.Context, id string, fn func(*store.Sandbo
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	version := sb.Version
+	version, prev := sb.Version, sb
 	if err := fn(&sb); err != nil {
 		return store.Sandbox{}, err
 	}
 	sb.ID, sb.Version = id, version+1
+	if err := s.chargeSandbox(ctx, tx, &prev, sb); err != nil {
+		return store.Sandbox{}, err
+	}
 	if err := writeSandbox(ctx, tx, sb); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -381,6 +403,9 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 		return store.Sandbox{}, fmt.Errorf("sandbox %s: version %d, stored %d: %w", sb.ID, sb.Version, cur.Version, errdefs.ErrConflict)
 	}
 	sb.Version++
+	if err := s.chargeSandbox(ctx, tx, &cur, sb); err != nil {
+		return store.Sandbox{}, err
+	}
 	if err := writeSandbox(ctx, tx, sb); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -390,8 +415,8 @@ func (s *DB) CompareAndSwapSandbox(ctx context.Context, sb store.Sandbox) (store
 // writeSandbox replaces an existing sandbox row and its metadata.
 func writeSandbox(ctx context.Context, tx *sql.Tx, sb store.Sandbox) error {
 	data, _ := json.Marshal(sb)
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET team_id = ?, state = ?, template_id = ?, node_id = ?, end_at = ?, version = ?, data = ? WHERE id = ?`,
-		sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), sb.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET team_id = ?, state = ?, template_id = ?, node_id = ?, end_at = ?, version = ?, data = ?, vcpus = ?, memory_mb = ? WHERE id = ?`,
+		sb.TeamID, sb.State, sb.TemplateID, sb.NodeID, sb.EndAt.UnixMilli(), sb.Version, string(data), store.VCPUsOf(sb), store.MemoryOf(sb), sb.ID); err != nil {
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	return putMetadata(ctx, tx, sb)
@@ -542,6 +567,15 @@ func (s *DB) writeSnapshot(ctx context.Context, sn store.Snapshot, replace bool)
 		return err
 	}
 	defer tx.Rollback()
+	if sn.Kind == store.SnapshotKindUser {
+		prev := int64(-1)
+		if err := tx.QueryRowContext(ctx, `SELECT json_extract(data, '$.sizeBytes') FROM snapshots WHERE id = ?`, sn.ID).Scan(&prev); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("snapshot %s: %w", sn.ID, err)
+		}
+		if err := chargeBytes(ctx, tx, sn.TeamID, "snapshotBytes", sn.ID, prev, sn.SizeBytes); err != nil {
+			return err
+		}
+	}
 	data, _ := json.Marshal(sn)
 	if !replace {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots(id, team_id, sandbox_id, data) VALUES (?, ?, ?, ?)`, sn.ID, sn.TeamID, sn.SandboxID, string(data)); err != nil {

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,7 +18,11 @@ func (s *DB) CreateTeam(ctx context.Context, t store.Team) error {
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = s.now().UTC()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO teams(id, name, created_at) VALUES (?, ?, ?)`, t.ID, t.Name, t.CreatedAt.UnixMilli())
+	if err := t.Quotas.Validate(); err != nil {
+		return err
+	}
+	quotas, _ := json.Marshal(t.Quotas)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams(id, name, created_at, quotas) VALUES (?, ?, ?, ?)`, t.ID, t.Name, t.CreatedAt.UnixMilli(), string(quotas))
 	if isUnique(err) {
 		return fmt.Errorf("team %s: %w", t.Name, errdefs.ErrAlreadyExists)
 	}
@@ -30,16 +35,20 @@ func (s *DB) CreateTeam(ctx context.Context, t store.Team) error {
 func scanTeam(sc interface{ Scan(...any) error }) (store.Team, error) {
 	var t store.Team
 	var created int64
-	if err := sc.Scan(&t.ID, &t.Name, &created); err != nil {
+	var quotas string
+	if err := sc.Scan(&t.ID, &t.Name, &created, &quotas); err != nil {
 		return t, err
 	}
 	t.CreatedAt = time.UnixMilli(created).UTC()
+	if err := json.Unmarshal([]byte(quotas), &t.Quotas); err != nil {
+		return t, fmt.Errorf("team %s: quotas: %w", t.ID, err)
+	}
 	return t, nil
 }
 
 // GetTeam implements store.Store.
 func (s *DB) GetTeam(ctx context.Context, ref string) (store.Team, error) {
-	t, err := scanTeam(s.db.QueryRowContext(ctx, `SELECT id, name, created_at FROM teams WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1`, ref))
+	t, err := scanTeam(s.db.QueryRowContext(ctx, `SELECT id, name, created_at, quotas FROM teams WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1`, ref))
 	if errors.Is(err, sql.ErrNoRows) {
 		return t, errdefs.NotFoundf("team %s not found", ref)
 	}
@@ -51,7 +60,7 @@ func (s *DB) GetTeam(ctx context.Context, ref string) (store.Team, error) {
 
 // ListTeams implements store.Store.
 func (s *DB) ListTeams(ctx context.Context) ([]store.Team, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM teams ORDER BY seq`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at, quotas FROM teams ORDER BY seq`)
 	if err != nil {
 		return nil, fmt.Errorf("teams: %w", err)
 	}
@@ -95,6 +104,9 @@ func (s *DB) DeleteTeam(ctx context.Context, id string, at time.Time) error {
 	}
 	if len(held) > 0 {
 		return errdefs.Conflictf("team %s still owns %s: remove them first", id, strings.Join(held, ", "))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM team_rates WHERE team_id = ?`, id); err != nil {
+		return fmt.Errorf("team %s: %w", id, err)
 	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM teams WHERE id = ?`, id)
 	if err != nil {

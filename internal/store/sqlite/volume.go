@@ -15,7 +15,18 @@ import (
 func (s *DB) CreateVolume(ctx context.Context, v store.Volume) error {
 	store.StampVolume(&v, s.now().UTC())
 	data, _ := json.Marshal(v)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES (?, ?, ?, ?)`, v.ID, v.TeamID, v.Name, string(data))
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create volume %s: %w", v.Name, err)
+	}
+	defer tx.Rollback()
+	if err := chargeBytes(ctx, tx, v.TeamID, "volumeBytes", v.ID, -1, v.SizeBytes); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO volumes(id, team_id, name, data) VALUES (?, ?, ?, ?)`, v.ID, v.TeamID, v.Name, string(data))
+	if err == nil {
+		err = tx.Commit()
+	}
 	if isUnique(err) {
 		return fmt.Errorf("volume %s: %w", v.Name, errdefs.ErrAlreadyExists)
 	}
@@ -58,8 +69,11 @@ func (s *DB) UpdateVolume(ctx context.Context, team, ref string, fn func(*store.
 	if err != nil {
 		return store.Volume{}, err
 	}
-	id, owner, name, created := v.ID, v.TeamID, v.Name, v.CreatedAt
+	id, owner, name, created, size := v.ID, v.TeamID, v.Name, v.CreatedAt, v.SizeBytes
 	if err := fn(&v); err != nil {
+		return store.Volume{}, err
+	}
+	if err := chargeBytes(ctx, tx, owner, "volumeBytes", id, size, v.SizeBytes); err != nil {
 		return store.Volume{}, err
 	}
 	v.ID, v.TeamID, v.Name, v.CreatedAt = id, owner, name, created

@@ -70,6 +70,14 @@ func CheckMigratedToTeams(t *testing.T, s store.Store, keysVersion int64) {
 		}
 	}
 	checkMigratedKeys(t, s, keysVersion)
+	// The sandbox rows carry their sizes for the quotas (migration 9):
+	// sb_run asked 2 vCPUs and 512 MB; the pooled one is nobody's.
+	if u, err := s.TeamUsage(ctx, def); err != nil || u.Sandboxes != 1 || u.VCPUs != 2 || u.MemoryMB != 512 || u.Snapshots != 1 || u.Volumes != 1 {
+		t.Fatalf("the default team's usage after the migration = %+v %v", u, err)
+	}
+	if tm, err := s.GetTeam(ctx, def); err != nil || !tm.Quotas.Zero() {
+		t.Fatalf("the default team's quotas after the migration = %+v %v, want none", tm, err)
+	}
 
 	// Names are unique per team now: another team takes them, the
 	// default team still cannot twice.

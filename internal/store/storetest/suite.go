@@ -75,6 +75,9 @@ func Run(t *testing.T, b Backend) {
 	t.Run("TeamLookups", func(t *testing.T) { testTeamLookups(t, open(t)) })
 	t.Run("TeamLists", func(t *testing.T) { testTeamLists(t, open(t)) })
 	t.Run("APIKeyFields", func(t *testing.T) { testKeyFields(t, open(t)) })
+	t.Run("Quotas", func(t *testing.T) { testQuotas(t, open(t)) })
+	t.Run("CreateRate", func(t *testing.T) { testCreateRate(t, open(t)) })
+	t.Run("TwoHandles/QuotaAcrossHandles", func(t *testing.T) { a, b := two(t); testQuotaAcrossHandles(t, a, b) })
 }
 
 func (b Backend) handle(t *testing.T, db string) store.Store {

@@ -19,7 +19,8 @@ import (
 // row by ID, none by name.
 
 // The teams the suite's rows belong to. The suite's other tests put their
-// named rows in teamA; the store does not require a team row to exist.
+// named rows in teamA; the store does not require a team row to exist,
+// but for a sandbox that its team is charged for (quotas.go).
 const (
 	teamA = "ta"
 	teamB = "tb"
@@ -404,6 +405,11 @@ func paged[T any](t *testing.T, list func(cursor string) ([]T, string, error), k
 // pooled sandbox claimed for a team moves into the team's list).
 func testTeamLists(t *testing.T, s store.Store) {
 	ctx := context.Background()
+	for _, team := range []string{teamA, teamB} {
+		if err := s.CreateTeam(ctx, store.Team{ID: team, Name: team}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i, team := range []string{teamA, teamB, teamA, "", teamA} {
 		x := sb(fmt.Sprintf("b%d", i), nil)
 		x.TeamID = team

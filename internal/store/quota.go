@@ -1,0 +1,215 @@
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spore-run/spore/internal/errdefs"
+)
+
+// Quotas are a team's limits (docs/teams.md); 0 is no limit. The store
+// enforces them in the transaction that writes what they count, so every
+// replica sees one decision.
+type Quotas struct {
+	// Sandboxes, VCPUs and MemoryMB bound the sandboxes that hold a
+	// host's resources: creating, running or paused in memory
+	// (hibernated ones hold only storage).
+	Sandboxes int   `json:"sandboxes,omitempty"`
+	VCPUs     int   `json:"vcpus,omitempty"`
+	MemoryMB  int64 `json:"memoryMB,omitempty"`
+	// SnapshotBytes bounds the sizes of the team's snapshots; a new
+	// snapshot that would pass it is refused (hibernations are counted,
+	// never refused: they free a host).
+	SnapshotBytes int64 `json:"snapshotBytes,omitempty"`
+	// VolumeBytes bounds the sum of the team's volumes' sizes.
+	VolumeBytes int64 `json:"volumeBytes,omitempty"`
+	// CreatesPerMinute bounds the sandboxes the team creates (a create,
+	// each fork child, a restore into a new sandbox) in any minute.
+	CreatesPerMinute int `json:"createsPerMinute,omitempty"`
+}
+
+// Zero reports whether q limits nothing.
+func (q Quotas) Zero() bool { return q == Quotas{} }
+
+// Validate refuses a negative limit.
+func (q Quotas) Validate() error {
+	for _, v := range []struct {
+		name string
+		n    int64
+	}{{"sandboxes", int64(q.Sandboxes)}, {"vcpus", int64(q.VCPUs)}, {"memoryMB", q.MemoryMB},
+		{"snapshotBytes", q.SnapshotBytes}, {"volumeBytes", q.VolumeBytes}, {"createsPerMinute", int64(q.CreatesPerMinute)}} {
+		if v.n < 0 {
+			return errdefs.Invalidf("quota %s is %d: a quota is 0 (no limit) or more", v.name, v.n)
+		}
+	}
+	return nil
+}
+
+// TeamUsage is what a team holds now, as its quotas count it.
+type TeamUsage struct {
+	Sandboxes     int   `json:"sandboxes"` // creating, running or paused in memory
+	Hibernated    int   `json:"hibernated"`
+	VCPUs         int   `json:"vcpus"`
+	MemoryMB      int64 `json:"memoryMB"`
+	Snapshots     int   `json:"snapshots"`
+	SnapshotBytes int64 `json:"snapshotBytes"`
+	Volumes       int   `json:"volumes"`
+	VolumeBytes   int64 `json:"volumeBytes"` // their sizes' sum
+	// CreatesLastMinute is the sliding estimate CreatesPerMinute is
+	// held to (see Rate).
+	CreatesLastMinute int `json:"createsLastMinute"`
+}
+
+// The size a sandbox is charged when its row names none (the default
+// templates' limits): the placement's defaults too.
+const (
+	DefaultVCPUs    = 2
+	DefaultMemoryMB = 1024
+)
+
+// Charge is what a sandbox row counts against its team's quotas.
+type Charge struct {
+	Sandboxes int
+	VCPUs     int
+	MemoryMB  int64
+}
+
+// ChargeOf is sb's charge: nothing unless it belongs to a team and holds
+// a host's resources (creating, running, paused in memory).
+func ChargeOf(sb Sandbox) Charge {
+	if sb.TeamID == "" {
+		return Charge{}
+	}
+	switch sb.State {
+	case StateCreating, StateRunning, StatePaused:
+	default:
+		return Charge{}
+	}
+	return Charge{Sandboxes: 1, VCPUs: VCPUsOf(sb), MemoryMB: MemoryOf(sb)}
+}
+
+// VCPUsOf and MemoryOf are a row's size, the defaults where it names none.
+func VCPUsOf(sb Sandbox) int {
+	if sb.CPUCount > 0 {
+		return sb.CPUCount
+	}
+	return DefaultVCPUs
+}
+
+// MemoryOf: see VCPUsOf.
+func MemoryOf(sb Sandbox) int64 {
+	if sb.MemoryMB > 0 {
+		return int64(sb.MemoryMB)
+	}
+	return DefaultMemoryMB
+}
+
+// Grows reports whether writing next over prev (nil: a new row) adds to
+// next's team's charge, so the write must be checked against its quotas;
+// creates reports whether it is a sandbox the team creates (a new row,
+// or a pooled one claimed), which counts against CreatesPerMinute.
+func Grows(prev *Sandbox, next Sandbox) (grows, creates bool) {
+	c := ChargeOf(next)
+	if c.Sandboxes == 0 {
+		return false, false
+	}
+	if prev == nil || prev.TeamID != next.TeamID {
+		return true, true
+	}
+	p := ChargeOf(*prev)
+	return c.Sandboxes > p.Sandboxes || c.VCPUs > p.VCPUs || c.MemoryMB > p.MemoryMB, false
+}
+
+// QuotaError is a write refused by a team's quota: 403 for a size, 429
+// for the create rate (errdefs kinds Permission and ResourceLimit).
+type QuotaError struct {
+	Team  string
+	Quota string // the Quotas field's JSON name
+	Limit int64
+	Use   int64 // what the team holds (or created in the last minute)
+	Add   int64 // what the write asked for
+}
+
+func (e *QuotaError) Error() string {
+	if e.Quota == "createsPerMinute" {
+		return fmt.Sprintf("team %s is over its quota createsPerMinute: %d sandboxes a minute (%d created in the last minute); try again shortly", e.Team, e.Limit, e.Use)
+	}
+	return fmt.Sprintf("team %s is over its quota %s: %d, with %d in use and %d more asked", e.Team, e.Quota, e.Limit, e.Use, e.Add)
+}
+
+// Unwrap gives the error's kind.
+func (e *QuotaError) Unwrap() error {
+	if e.Quota == "createsPerMinute" {
+		return errdefs.ErrResourceLimit
+	}
+	return errdefs.ErrPermission
+}
+
+// CheckCharge refuses adding add to use under q (the first quota it
+// passes, by name).
+func CheckCharge(team string, q Quotas, use TeamUsage, add Charge) error {
+	for _, c := range []struct {
+		name       string
+		limit, use int64
+		add        int64
+	}{
+		{"sandboxes", int64(q.Sandboxes), int64(use.Sandboxes), int64(add.Sandboxes)},
+		{"vcpus", int64(q.VCPUs), int64(use.VCPUs), int64(add.VCPUs)},
+		{"memoryMB", q.MemoryMB, use.MemoryMB, add.MemoryMB},
+	} {
+		if c.limit > 0 && c.add > 0 && c.use+c.add > c.limit {
+			return &QuotaError{Team: team, Quota: c.name, Limit: c.limit, Use: c.use, Add: c.add}
+		}
+	}
+	return nil
+}
+
+// Rate is a team's create counter: a sliding estimate over a minute from
+// the count of this fixed minute and the last one (the last weighs what
+// of it still lies within the past 60 s). It moves in the store's write
+// transaction, so replicas share it.
+type Rate struct {
+	Minute int64 // Unix minute of Count
+	Count  int   // creates in Minute
+	Prev   int   // creates in Minute-1
+}
+
+// At is r seen at now: the counts moved on if minutes passed.
+func (r Rate) At(now time.Time) Rate {
+	m := now.Unix() / 60
+	switch {
+	case m == r.Minute:
+		return r
+	case m == r.Minute+1:
+		return Rate{Minute: m, Prev: r.Count}
+	default:
+		return Rate{Minute: m}
+	}
+}
+
+// Estimate is the creates of the last 60 s as of now (r already At now).
+func (r Rate) Estimate(now time.Time) int {
+	into := float64(now.UnixMilli()%60000) / 60000
+	return r.Count + int(float64(r.Prev)*(1-into)+0.5)
+}
+
+// Take counts n creates at now under limit (0: none), or refuses them
+// with a QuotaError, r unchanged.
+func (r Rate) Take(team string, now time.Time, n, limit int) (Rate, error) {
+	r = r.At(now)
+	if limit > 0 {
+		if est := r.Estimate(now); est+n > limit {
+			return r, &QuotaError{Team: team, Quota: "createsPerMinute", Limit: int64(limit), Use: int64(est), Add: int64(n)}
+		}
+	}
+	r.Count += n
+	return r, nil
+}
+
+// CheckBytes refuses adding add bytes to use under limit (0: none).
+func CheckBytes(team, quota string, limit, use, add int64) error {
+	if limit > 0 && add > 0 && use+add > limit {
+		return &QuotaError{Team: team, Quota: quota, Limit: limit, Use: use, Add: add}
+	}
+	return nil
+}
