@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/server"
 )
@@ -37,6 +38,9 @@ without either, keys already in the store are used, or with --data-dir one
 is generated as spore up does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.AuditRetention < time.Hour {
+				return fmt.Errorf("--audit-retention must be at least 1h, got %v", cfg.AuditRetention)
+			}
 			if cfg.DrainGrace < 0 || cfg.DrainGrace > nodeapi.MaxQuiesceGrace {
 				return fmt.Errorf("--drain-grace %v: want 0 to %v", cfg.DrainGrace, nodeapi.MaxQuiesceGrace)
 			}
@@ -78,6 +82,7 @@ is generated as spore up does.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API, the proxy and node registration on")
+	f.DurationVar(&cfg.AuditRetention, "audit-retention", audit.DefaultRetention, "how long the audit trail keeps a record (API calls, sandbox events; `spore audit`); every replica prunes what is older")
 	f.DurationVar(&cfg.DrainGrace, "drain-grace", 10*time.Second, "how long a node drain waits for the requests in flight to a running sandbox (a command, a file transfer) before it hibernates it; a stream still open then is cut (at most 10m)")
 	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL; a URL with a password: --database-url-file)")
 	f.StringVar(&dbFile, "database-url-file", "", "a file holding the database URL (keeps its password off the command line)")

@@ -105,7 +105,7 @@ func newClientCmds(g *globalFlags) []*cobra.Command {
 	cmds := []*cobra.Command{
 		newStartCmd(f), newLsCmd(f), newInfoCmd(f), newExecCmd(f), newConnectCmd(f), newCpCmd(f),
 		newPauseCmd(f), newResumeCmd(f), newKillCmd(f), newTimeoutCmd(f), newSnapshotCmd(f), newForkCmd(f),
-		newRollbackCmd(f), newTemplateCmd(f), newBenchCmd(f), newNodesCmd(f), newGCCmd(f), newLogsCmd(f), newSecretCmd(f), newVolumeCmd(f), newKeyCmd(f), newTeamCmd(f),
+		newRollbackCmd(f), newTemplateCmd(f), newBenchCmd(f), newNodesCmd(f), newGCCmd(f), newLogsCmd(f), newSecretCmd(f), newVolumeCmd(f), newKeyCmd(f), newTeamCmd(f), newAuditCmd(f),
 	}
 	for _, c := range cmds {
 		c.PersistentFlags().BoolVar(&f.json, "json", false, "print JSON")

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/server"
 )
 
@@ -28,6 +30,9 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 			if err := checkHost(); err != nil {
 				return err
 			}
+			if cfg.AuditRetention < time.Hour {
+				return fmt.Errorf("--audit-retention must be at least 1h, got %v", cfg.AuditRetention)
+			}
 			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("SPORE_API_KEY")
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -44,6 +49,7 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API and the proxy on")
 	checkHost = addHostFlags(f, &cfg)
+	f.DurationVar(&cfg.AuditRetention, "audit-retention", audit.DefaultRetention, "how long the audit trail keeps a record (API calls, sandbox events; `spore audit`)")
 	f.IntVar(&cfg.PoolSize, "pool", 2, "sandboxes of each default template kept restored ahead of time (fast creates)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
 	return cmd

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/apikey"
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
@@ -73,6 +74,9 @@ type Config struct {
 	// a volume (its token already checked) from the node that holds it;
 	// nil (and VolumeContent nil): the content routes answer 501.
 	VolumeForward func(w http.ResponseWriter, r *http.Request, v store.Volume)
+	// Audit takes the audit trail's records of state-changing calls
+	// (docs/teams.md); nil: none are recorded.
+	Audit audit.Recorder
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -101,6 +105,7 @@ type Server struct {
 	vols   *volume.Catalog
 	volFS  func(ctx context.Context, v store.Volume) (*os.Root, error)
 	volFwd func(w http.ResponseWriter, r *http.Request, v store.Volume)
+	audit  audit.Recorder
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -112,7 +117,7 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
-		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward}
+		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward, audit: cfg.Audit}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
@@ -214,7 +219,7 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, admin},
 		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
-	return append(append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...), s.teamRoutes()...)
+	return append(append(append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...), s.teamRoutes()...), s.auditRoutes()...)
 }
 
 // Stats is the server's own resource use (leak checks, operations).

@@ -140,6 +140,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	by, _ := KeyOf(r.Context())
 	s.log.Info("api key created", "key_id", rec.ID, "team_id", rec.TeamID, "role", rec.Role, "by", by.ID)
 	w.Header().Set("Cache-Control", "no-store")
+	noteAudit(r, rec.ID, "role "+rec.Role+" in team "+orDash(rec.TeamID))
 	writeJSON(w, http.StatusCreated, CreatedKey{KeyInfo: keyInfo(rec), Key: key})
 }
 

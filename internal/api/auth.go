@@ -145,25 +145,35 @@ func (s *Server) auth(next http.HandlerFunc, a access, op string) http.HandlerFu
 		}
 		c := Caller{Key: rec, Team: rec.TeamID}
 		operator := rec.Role == store.RoleOperator
-		switch {
-		case a == admin && !operator:
-			writeError(w, http.StatusForbidden, "this route needs an operator key (this key's role is "+rec.Role+")")
-			return
-		case a == teamAdmin && !operator && rec.Role != store.RoleAdmin:
-			writeError(w, http.StatusForbidden, "this route needs a team admin key (this key's role is "+rec.Role+")")
-			return
-		case rec.Scope != nil && (op == "" || !slices.Contains(rec.Scope.Operations, op)):
-			writeError(w, http.StatusForbidden, fmt.Sprintf("this key's scope does not allow %s (%s)", pattern(r), orNone(op)))
-			return
+		// A known key's calls that change state are recorded, refused
+		// ones too (the team is the one the call would act in).
+		team := rec.TeamID
+		if named := r.Header.Get(TeamHeader); operator && a != admin && named != "" {
+			team = named
+		} else if operator && a != admin {
+			team = store.DefaultTeam
 		}
-		if a != admin {
-			team, ok := s.actingTeam(w, r, rec)
-			if !ok {
+		s.audited(w, r, rec, team, func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case a == admin && !operator:
+				writeError(w, http.StatusForbidden, "this route needs an operator key (this key's role is "+rec.Role+")")
+				return
+			case a == teamAdmin && !operator && rec.Role != store.RoleAdmin:
+				writeError(w, http.StatusForbidden, "this route needs a team admin key (this key's role is "+rec.Role+")")
+				return
+			case rec.Scope != nil && (op == "" || !slices.Contains(rec.Scope.Operations, op)):
+				writeError(w, http.StatusForbidden, fmt.Sprintf("this key's scope does not allow %s (%s)", pattern(r), orNone(op)))
 				return
 			}
-			c.Team = team
-		}
-		next(w, r.WithContext(context.WithValue(r.Context(), callerCtx{}, c)))
+			if a != admin {
+				team, ok := s.actingTeam(w, r, rec)
+				if !ok {
+					return
+				}
+				c.Team = team
+			}
+			next(w, r.WithContext(context.WithValue(r.Context(), callerCtx{}, c)))
+		})
 	}
 }
 

@@ -53,7 +53,7 @@ func newFnode(t *testing.T, opts ...func(*control.Config)) *fnode {
 	}
 	f.ctl = control.New(cfg)
 	t.Cleanup(f.ctl.Close)
-	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, apikey.NewChecker(st).Check, nil)}))
+	srv := httptest.NewServer(api.New(api.Config{Control: f.ctl, Store: st, Proxy: proxy.New(f.ctl, apikey.NewChecker(st).Check, nil), Audit: cfg.Audit}))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f

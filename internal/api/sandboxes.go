@@ -295,6 +295,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteAudit(r, sb.ID, "from "+cr.TemplateID)
 	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
 }
 

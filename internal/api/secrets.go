@@ -77,6 +77,7 @@ func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteAudit(r, sec.ID, "name "+sec.Name)
 	writeJSON(w, http.StatusCreated, secretOf(sec))
 }
 

@@ -1,7 +1,9 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -76,6 +78,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteAudit(r, id, "snapshot "+sn.ID)
 	writeJSON(w, http.StatusCreated, snapshotInfo(sn))
 }
 
@@ -269,7 +272,14 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]ForkChild, len(res))
+	var made []string
+	defer func() {
+		noteAudit(r, id, fmt.Sprintf("%d of %d children: %s", len(made), count, strings.Join(made, " ")))
+	}()
 	for i, ch := range res {
+		if ch.Err == nil {
+			made = append(made, ch.Sandbox.ID)
+		}
 		if ch.Err != nil {
 			code := StatusOf(ch.Err)
 			out[i].Error = &ErrorBody{Code: code, Message: s.publicMessage(r, code, ch.Err, "sandbox_id", id, "child", i)}

@@ -106,6 +106,7 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
 	}
 	by, _ := KeyOf(r.Context())
 	s.log.Info("team created", "team_id", t.ID, "name", t.Name, "by", by.ID)
+	noteAudit(r, t.ID, "name "+t.Name)
 	writeJSON(w, http.StatusCreated, teamInfo(t))
 }
 

@@ -158,6 +158,7 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteAudit(r, b.Template, "build "+b.ID)
 	writeJSON(w, http.StatusAccepted, BuildRequestResponse{TemplateID: b.Template, BuildID: b.ID,
 		Names: []string{b.Template}, Aliases: []string{b.Template}, Tags: b.Tags})
 }

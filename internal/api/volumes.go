@@ -100,6 +100,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteAudit(r, v.ID, "name "+v.Name)
 	writeJSON(w, http.StatusCreated, VolumeAndToken{Volume: volumeOf(v), Token: v.Token})
 }
 

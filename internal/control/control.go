@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/egress"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
@@ -42,6 +43,8 @@ const (
 // Config configures the service.
 type Config struct {
 	Store store.Store
+	// Audit takes the audit trail's sandbox events (nil: none).
+	Audit audit.Recorder
 	// Nodes are the nodes this control plane drives, by ID.
 	Nodes  Registry
 	Logger *slog.Logger
@@ -475,10 +478,18 @@ func (s *Service) commitCreated(ctx context.Context, rec store.Sandbox, ns nodea
 		rec.Version = 1 // as CreateSandbox wrote it
 	}
 	got, err := s.st.CompareAndSwapSandbox(ctx, rec)
+	var qe *store.QuotaError
+	if errors.As(err, &qe) {
+		// The node made it larger than its row said (the template's
+		// size), past the team's quota: undone, row and all.
+		s.abandon(ctx, rec)
+		return Sandbox{}, err
+	}
 	if err != nil {
 		s.killOnNode(ctx, rec.NodeID, rec.ID)
 		return Sandbox{}, fmt.Errorf("sandbox %s changed while it was created: %w", rec.ID, err)
 	}
+	s.event(got, "sandbox.created", "from "+got.TemplateID)
 	s.setTarget(got.ID, got.Addr, got.State)
 	s.presign.note(got.ID, got.EnvdAccessToken)
 	return Sandbox{got}, nil
@@ -606,6 +617,8 @@ func (s *Service) Kill(ctx context.Context, id string) error {
 	if rec.HibernationDurable && rec.Hibernation != "" {
 		s.dropDurable(ctx, rec.Hibernation)
 	}
+	s.event(rec, "sandbox.killed", "")
+	s.egressSummary(rec)
 	return nil
 }
 

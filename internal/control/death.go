@@ -34,6 +34,10 @@ func (s *Service) sandboxDied(ev nodeapi.Event) {
 		s.discardPooled(ctx, pooled, true)
 	case err != nil && !errdefs.IsNotFound(err):
 		s.log.Error("record dead sandbox", "sandbox_id", ev.SandboxID, "err", err)
+	case err == nil:
+		if rec, gerr := s.st.GetSandbox(ctx, ev.SandboxID); gerr == nil {
+			s.event(rec, "sandbox.died", ev.Reason+": "+ev.Detail)
+		}
 	}
 }
 

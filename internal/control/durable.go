@@ -491,6 +491,7 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 		return rec, false, err
 	}
 	s.log.Info("hibernated sandbox moved", "sandbox_id", rec.ID, "from", from, "to", target, "snapshot_id", rec.Hibernation)
+	s.event(rec, "sandbox.moved", "from node "+from+" to "+target)
 	return rec, true, nil
 }
 

@@ -138,6 +138,8 @@ func (s *Service) reapKill(ctx context.Context, sb store.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	s.event(sb, "sandbox.timeout", "killed at its timeout")
+	s.egressSummary(sb)
 	if err := n.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("kill expired sandbox %s (its row is gone; reconcile frees it): %w", sb.ID, err)
 	}

@@ -132,6 +132,13 @@ func (s *Service) hibernate(ctx context.Context, rec store.Sandbox, claim time.T
 	if err == nil && hib != "" {
 		s.startHibernationUpload(id, hib)
 	}
+	if err == nil {
+		why := "asked"
+		if !claim.IsZero() {
+			why = "at its timeout (auto-pause)"
+		}
+		s.event(rec, "sandbox.hibernated", why)
+	}
 	return err
 }
 

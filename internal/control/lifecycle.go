@@ -33,6 +33,9 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 	}
 	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error { x.State = store.StatePaused; return nil })
 	s.setTarget(id, rec.Addr, store.StatePaused)
+	if err == nil {
+		s.event(rec, "sandbox.paused", "in memory")
+	}
 	return err
 }
 
@@ -112,6 +115,14 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	}
 	resumed := false
 	addr := rec.Addr
+	if rec.State == store.StateHibernated {
+		// Resumed, it holds a host's resources again: its team's quotas
+		// are asked first (the store's check at the write below is the
+		// last word; putBack undoes the resume it refuses).
+		if err := s.admitsResume(ctx, rec); err != nil {
+			return Sandbox{}, false, err
+		}
+	}
 	if rec.State != store.StateRunning {
 		ns, err := n.Resume(ctx, id)
 		if errors.Is(err, errdefs.ErrResourceLimit) && rec.State == store.StateHibernated && rec.HibernationDurable {
@@ -147,12 +158,21 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	if end := s.now().Add(timeout); end.After(rec.EndAt) {
 		rec.EndAt = end
 	}
+	wasHibernated := hib != ""
 	rec, err = s.st.CompareAndSwapSandbox(ctx, rec)
 	if errdefs.IsConflict(err) {
 		return Sandbox{}, resumed, errRowChanged
 	}
+	var qe *store.QuotaError
+	if errors.As(err, &qe) && resumed && wasHibernated {
+		s.putBack(ctx, id, n)
+		return Sandbox{}, false, err
+	}
 	if err != nil {
 		return Sandbox{}, resumed, err
+	}
+	if resumed {
+		s.event(rec, "sandbox.resumed", "")
 	}
 	if resumed && durable && hib != "" {
 		// The image's durable copy is of no more use: removed after the
@@ -491,5 +511,33 @@ func storeState(st string) string {
 		return store.StateError
 	default:
 		return store.StateRunning
+	}
+}
+
+// putBack hibernates again a sandbox whose resume its team's quota
+// refused after the node had resumed it (a create of the team's came
+// first): the row, still hibernated, gets the new image.
+func (s *Service) putBack(ctx context.Context, id string, n nodeapi.Node) {
+	ctx, cancel := s.cleanupContext(ctx)
+	defer cancel()
+	if err := n.Hibernate(ctx, id); err != nil {
+		s.log.Error("a resume refused by its quota: hibernating it again failed (the reconcile records its state)", "sandbox_id", id, "err", err)
+		return
+	}
+	ns, err := n.Get(ctx, id)
+	if err != nil {
+		s.log.Error("a resume refused by its quota: reading it again failed", "sandbox_id", id, "err", err)
+		return
+	}
+	if _, err := s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		x.State, x.Addr, x.Hibernation, x.HibernationDurable = store.StateHibernated, "", ns.Hibernation, false
+		return nil
+	}); err != nil {
+		s.log.Error("a resume refused by its quota: recording it hibernated again failed", "sandbox_id", id, "err", err)
+		return
+	}
+	s.dropTarget(id)
+	if ns.Hibernation != "" {
+		s.startHibernationUpload(id, ns.Hibernation)
 	}
 }

@@ -542,6 +542,7 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 		}
 	}
 	s.setTarget(id, ns.Addr, store.StateRunning)
+	s.event(rec, "sandbox.rolled_back", "to "+snapshotID)
 	return Sandbox{rec}, nil
 }
 

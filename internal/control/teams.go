@@ -65,3 +65,19 @@ func (s *Service) admitsSnapshot(ctx context.Context, team string) error {
 	}
 	return store.CheckBytes(team, "snapshotBytes", t.Quotas.SnapshotBytes, u.SnapshotBytes, 1)
 }
+
+// admitsResume asks a hibernated sandbox's team's quotas for its return.
+func (s *Service) admitsResume(ctx context.Context, rec store.Sandbox) error {
+	team := teamOf(rec)
+	t, err := s.st.GetTeam(ctx, team)
+	if err != nil || t.Quotas.Zero() {
+		return err
+	}
+	u, err := s.st.TeamUsage(ctx, team)
+	if err != nil {
+		return err
+	}
+	running := rec
+	running.TeamID, running.State = team, store.StateRunning
+	return store.CheckCharge(team, t.Quotas, u, store.ChargeOf(running))
+}

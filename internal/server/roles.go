@@ -20,6 +20,7 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/apikey"
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/fleetauth"
@@ -65,8 +66,10 @@ type APIConfig struct {
 	// DrainGrace is how long a drain waits for the requests in flight to
 	// a sandbox before it hibernates it (control.Config; 0: 10 s).
 	DrainGrace time.Duration
-	Logger     *slog.Logger
-	Ready      func(addr, apiKey string)
+	// AuditRetention: see Config.
+	AuditRetention time.Duration
+	Logger         *slog.Logger
+	Ready          func(addr, apiKey string)
 }
 
 // SecretsKeyFile is where a server keeps a generated secrets key.
@@ -171,7 +174,10 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box, DrainGrace: cfg.DrainGrace})
+	aw := audit.NewWriter(st, log)
+	defer aw.Close() // after the control plane's and the API's work (deferred below)
+	go audit.Prune(ctx, st, audit.RetentionOr(cfg.AuditRetention), audit.PruneEvery, log)
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box, DrainGrace: cfg.DrainGrace, Audit: aw})
 	defer ctl.Close()
 	for _, id := range ready {
 		ctl.Follow(id)
@@ -211,7 +217,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs,
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
 		VolumeForward: volumeForwarder(st, reg, fleet, log)})
 	mux := http.NewServeMux()
 	register := registerHandler(ctl, st, reg, fleet, log)

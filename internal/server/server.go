@@ -18,6 +18,7 @@ import (
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/apikey"
+	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/blob/blobconf"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/engine"
@@ -82,7 +83,10 @@ type Config struct {
 	RegistryAuthFile   string
 	// EgressRetention: see node.Config.
 	EgressRetention time.Duration
-	EgressCAFiles   []string
+	// AuditRetention is how long the audit trail keeps a record
+	// (docs/teams.md); 0: audit.DefaultRetention.
+	AuditRetention time.Duration
+	EgressCAFiles  []string
 	// BlobStore names the blob store snapshots are made durable in (see
 	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
 	// `spore up`, none for a node agent.
@@ -123,6 +127,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer st.Close()
+	// The audit trail's writer outlives everything that records (the
+	// deferred closes below run before its own).
+	aw := audit.NewWriter(st, log)
+	defer aw.Close()
+	go audit.Prune(ctx, st, audit.RetentionOr(cfg.AuditRetention), audit.PruneEvery, log)
 	key, err := ensureKey(ctx, st, cfg, log)
 	if err != nil {
 		return err
@@ -135,7 +144,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log, Secrets: box})
+	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: control.Nodes{LocalNodeID: ln0}, Logger: log, Secrets: box, Audit: aw})
 	defer ctl.Close()
 	if err := ctl.RegisterNodes(ctx); err != nil {
 		return fmt.Errorf("register node: %w", err)
@@ -158,7 +167,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
-		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs,
+		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
 		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {
 			// The one node holds every volume: one whose content is
 			// written before any sandbox mounts it is made here.

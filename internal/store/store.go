@@ -330,6 +330,7 @@ type Store interface {
 	Secrets
 	Volumes
 	Teams
+	Audits
 	Close() error
 }
 

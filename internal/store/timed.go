@@ -326,3 +326,18 @@ func (x timed) TeamUsage(ctx context.Context, id string) (TeamUsage, error) {
 	defer timing.Track(ctx, "store")()
 	return x.st.TeamUsage(ctx, id)
 }
+
+func (x timed) AppendAudit(ctx context.Context, recs []AuditRecord) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.AppendAudit(ctx, recs)
+}
+
+func (x timed) ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, string, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListAudit(ctx, f)
+}
+
+func (x timed) PruneAudit(ctx context.Context, before time.Time, limit int) (int, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.PruneAudit(ctx, before, limit)
+}

@@ -201,6 +201,24 @@ var migrations = []string{
 		vcpus = CASE WHEN COALESCE((data->>'cpuCount')::int, 0) > 0 THEN (data->>'cpuCount')::int ELSE 2 END,
 		memory_mb = CASE WHEN COALESCE((data->>'memoryMB')::bigint, 0) > 0 THEN (data->>'memoryMB')::bigint ELSE 1024 END;
 	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);`,
+	// 10: the audit trail (docs/teams.md), appended to only; read newest
+	// first by team (and resource) within a time range, pruned by age.
+	`CREATE TABLE audit (
+		seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		at BIGINT NOT NULL,
+		team_id TEXT NOT NULL,
+		key_id TEXT NOT NULL,
+		key_name TEXT NOT NULL,
+		kind TEXT NOT NULL,
+		action TEXT NOT NULL,
+		resource TEXT NOT NULL,
+		status INTEGER NOT NULL,
+		remote TEXT NOT NULL,
+		detail TEXT NOT NULL
+	);
+	CREATE INDEX audit_team_at ON audit(team_id, at, seq);
+	CREATE INDEX audit_team_resource_at ON audit(team_id, resource, at, seq);
+	CREATE INDEX audit_at ON audit(at, seq);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

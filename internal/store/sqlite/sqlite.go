@@ -215,6 +215,24 @@ var migrations = []string{
 		vcpus = CASE WHEN COALESCE(json_extract(data, '$.cpuCount'), 0) > 0 THEN json_extract(data, '$.cpuCount') ELSE 2 END,
 		memory_mb = CASE WHEN COALESCE(json_extract(data, '$.memoryMB'), 0) > 0 THEN json_extract(data, '$.memoryMB') ELSE 1024 END;
 	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);`,
+	// 10: the audit trail (docs/teams.md), appended to only; read newest
+	// first by team (and resource) within a time range, pruned by age.
+	`CREATE TABLE audit (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		at INTEGER NOT NULL,
+		team_id TEXT NOT NULL,
+		key_id TEXT NOT NULL,
+		key_name TEXT NOT NULL,
+		kind TEXT NOT NULL,
+		action TEXT NOT NULL,
+		resource TEXT NOT NULL,
+		status INTEGER NOT NULL,
+		remote TEXT NOT NULL,
+		detail TEXT NOT NULL
+	);
+	CREATE INDEX audit_team_at ON audit(team_id, at, seq);
+	CREATE INDEX audit_team_resource_at ON audit(team_id, resource, at, seq);
+	CREATE INDEX audit_at ON audit(at, seq);`,
 }
 
 // Open opens (creating and migrating) the database at path. WAL with

@@ -1,0 +1,100 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spore-run/spore/internal/store"
+)
+
+// AppendAudit implements store.Store.
+func (s *DB) AppendAudit(ctx context.Context, recs []store.AuditRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	defer tx.Rollback()
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO audit(at, team_id, key_id, key_name, kind, action, resource, status, remote, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	defer stmt.Close()
+	for _, r := range recs {
+		if _, err := stmt.ExecContext(ctx, r.At.UnixMilli(), r.TeamID, r.KeyID, r.KeyName, r.Kind, r.Action, r.Resource, r.Status, r.Remote, r.Detail); err != nil {
+			return fmt.Errorf("audit: %w", err)
+		}
+	}
+	return tx.Commit()
+}
+
+// ListAudit implements store.Store.
+func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditRecord, string, error) {
+	cAt, cSeq, after, err := store.DecodeAuditCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	var conds []string
+	var args []any
+	add := func(c string, a ...any) { conds = append(conds, c); args = append(args, a...) }
+	if f.TeamID != "" {
+		add("team_id = ?", f.TeamID)
+	}
+	if f.Resource != "" {
+		add("resource = ?", f.Resource)
+	}
+	if !f.Since.IsZero() {
+		add("at >= ?", f.Since.UnixMilli())
+	}
+	if !f.Until.IsZero() {
+		add("at < ?", f.Until.UnixMilli())
+	}
+	if after {
+		add("(at < ? OR (at = ? AND seq < ?))", cAt, cAt, cSeq)
+	}
+	q := `SELECT seq, at, team_id, key_id, key_name, kind, action, resource, status, remote, detail FROM audit`
+	if len(conds) > 0 {
+		q += " WHERE " + strings.Join(conds, " AND ")
+	}
+	limit := f.AuditLimit()
+	q += fmt.Sprintf(" ORDER BY at DESC, seq DESC LIMIT %d", limit+1)
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("audit: %w", err)
+	}
+	defer rows.Close()
+	out := []store.AuditRecord{}
+	for rows.Next() {
+		var r store.AuditRecord
+		var at int64
+		if err := rows.Scan(&r.Seq, &at, &r.TeamID, &r.KeyID, &r.KeyName, &r.Kind, &r.Action, &r.Resource, &r.Status, &r.Remote, &r.Detail); err != nil {
+			return nil, "", fmt.Errorf("audit: %w", err)
+		}
+		r.At = time.UnixMilli(at).UTC()
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("audit: %w", err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		last := out[limit-1]
+		next = store.EncodeAuditCursor(last.At.UnixMilli(), last.Seq)
+	}
+	return out, next, nil
+}
+
+// PruneAudit implements store.Store.
+func (s *DB) PruneAudit(ctx context.Context, before time.Time, limit int) (int, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE at < ? ORDER BY at LIMIT ?)`, before.UnixMilli(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("audit: prune: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
