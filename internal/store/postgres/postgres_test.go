@@ -205,3 +205,15 @@ func BenchmarkCreatePath(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkQuotas: storetest.BenchQuotas on PostgreSQL.
+//
+//	go test -run '^$' -bench Quotas ./internal/store/postgres/
+func BenchmarkQuotas(b *testing.B) {
+	s, err := postgres.Open(context.Background(), testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	storetest.BenchQuotas(b, s)
+}

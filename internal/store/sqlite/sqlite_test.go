@@ -66,3 +66,15 @@ func TestReopen(t *testing.T) {
 		t.Fatalf("after reopen: %v %v", l, err)
 	}
 }
+
+// BenchmarkQuotas: storetest.BenchQuotas on SQLite.
+//
+//	go test -run '^$' -bench Quotas ./internal/store/sqlite/
+func BenchmarkQuotas(b *testing.B) {
+	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "spore.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	storetest.BenchQuotas(b, s)
+}
