@@ -10,12 +10,9 @@ import (
 	"time"
 
 	"github.com/spore-run/spore/internal/api"
-	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/store"
-	"github.com/spore-run/spore/internal/store/postgres"
-	"github.com/spore-run/spore/internal/testenv"
 )
 
 // BenchmarkAuditWrite is what recording a state-changing call adds, on
@@ -30,20 +27,7 @@ import (
 func BenchmarkAuditWrite(b *testing.B) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		b.Run(backend, func(b *testing.B) {
-			var st store.Store
-			if backend == "sqlite" {
-				st = openStore(b)
-			} else {
-				pg, err := postgres.Open(context.Background(), testenv.Postgres(b))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { pg.Close() })
-				if err := pg.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()}); err != nil {
-					b.Fatal(err)
-				}
-				st = pg
-			}
+			st := benchStore(b, backend)
 			id := ids.New('i')
 			if err := st.CreateSandbox(context.Background(), store.Sandbox{ID: id, TeamID: store.DefaultTeam, State: store.StateRunning,
 				TemplateID: "base", EndAt: time.Now().Add(time.Hour)}); err != nil {

@@ -30,20 +30,7 @@ import (
 func BenchmarkTeamCheck(b *testing.B) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		b.Run(backend, func(b *testing.B) {
-			var st store.Store
-			if backend == "sqlite" {
-				st = openStore(b)
-			} else {
-				pg, err := postgres.Open(context.Background(), testenv.Postgres(b))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { pg.Close() })
-				if err := pg.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()}); err != nil {
-					b.Fatal(err)
-				}
-				st = pg
-			}
+			st := benchStore(b, backend)
 			srv := httptest.NewServer(api.New(api.Config{Store: st}))
 			b.Cleanup(srv.Close)
 			sandboxes := make([]string, b.N)
@@ -89,6 +76,23 @@ func BenchmarkTeamCheck(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchStore is a store of backend ("sqlite" or "postgres") holding the
+// test's key.
+func benchStore(b *testing.B, backend string) store.Store {
+	if backend == "sqlite" {
+		return openStore(b)
+	}
+	pg, err := postgres.Open(context.Background(), testenv.Postgres(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pg.Close() })
+	if err := pg.AddAPIKey(context.Background(), store.APIKey{ID: "k", Hash: apikey.Hash(key), CreatedAt: time.Now()}); err != nil {
+		b.Fatal(err)
+	}
+	return pg
 }
 
 type testWriter struct{ b *testing.B }

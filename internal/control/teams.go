@@ -26,26 +26,34 @@ func teamOr(team string) string {
 // made every such row).
 func teamOf(rec store.Sandbox) string { return teamOr(rec.TeamID) }
 
+// quotaView is a team's quotas and, when it has any, what it uses now:
+// the control plane's checks before work the store would refuse at the
+// end (the store's checks stay the last word).
+func (s *Service) quotaView(ctx context.Context, team string) (store.Quotas, store.TeamUsage, error) {
+	t, err := s.st.GetTeam(ctx, team)
+	if err != nil || t.Quotas.Zero() {
+		return t.Quotas, store.TeamUsage{}, err
+	}
+	u, err := s.st.TeamUsage(ctx, team)
+	return t.Quotas, u, err
+}
+
 // admitsChildren is a fork's check of its team's quotas before any work:
 // count children the size of parent, all or none (the store checks each
 // child's row again as it is written; this spares placing and capturing
 // for a fork the quotas refuse as a whole).
 func (s *Service) admitsChildren(ctx context.Context, parent store.Sandbox, count int) error {
 	team := teamOf(parent)
-	t, err := s.st.GetTeam(ctx, team)
-	if err != nil || t.Quotas.Zero() {
-		return err
-	}
-	u, err := s.st.TeamUsage(ctx, team)
-	if err != nil {
+	q, u, err := s.quotaView(ctx, team)
+	if err != nil || q.Zero() {
 		return err
 	}
 	each := store.ChargeOf(store.Sandbox{TeamID: team, State: store.StateCreating, CPUCount: parent.CPUCount, MemoryMB: parent.MemoryMB})
 	add := store.Charge{Sandboxes: count * each.Sandboxes, VCPUs: count * each.VCPUs, MemoryMB: int64(count) * each.MemoryMB}
-	if err := store.CheckCharge(team, t.Quotas, store.TeamUsage{Sandboxes: u.Sandboxes, VCPUs: u.VCPUs, MemoryMB: u.MemoryMB}, add); err != nil {
+	if err := store.CheckCharge(team, q, u, add); err != nil {
 		return err
 	}
-	if limit := t.Quotas.CreatesPerMinute; limit > 0 && u.CreatesLastMinute+count > limit {
+	if limit := q.CreatesPerMinute; limit > 0 && u.CreatesLastMinute+count > limit {
 		return &store.QuotaError{Team: team, Quota: "createsPerMinute", Limit: int64(limit), Use: int64(u.CreatesLastMinute), Add: int64(count)}
 	}
 	return nil
@@ -55,29 +63,21 @@ func (s *Service) admitsChildren(ctx context.Context, parent store.Sandbox, coun
 // team holds its whole SnapshotBytes quota already (the store checks the
 // snapshot's own size when its row is written).
 func (s *Service) admitsSnapshot(ctx context.Context, team string) error {
-	t, err := s.st.GetTeam(ctx, team)
-	if err != nil || t.Quotas.SnapshotBytes == 0 {
+	q, u, err := s.quotaView(ctx, team)
+	if err != nil || q.SnapshotBytes == 0 {
 		return err
 	}
-	u, err := s.st.TeamUsage(ctx, team)
-	if err != nil {
-		return err
-	}
-	return store.CheckBytes(team, "snapshotBytes", t.Quotas.SnapshotBytes, u.SnapshotBytes, 1)
+	return store.CheckBytes(team, "snapshotBytes", q.SnapshotBytes, u.SnapshotBytes, 1)
 }
 
 // admitsResume asks a hibernated sandbox's team's quotas for its return.
 func (s *Service) admitsResume(ctx context.Context, rec store.Sandbox) error {
 	team := teamOf(rec)
-	t, err := s.st.GetTeam(ctx, team)
-	if err != nil || t.Quotas.Zero() {
-		return err
-	}
-	u, err := s.st.TeamUsage(ctx, team)
-	if err != nil {
+	q, u, err := s.quotaView(ctx, team)
+	if err != nil || q.Zero() {
 		return err
 	}
 	running := rec
 	running.TeamID, running.State = team, store.StateRunning
-	return store.CheckCharge(team, t.Quotas, u, store.ChargeOf(running))
+	return store.CheckCharge(team, q, u, store.ChargeOf(running))
 }

@@ -95,3 +95,60 @@ func (f AuditFilter) AuditLimit() int {
 	}
 	return f.Limit
 }
+
+// AuditColumns are the columns ListAudit reads, in ScanAudit's order.
+const AuditColumns = `seq, at, team_id, key_id, key_name, kind, action, resource, status, remote, detail`
+
+// AuditQuery is ListAudit's statement for f, with "?" for its arguments
+// (a store numbers them as its driver needs): newest first, one row more
+// than the page, to tell whether another follows (AuditPage).
+func AuditQuery(f AuditFilter) (string, []any, error) {
+	cAt, cSeq, after, err := DecodeAuditCursor(f.Cursor)
+	if err != nil {
+		return "", nil, err
+	}
+	var conds []string
+	var args []any
+	add := func(c string, a ...any) { conds = append(conds, c); args = append(args, a...) }
+	if f.TeamID != "" {
+		add("team_id = ?", f.TeamID)
+	}
+	if f.Resource != "" {
+		add("resource = ?", f.Resource)
+	}
+	if !f.Since.IsZero() {
+		add("at >= ?", f.Since.UnixMilli())
+	}
+	if !f.Until.IsZero() {
+		add("at < ?", f.Until.UnixMilli())
+	}
+	if after {
+		add("(at, seq) < (?, ?)", cAt, cSeq)
+	}
+	q := `SELECT ` + AuditColumns + ` FROM audit`
+	if len(conds) > 0 {
+		q += " WHERE " + strings.Join(conds, " AND ")
+	}
+	return q + " ORDER BY at DESC, seq DESC LIMIT " + strconv.Itoa(f.AuditLimit()+1), args, nil
+}
+
+// ScanAudit reads one row of AuditColumns.
+func ScanAudit(sc interface{ Scan(...any) error }) (AuditRecord, error) {
+	var r AuditRecord
+	var at int64
+	err := sc.Scan(&r.Seq, &at, &r.TeamID, &r.KeyID, &r.KeyName, &r.Kind, &r.Action, &r.Resource, &r.Status, &r.Remote, &r.Detail)
+	r.At = time.UnixMilli(at).UTC()
+	return r, err
+}
+
+// AuditPage trims the rows AuditQuery read to f's page and names the
+// next page's cursor ("" when none follows).
+func AuditPage(rows []AuditRecord, f AuditFilter) ([]AuditRecord, string) {
+	limit := f.AuditLimit()
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	last := rows[limit-1]
+	return rows, EncodeAuditCursor(last.At.UnixMilli(), last.Seq)
+}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -212,4 +213,100 @@ func CheckBytes(team, quota string, limit, use, add int64) error {
 		return &QuotaError{Team: team, Quota: quota, Limit: limit, Use: use, Add: add}
 	}
 	return nil
+}
+
+// Beyond is what c charges more than p, dimension by dimension (never
+// less than 0): what a write of c over p adds.
+func (c Charge) Beyond(p Charge) Charge {
+	return Charge{Sandboxes: max(0, c.Sandboxes-p.Sandboxes), VCPUs: max(0, c.VCPUs-p.VCPUs), MemoryMB: max(0, c.MemoryMB-p.MemoryMB)}
+}
+
+// QuotaTx is what a store's write transaction answers for ChargeSandbox
+// and ChargeBytes: the reads (and the rate's write) each store makes in
+// its own SQL, the rules being these functions'.
+type QuotaTx interface {
+	// TeamQuotas reads a team's quotas (ErrNotFound: no such team).
+	TeamQuotas(ctx context.Context, team string) (Quotas, error)
+	// HoldTeam serializes quota checks of one team until the
+	// transaction ends (a no-op where transactions already are).
+	HoldTeam(ctx context.Context, team string) error
+	SandboxUse(ctx context.Context, team string) (TeamUsage, error)
+	// BytesUse sums the sizes quota ("snapshotBytes", "volumeBytes")
+	// counts for team, but the row except's.
+	BytesUse(ctx context.Context, quota, team, except string) (int64, error)
+	CreateRate(ctx context.Context, team string) (Rate, error)
+	SetCreateRate(ctx context.Context, team string, r Rate) error
+}
+
+// ChargeSandbox checks writing next over prev (nil: a new row) against
+// next's team's quotas, in q's transaction, and counts a create in the
+// team's rate; a sandbox charged to a team that does not exist is
+// ErrNotFound.
+func ChargeSandbox(ctx context.Context, q QuotaTx, now time.Time, prev *Sandbox, next Sandbox) error {
+	grows, creates := Grows(prev, next)
+	if !grows {
+		return nil
+	}
+	team := next.TeamID
+	qs, err := q.TeamQuotas(ctx, team)
+	if err != nil || qs.Zero() {
+		return err
+	}
+	if err := q.HoldTeam(ctx, team); err != nil {
+		return err
+	}
+	var p Charge
+	if prev != nil && prev.TeamID == team {
+		p = ChargeOf(*prev)
+	}
+	use, err := q.SandboxUse(ctx, team)
+	if err != nil {
+		return err
+	}
+	if err := CheckCharge(team, qs, use, ChargeOf(next).Beyond(p)); err != nil {
+		return err
+	}
+	if !creates || qs.CreatesPerMinute == 0 {
+		return nil
+	}
+	r, err := q.CreateRate(ctx, team)
+	if err != nil {
+		return err
+	}
+	if r, err = r.Take(team, now, 1, qs.CreatesPerMinute); err != nil {
+		return err
+	}
+	return q.SetCreateRate(ctx, team, r)
+}
+
+// ChargeBytes checks a snapshot's or a volume's row (id, size) against
+// its team's quota ("snapshotBytes" or "volumeBytes"), in q's
+// transaction; prevSize is the stored row's size (-1: a new row). A team
+// that does not exist has no quota (only a sandbox needs its team).
+func ChargeBytes(ctx context.Context, q QuotaTx, team, quota, id string, prevSize, size int64) error {
+	if team == "" || size <= max(prevSize, 0) {
+		return nil
+	}
+	qs, err := q.TeamQuotas(ctx, team)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	limit := qs.SnapshotBytes
+	if quota == "volumeBytes" {
+		limit = qs.VolumeBytes
+	}
+	if limit == 0 {
+		return nil
+	}
+	if err := q.HoldTeam(ctx, team); err != nil {
+		return err
+	}
+	used, err := q.BytesUse(ctx, quota, team, id)
+	if err != nil {
+		return err
+	}
+	return CheckBytes(team, quota, limit, used, size)
 }

@@ -61,7 +61,11 @@ func sandboxUse(ctx context.Context, q querier, team string) (store.TeamUsage, e
 	return u, nil
 }
 
-func bytesUse(ctx context.Context, q querier, table, team, except string) (n int, bytes int64, err error) {
+func bytesUse(ctx context.Context, q querier, quota, team, except string) (n int, bytes int64, err error) {
+	table := "snapshots"
+	if quota == "volumeBytes" {
+		table = "volumes"
+	}
 	err = q.QueryRow(ctx, `SELECT COUNT(*), COALESCE(SUM((data->>'sizeBytes')::bigint), 0) FROM `+table+` WHERE team_id = $1 AND id != $2`, team, except).Scan(&n, &bytes)
 	if err != nil {
 		err = fmt.Errorf("team %s: %s usage: %w", team, table, err)
@@ -81,78 +85,45 @@ func readRate(ctx context.Context, q querier, team string) (store.Rate, error) {
 	return r, nil
 }
 
-// chargeSandbox checks writing next over prev (nil: a new row) against
-// next's team's quotas, and counts a create in its rate.
-func chargeSandbox(ctx context.Context, q querier, prev *store.Sandbox, next store.Sandbox) error {
-	grows, creates := store.Grows(prev, next)
-	if !grows {
-		return nil
-	}
-	team := next.TeamID
-	qs, err := teamQuotas(ctx, q, team)
-	if err != nil || qs.Zero() {
-		return err
-	}
-	if err := holdTeam(ctx, q, team); err != nil {
-		return err
-	}
-	c, p := store.ChargeOf(next), store.Charge{}
-	if prev != nil && prev.TeamID == team {
-		p = store.ChargeOf(*prev)
-	}
-	use, err := sandboxUse(ctx, q, team)
-	if err != nil {
-		return err
-	}
-	add := store.Charge{Sandboxes: max(0, c.Sandboxes-p.Sandboxes), VCPUs: max(0, c.VCPUs-p.VCPUs), MemoryMB: max(0, c.MemoryMB-p.MemoryMB)}
-	if err := store.CheckCharge(team, qs, use, add); err != nil {
-		return err
-	}
-	if !creates || qs.CreatesPerMinute == 0 {
-		return nil
-	}
-	r, err := readRate(ctx, q, team)
-	if err != nil {
-		return err
-	}
-	if r, err = r.Take(team, time.Now(), 1, qs.CreatesPerMinute); err != nil {
-		return err
-	}
-	if _, err := q.Exec(ctx, `INSERT INTO team_rates(team_id, minute, count, prev) VALUES ($1, $2, $3, $4)
+// quotaTx answers store.ChargeSandbox and store.ChargeBytes in a
+// transaction.
+type quotaTx struct{ q querier }
+
+func (x quotaTx) TeamQuotas(ctx context.Context, team string) (store.Quotas, error) {
+	return teamQuotas(ctx, x.q, team)
+}
+
+func (x quotaTx) HoldTeam(ctx context.Context, team string) error { return holdTeam(ctx, x.q, team) }
+
+func (x quotaTx) SandboxUse(ctx context.Context, team string) (store.TeamUsage, error) {
+	return sandboxUse(ctx, x.q, team)
+}
+
+func (x quotaTx) BytesUse(ctx context.Context, quota, team, except string) (int64, error) {
+	_, b, err := bytesUse(ctx, x.q, quota, team, except)
+	return b, err
+}
+
+func (x quotaTx) CreateRate(ctx context.Context, team string) (store.Rate, error) {
+	return readRate(ctx, x.q, team)
+}
+
+func (x quotaTx) SetCreateRate(ctx context.Context, team string, r store.Rate) error {
+	if _, err := x.q.Exec(ctx, `INSERT INTO team_rates(team_id, minute, count, prev) VALUES ($1, $2, $3, $4)
 		ON CONFLICT(team_id) DO UPDATE SET minute = excluded.minute, count = excluded.count, prev = excluded.prev`, team, r.Minute, r.Count, r.Prev); err != nil {
 		return fmt.Errorf("team %s: create rate: %w", team, err)
 	}
 	return nil
 }
 
-// chargeBytes checks a snapshot's or volume's row (id, size) against its
-// team's quota; prevSize is the stored row's size (-1: a new row).
+// chargeSandbox is store.ChargeSandbox in transaction q.
+func chargeSandbox(ctx context.Context, q querier, prev *store.Sandbox, next store.Sandbox) error {
+	return store.ChargeSandbox(ctx, quotaTx{q}, time.Now(), prev, next)
+}
+
+// chargeBytes is store.ChargeBytes in transaction q.
 func chargeBytes(ctx context.Context, q querier, team, quota, id string, prevSize, size int64) error {
-	if team == "" || size <= max(prevSize, 0) {
-		return nil
-	}
-	qs, err := teamQuotas(ctx, q, team)
-	if errdefs.IsNotFound(err) {
-		return nil // no team row: no quota (only a sandbox needs its team)
-	}
-	if err != nil {
-		return err
-	}
-	limit, table := qs.SnapshotBytes, "snapshots"
-	if quota == "volumeBytes" {
-		limit, table = qs.VolumeBytes, "volumes"
-	}
-	if limit == 0 {
-		return nil
-	}
-	if err := holdTeam(ctx, q, team); err != nil {
-		return err
-	}
-	_, used, err := bytesUse(ctx, q, table, team, id)
-	if err != nil {
-		return err
-	}
-	return store.CheckBytes(team, quota, limit, used, size)
+	return store.ChargeBytes(ctx, quotaTx{q}, team, quota, id, prevSize, size)
 }
 
 // SetTeamQuotas implements store.Store.
@@ -185,10 +156,10 @@ func (s *DB) TeamUsage(ctx context.Context, id string) (store.TeamUsage, error) 
 		if u, err = sandboxUse(ctx, tx, id); err != nil {
 			return err
 		}
-		if u.Snapshots, u.SnapshotBytes, err = bytesUse(ctx, tx, "snapshots", id, ""); err != nil {
+		if u.Snapshots, u.SnapshotBytes, err = bytesUse(ctx, tx, "snapshotBytes", id, ""); err != nil {
 			return err
 		}
-		if u.Volumes, u.VolumeBytes, err = bytesUse(ctx, tx, "volumes", id, ""); err != nil {
+		if u.Volumes, u.VolumeBytes, err = bytesUse(ctx, tx, "volumeBytes", id, ""); err != nil {
 			return err
 		}
 		r, err := readRate(ctx, tx, id)

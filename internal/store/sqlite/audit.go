@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/store"
@@ -34,34 +33,10 @@ func (s *DB) AppendAudit(ctx context.Context, recs []store.AuditRecord) error {
 
 // ListAudit implements store.Store.
 func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditRecord, string, error) {
-	cAt, cSeq, after, err := store.DecodeAuditCursor(f.Cursor)
+	q, args, err := store.AuditQuery(f)
 	if err != nil {
 		return nil, "", err
 	}
-	var conds []string
-	var args []any
-	add := func(c string, a ...any) { conds = append(conds, c); args = append(args, a...) }
-	if f.TeamID != "" {
-		add("team_id = ?", f.TeamID)
-	}
-	if f.Resource != "" {
-		add("resource = ?", f.Resource)
-	}
-	if !f.Since.IsZero() {
-		add("at >= ?", f.Since.UnixMilli())
-	}
-	if !f.Until.IsZero() {
-		add("at < ?", f.Until.UnixMilli())
-	}
-	if after {
-		add("(at < ? OR (at = ? AND seq < ?))", cAt, cAt, cSeq)
-	}
-	q := `SELECT seq, at, team_id, key_id, key_name, kind, action, resource, status, remote, detail FROM audit`
-	if len(conds) > 0 {
-		q += " WHERE " + strings.Join(conds, " AND ")
-	}
-	limit := f.AuditLimit()
-	q += fmt.Sprintf(" ORDER BY at DESC, seq DESC LIMIT %d", limit+1)
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit: %w", err)
@@ -69,23 +44,16 @@ func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditR
 	defer rows.Close()
 	out := []store.AuditRecord{}
 	for rows.Next() {
-		var r store.AuditRecord
-		var at int64
-		if err := rows.Scan(&r.Seq, &at, &r.TeamID, &r.KeyID, &r.KeyName, &r.Kind, &r.Action, &r.Resource, &r.Status, &r.Remote, &r.Detail); err != nil {
+		r, err := store.ScanAudit(rows)
+		if err != nil {
 			return nil, "", fmt.Errorf("audit: %w", err)
 		}
-		r.At = time.UnixMilli(at).UTC()
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, "", fmt.Errorf("audit: %w", err)
 	}
-	next := ""
-	if len(out) > limit {
-		out = out[:limit]
-		last := out[limit-1]
-		next = store.EncodeAuditCursor(last.At.UnixMilli(), last.Seq)
-	}
+	out, next := store.AuditPage(out, f)
 	return out, next, nil
 }
 

@@ -53,18 +53,14 @@ func sandboxUse(ctx context.Context, q txq, team string) (store.TeamUsage, error
 	return u, nil
 }
 
-func snapshotUse(ctx context.Context, q txq, team, except string) (n int, bytes int64, err error) {
-	err = q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(json_extract(data, '$.sizeBytes')), 0) FROM snapshots WHERE team_id = ? AND id != ?`, team, except).Scan(&n, &bytes)
-	if err != nil {
-		err = fmt.Errorf("team %s: snapshot usage: %w", team, err)
+func bytesUse(ctx context.Context, q txq, quota, team, except string) (n int, bytes int64, err error) {
+	table := "snapshots"
+	if quota == "volumeBytes" {
+		table = "volumes"
 	}
-	return n, bytes, err
-}
-
-func volumeUse(ctx context.Context, q txq, team, except string) (n int, bytes int64, err error) {
-	err = q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(json_extract(data, '$.sizeBytes')), 0) FROM volumes WHERE team_id = ? AND id != ?`, team, except).Scan(&n, &bytes)
+	err = q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(json_extract(data, '$.sizeBytes')), 0) FROM `+table+` WHERE team_id = ? AND id != ?`, team, except).Scan(&n, &bytes)
 	if err != nil {
-		err = fmt.Errorf("team %s: volume usage: %w", team, err)
+		err = fmt.Errorf("team %s: %s usage: %w", team, table, err)
 	}
 	return n, bytes, err
 }
@@ -81,73 +77,46 @@ func readRate(ctx context.Context, q txq, team string) (store.Rate, error) {
 	return r, nil
 }
 
-// chargeSandbox checks writing next over prev (nil: a new row) against
-// next's team's quotas, and counts a create in its rate.
-func (s *DB) chargeSandbox(ctx context.Context, q txq, prev *store.Sandbox, next store.Sandbox) error {
-	grows, creates := store.Grows(prev, next)
-	if !grows {
-		return nil
-	}
-	team := next.TeamID
-	qs, err := teamQuotas(ctx, q, team)
-	if err != nil || qs.Zero() {
-		return err
-	}
-	c, p := store.ChargeOf(next), store.Charge{}
-	if prev != nil && prev.TeamID == team {
-		p = store.ChargeOf(*prev)
-	}
-	use, err := sandboxUse(ctx, q, team)
-	if err != nil {
-		return err
-	}
-	add := store.Charge{Sandboxes: max(0, c.Sandboxes-p.Sandboxes), VCPUs: max(0, c.VCPUs-p.VCPUs), MemoryMB: max(0, c.MemoryMB-p.MemoryMB)}
-	if err := store.CheckCharge(team, qs, use, add); err != nil {
-		return err
-	}
-	if !creates || qs.CreatesPerMinute == 0 {
-		return nil
-	}
-	r, err := readRate(ctx, q, team)
-	if err != nil {
-		return err
-	}
-	if r, err = r.Take(team, s.now(), 1, qs.CreatesPerMinute); err != nil {
-		return err
-	}
-	if _, err := q.ExecContext(ctx, `INSERT INTO team_rates(team_id, minute, count, prev) VALUES (?, ?, ?, ?)
+// quotaTx answers store.ChargeSandbox and store.ChargeBytes in a
+// transaction; HoldTeam has nothing to do (the transaction holds the
+// database's write lock).
+type quotaTx struct{ q txq }
+
+func (x quotaTx) TeamQuotas(ctx context.Context, team string) (store.Quotas, error) {
+	return teamQuotas(ctx, x.q, team)
+}
+
+func (quotaTx) HoldTeam(context.Context, string) error { return nil }
+
+func (x quotaTx) SandboxUse(ctx context.Context, team string) (store.TeamUsage, error) {
+	return sandboxUse(ctx, x.q, team)
+}
+
+func (x quotaTx) BytesUse(ctx context.Context, quota, team, except string) (int64, error) {
+	_, b, err := bytesUse(ctx, x.q, quota, team, except)
+	return b, err
+}
+
+func (x quotaTx) CreateRate(ctx context.Context, team string) (store.Rate, error) {
+	return readRate(ctx, x.q, team)
+}
+
+func (x quotaTx) SetCreateRate(ctx context.Context, team string, r store.Rate) error {
+	if _, err := x.q.ExecContext(ctx, `INSERT INTO team_rates(team_id, minute, count, prev) VALUES (?, ?, ?, ?)
 		ON CONFLICT(team_id) DO UPDATE SET minute = excluded.minute, count = excluded.count, prev = excluded.prev`, team, r.Minute, r.Count, r.Prev); err != nil {
 		return fmt.Errorf("team %s: create rate: %w", team, err)
 	}
 	return nil
 }
 
-// chargeBytes checks a snapshot's or volume's row (id, size) against its
-// team's quota; prevSize is the stored row's size (-1: a new row).
+// chargeSandbox is store.ChargeSandbox in transaction q.
+func (s *DB) chargeSandbox(ctx context.Context, q txq, prev *store.Sandbox, next store.Sandbox) error {
+	return store.ChargeSandbox(ctx, quotaTx{q}, s.now(), prev, next)
+}
+
+// chargeBytes is store.ChargeBytes in transaction q.
 func chargeBytes(ctx context.Context, q txq, team, quota, id string, prevSize, size int64) error {
-	if team == "" || size <= max(prevSize, 0) {
-		return nil
-	}
-	qs, err := teamQuotas(ctx, q, team)
-	if errdefs.IsNotFound(err) {
-		return nil // no team row: no quota (only a sandbox needs its team)
-	}
-	if err != nil {
-		return err
-	}
-	limit := qs.SnapshotBytes
-	use := snapshotUse
-	if quota == "volumeBytes" {
-		limit, use = qs.VolumeBytes, volumeUse
-	}
-	if limit == 0 {
-		return nil
-	}
-	_, used, err := use(ctx, q, team, id)
-	if err != nil {
-		return err
-	}
-	return store.CheckBytes(team, quota, limit, used, size)
+	return store.ChargeBytes(ctx, quotaTx{q}, team, quota, id, prevSize, size)
 }
 
 // SetTeamQuotas implements store.Store.
@@ -176,10 +145,10 @@ func (s *DB) TeamUsage(ctx context.Context, id string) (store.TeamUsage, error) 
 	if err != nil {
 		return u, err
 	}
-	if u.Snapshots, u.SnapshotBytes, err = snapshotUse(ctx, tx, id, ""); err != nil {
+	if u.Snapshots, u.SnapshotBytes, err = bytesUse(ctx, tx, "snapshotBytes", id, ""); err != nil {
 		return u, err
 	}
-	if u.Volumes, u.VolumeBytes, err = volumeUse(ctx, tx, id, ""); err != nil {
+	if u.Volumes, u.VolumeBytes, err = bytesUse(ctx, tx, "volumeBytes", id, ""); err != nil {
 		return u, err
 	}
 	r, err := readRate(ctx, tx, id)
