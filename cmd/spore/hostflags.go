@@ -45,6 +45,7 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 	f.IntVar(&cfg.RestoreTargets, "restore-targets", node.DefaultRestoreTargets, "sandboxes booted ahead of time, per shape that restores ask for, waiting for an image: a create from a snapshot, rollback or resume then pays only the image's load (0: none)")
 	f.IntVar(&cfg.RestoreTargetsBurst, "restore-targets-burst", node.DefaultRestoreTargetsBurst, "most restore targets kept for a shape after a burst of restores of it (a fork's children, overlapping creates): its targets grow to the burst's size, up to this, until the shape goes 5 minutes without a restore (0 or at most --restore-targets: no growth)")
 	f.IntVar(&cfg.ReservedNetworks, "reserved-networks", node.DefaultReservedNetworks, "sandbox networks set up ahead of time (namespaces, links, addresses) for the restores that find no restore target: a fork's children and concurrent creates then only write their policy's rules (0: none)")
+	f.IntVar(&cfg.Launches, "launch-slots", 0, "boots and restores (creates, fork children, rollbacks, resumes) that run at once; the others wait, and a free slot goes to the waiting team with the fewest running, so one team's burst cannot starve another's creates (0: twice the CPUs, at least 4; -1: no bound)")
 	f.Int64Var(&cfg.BackgroundLoadMB, "background-load", gvisor.DefaultBackgroundLoadBytes>>20, "MiB of memory from which a restore (create from a snapshot, rollback, resume, fork) returns before the memory is all loaded: the sandbox runs while the rest loads in the background (0: never)")
 	f.StringSliceVar(&dnsUpstreams, "dns-upstream", nil, "resolvers (addr or addr:port) the sandboxes' DNS forwarder asks (default: the nameservers of /etc/resolv.conf)")
 	var cacheMiB int64
@@ -61,6 +62,9 @@ func addHostFlags(f *pflag.FlagSet, cfg *server.Config) func() error {
 			return fmt.Errorf("--memory-floor must be -1 (none) or a size in MiB, got %d", reserveMiB)
 		}
 		cfg.MemoryReserve = reserveMiB << 20
+		if cfg.Launches < -1 {
+			return fmt.Errorf("--launch-slots must be -1 (no bound), 0 (the default) or more, got %d", cfg.Launches)
+		}
 		if cfg.RestoreTargets < 0 {
 			return fmt.Errorf("--restore-targets must be 0 (none) or more, got %d", cfg.RestoreTargets)
 		}

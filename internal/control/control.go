@@ -30,6 +30,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/secrets"
 	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/tenant"
 )
 
 // Limits on what a request may ask.
@@ -374,6 +375,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Sandbox, error) 
 	if r.TeamID == "" {
 		r.TeamID = store.DefaultTeam
 	}
+	ctx = tenant.With(ctx, r.TeamID) // the node queues its launch with the team's (engine's launch gate)
 	rec := store.Sandbox{
 		TeamID: r.TeamID, TemplateID: r.TemplateID, Metadata: r.Metadata, EnvVars: r.EnvVars,
 		StartedAt: now, EndAt: now.Add(r.Timeout), AutoPause: r.AutoPause, AutoResume: r.AutoResume, AllowInternet: policy.Internet,

@@ -11,6 +11,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/tenant"
 )
 
 // Durability: a snapshot committed on a node's disk is uploaded to the
@@ -416,6 +417,7 @@ func (s *Service) dropDurable(ctx context.Context, snapshotID string) {
 // committed through another replica moves the sandbox at its next
 // connect instead of resuming it there.
 func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, originFull bool) (store.Sandbox, bool, error) {
+	ctx = tenant.With(ctx, teamOf(rec)) // a drain's moves too
 	origin, err := s.st.GetNode(ctx, rec.NodeID)
 	known := err == nil
 	if err != nil && !errdefs.IsNotFound(err) {

@@ -47,7 +47,7 @@ func (s *Service) Heartbeat(ctx context.Context, id, addr string, info nodeapi.N
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, Heartbeat: s.now(), State: state})
+		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, LaunchesQueued: info.LaunchesQueued, Heartbeat: s.now(), State: state})
 	if err != nil {
 		return false, err
 	}

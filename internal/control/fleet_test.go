@@ -356,3 +356,54 @@ func testDrainUndrain(t *testing.T, _ controltest.Config) {
 		t.Fatal("drained a node that does not exist")
 	}
 }
+
+// A node that reports launches waiting for its slots (a burst there) is
+// left to itself while another node fits, for as long as the figure is
+// fresh; the rest of the placement rules are unchanged.
+func TestPlacementAvoidsABusyNode(t *testing.T) {
+	f := newFleet(t)
+	ctx := ctxFor(t)
+	create := func() string {
+		t.Helper()
+		sb, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f.row(sb.ID).NodeID
+	}
+	beat := func(id string, queued int) {
+		t.Helper()
+		n := map[string]*controltest.Node{"na": f.a, "nb": f.b}[id]
+		info, err := local.New(n.Engine, local.Config{ID: id}).Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info.LaunchesQueued = queued
+		if _, err := f.ctl.Heartbeat(ctx, id, id+":1", info, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.beat("na")
+	f.beat("nb")
+	first := create()
+	other := map[string]string{"na": "nb", "nb": "na"}[first]
+	// The next would spread to the other node; make that one busy (the
+	// placement view is rebuilt when older than 5 s).
+	f.clk.Add(6 * time.Second)
+	beat(other, 12)
+	beat(first, 0)
+	for range 2 {
+		if got := create(); got != first {
+			t.Fatalf("a create went to %s, busy with a burst, while %s fits", got, first)
+		}
+	}
+	if row := f.nodeRow(other); row.LaunchesQueued != 12 {
+		t.Fatalf("node row keeps %d launches queued, want 12", row.LaunchesQueued)
+	}
+	// A stale figure binds nothing: spreading resumes.
+	f.clk.Add(10 * time.Second)
+	beat(first, 0)
+	if got := create(); got != other {
+		t.Fatalf("with the busy figure stale, a create went to %s, want %s (spread)", got, other)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/tenant"
 )
 
 // Pause freezes a running sandbox in memory. A sandbox that is already
@@ -95,6 +96,7 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	if rec, err = s.awaitClaim(ctx, rec); err != nil {
 		return Sandbox{}, false, err
 	}
+	ctx = tenant.With(ctx, teamOf(rec)) // a resume's launch queues with its team's
 	if rec.State == store.StateError {
 		return Sandbox{}, false, deadErr(rec)
 	}

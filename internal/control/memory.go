@@ -43,6 +43,12 @@ func (s *Service) freshFree(n store.Node) *int64 {
 	return &v
 }
 
+// busy: node n had launches waiting for a slot at its last heartbeat,
+// fresh enough to place by (the engine's launch gate; scheduler rule 5).
+func (s *Service) busy(n store.Node) bool {
+	return n.LaunchesQueued > 0 && s.now().Sub(n.Heartbeat) <= freeFigureAge
+}
+
 // lessFree is a view's free memory after an item taking mb was placed.
 func lessFree(free *int64, mb int64) *int64 {
 	if free == nil || mb == 0 {

@@ -108,7 +108,7 @@ func (s *Service) register(ctx context.Context, id string, n nodeapi.Node) error
 	}
 	_, err = s.st.UpsertNode(ctx, store.Node{ID: id, Addr: info.Addr, Labels: info.Labels,
 		Capacity: storeRes(info.Capacity), Reserved: storeRes(info.Reserved), Overcommit: store.Overcommit(info.Overcommit), RunscBuild: info.RunscBuild,
-		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, Heartbeat: s.now(), State: store.NodeReady})
+		CPUFeatures: info.CPUFeatures, Durable: info.Durable, MemoryFreeMB: info.MemoryFreeMB, LaunchesQueued: info.LaunchesQueued, Heartbeat: s.now(), State: store.NodeReady})
 	return err
 }
 
@@ -402,7 +402,7 @@ func (s *Service) buildView(ctx context.Context) (scheduler.View, fleetRows, err
 		v.Nodes = append(v.Nodes, scheduler.NodeView{ID: n.ID, Labels: n.Labels, Capacity: schedRes(n.Capacity),
 			Reserved: schedRes(n.Reserved), Overcommit: scheduler.Overcommit(n.Overcommit), Used: used[n.ID], Draining: n.Draining,
 			Lost:       n.State != store.NodeReady || !reachable, // joining: not until reconciled
-			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures, Durable: n.Durable, MemoryFree: s.freshFree(n)})
+			RunscBuild: n.RunscBuild, CPUFeatures: n.CPUFeatures, Durable: n.Durable, MemoryFree: s.freshFree(n), Busy: s.busy(n)})
 	}
 	return v, rows, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/scheduler"
 	"github.com/spore-run/spore/internal/store"
+	"github.com/spore-run/spore/internal/tenant"
 )
 
 // Snapshot takes a live snapshot of a sandbox; it outlives the sandbox
@@ -239,6 +240,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 	if parent.State == store.StateHibernated {
 		return nil, errdefs.Conflictf("sandbox %s is paused: connect to it first", id)
 	}
+	ctx = tenant.With(ctx, teamOf(parent)) // the children's launches queue with their team's
 	if parent.State == store.StateError {
 		return nil, deadErr(parent)
 	}
@@ -511,6 +513,7 @@ func (s *Service) Rollback(ctx context.Context, id, snapshotID string) (Sandbox,
 	if err != nil {
 		return Sandbox{}, err
 	}
+	ctx = tenant.With(ctx, teamOf(rec))
 	if rec.State == store.StateHibernated {
 		if _, _, err := s.Connect(ctx, id, 0); err != nil {
 			return Sandbox{}, err

@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/tenant"
 	"github.com/spore-run/spore/internal/testenv"
 )
 
@@ -243,4 +246,102 @@ func benchConcurrency() int {
 	var n int
 	fmt.Sscan(os.Getenv("SPORE_BENCH_FORK_CONCURRENCY"), &n)
 	return n
+}
+
+// BenchmarkFairLaunch measures what one team's burst does to another
+// team's creates on the same host (issue 32's fairness figure): team b
+// creates sandboxes one after another, first on an idle host, then while
+// team a forks a sandbox 100 times twice at once (8 restores at a time,
+// the forks' default concurrency). It reports b's create p50 and p90 idle
+// and during the burst, and how long the burst took, with the engine's
+// launch slots (slots=default) and without any bound (slots=none):
+//
+//	go test -run '^$' -bench FairLaunch -benchtime 1x -timeout 30m ./internal/engine/
+func BenchmarkFairLaunch(b *testing.B) {
+	for _, c := range []struct {
+		name     string
+		launches int
+	}{{"slots=default", 0}, {"slots=2", 2}, {"slots=none", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			e := newEnvWith(b, func(cfg *engine.Config) { cfg.Launches = c.launches })
+			ctx := ctxFor(b)
+			ctxA, ctxB := tenant.With(ctx, "a"), tenant.With(ctx, "b")
+			src, err := e.eng.Create(ctxA, engine.CreateOptions{Template: e.counter})
+			if err != nil {
+				b.Fatal(err)
+			}
+			createB := func() time.Duration {
+				t0 := time.Now()
+				sb, err := e.eng.Create(ctxB, engine.CreateOptions{Template: e.counter})
+				d := time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := e.eng.Kill(ctx, sb.ID); err != nil {
+					b.Fatal(err)
+				}
+				return d
+			}
+			for range b.N {
+				var idle []time.Duration
+				for range 10 {
+					idle = append(idle, createB())
+				}
+				var wg sync.WaitGroup
+				var children []string
+				var mu sync.Mutex
+				done := make(chan struct{})
+				t0 := time.Now()
+				for range 2 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						fr, err := e.eng.Fork(ctxA, src.ID, engine.ForkOptions{Count: 100})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						mu.Lock()
+						defer mu.Unlock()
+						for _, ch := range fr.Children {
+							if ch.Err != nil {
+								b.Error(ch.Err)
+								continue
+							}
+							children = append(children, ch.Sandbox.ID)
+						}
+					}()
+				}
+				go func() { wg.Wait(); close(done) }()
+				var busy []time.Duration
+				time.Sleep(500 * time.Millisecond) // the forks are past their capture, launching
+			loop:
+				for {
+					select {
+					case <-done:
+						break loop
+					default:
+						busy = append(busy, createB())
+					}
+				}
+				burst := time.Since(t0)
+				for _, id := range children {
+					e.eng.Kill(ctx, id)
+				}
+				ms := func(ds []time.Duration, q float64) float64 {
+					if len(ds) == 0 {
+						return 0
+					}
+					slices.Sort(ds)
+					return float64(ds[int(q*float64(len(ds)-1))].Microseconds()) / 1000
+				}
+				b.ReportMetric(ms(idle, 0.5), "idle-p50-ms")
+				b.ReportMetric(ms(busy, 0.5), "burst-p50-ms")
+				b.ReportMetric(ms(busy, 0.9), "burst-p90-ms")
+				b.ReportMetric(float64(len(busy)), "burst-creates")
+				b.ReportMetric(burst.Seconds(), "burst-s")
+				b.ReportMetric(float64(len(children)), "children")
+			}
+		})
+	}
 }

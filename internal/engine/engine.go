@@ -82,6 +82,10 @@ type Config struct {
 	// instance or snapshot an operation replaced) is retried; it doubles
 	// up to a minute. Default 1s.
 	CleanupRetry time.Duration
+	// Launches is how many instances may be launched (booted or restored)
+	// at once, shared fairly between the teams that wait (launchgate.go);
+	// 0: DefaultLaunches(); negative: no bound.
+	Launches int
 }
 
 // Engine runs sandboxes on one host.
@@ -102,6 +106,7 @@ type Engine struct {
 	init      Initializer
 	mem       *memory // the floor, admission's ledger, activity (admission.go, pressure.go)
 	targets   *targetPool
+	gate      *launchGate // fair launch slots (launchgate.go)
 	nets      *netPool
 
 	bg bgTasks // background work of finished operations (and of timers)
@@ -155,6 +160,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		log: cfg.Logger, lockFile: lf, net: cfg.Network, vols: cfg.Volumes, init: cfg.Init,
 		mem: newMemory(cfg), cleanRetry: cfg.CleanupRetry,
 		records: map[string]*record{}, locks: map[string]opLock{}, inUse: map[string]int{},
+		gate:    newLaunchGate(launchSlots(cfg.Launches)),
 		targets: newTargetPool(cfg.RestoreTargets, cfg.RestoreTargetsBurst, cfg.TargetBurstIdle), nets: newNetPool(cfg.ReservedNetworks, cfg.Network),
 	}
 	e.life, e.endLife = context.WithCancel(context.Background())

@@ -35,6 +35,8 @@ type env struct {
 	counter string // the counter template's name
 	// avail, when set, is the host memory the engine sees (bytes).
 	avail *atomic.Int64
+	// configure, when set, adjusts the engine's configuration.
+	configure func(*engine.Config)
 }
 
 func logger() *slog.Logger {
@@ -45,8 +47,14 @@ func logger() *slog.Logger {
 // template. Everything it creates is removed when the test ends.
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith is newEnv with the engine's configuration adjusted by configure.
+func newEnvWith(t testing.TB, configure func(*engine.Config)) *env {
+	t.Helper()
 	testenv.RequireRoot(t)
-	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), rootfs: testenv.RootFSDir(t), logger: logger()}
+	e := &env{t: t, dir: t.TempDir(), cgroup: "/spore-test-" + ids.New('g'), rootfs: testenv.RootFSDir(t), logger: logger(), configure: configure}
 	testenv.Runsc(t)
 	e.open()
 	t.Cleanup(e.destroy)
@@ -83,6 +91,9 @@ func (e *env) open() {
 	}
 	if e.avail != nil {
 		cfg.MemAvailable = func() (int64, error) { return e.avail.Load(), nil }
+	}
+	if e.configure != nil {
+		e.configure(&cfg)
 	}
 	eng, err := engine.Open(ctx, cfg)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/runtime"
+	"github.com/spore-run/spore/internal/tenant"
 	"github.com/spore-run/spore/internal/timing"
 )
 
@@ -42,6 +43,13 @@ type Initializer interface {
 // restores it from image, once admitted by the host's memory
 // (admission.go). On failure nothing is left.
 func (e *Engine) launch(ctx context.Context, sandbox string, spec runtime.Spec, image string, policy netns.Policy) (addr netip.Addr, err error) {
+	done := timing.Track(ctx, "launch-queue")
+	release, err := e.gate.acquire(ctx, tenant.Of(ctx))
+	done()
+	if err != nil {
+		return addr, fmt.Errorf("wait for a launch slot: %w", err)
+	}
+	defer release()
 	t := e.takeTarget(spec.ID)
 	if t == nil {
 		t = e.takeNet(spec.ID)

@@ -92,6 +92,10 @@ type Config struct {
 	// a burst of restores of it (engine.Config.RestoreTargetsBurst): 0
 	// means DefaultRestoreTargetsBurst, negative no growth.
 	RestoreTargetsBurst int
+	// Launches is how many boots and restores run at once, shared between
+	// teams in turn (engine.Config.Launches): 0 means
+	// engine.DefaultLaunches(), negative no bound.
+	Launches int
 	// ReservedNetworks is how many sandbox networks the engine keeps set
 	// up ahead of time for restores that find no restore target
 	// (engine.Config.ReservedNetworks): 0 means DefaultReservedNetworks,
@@ -263,6 +267,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		MemoryReserve: cfg.MemoryReserve, MemoryMargin: cfg.MemoryMargin, RestoreTargets: orDefault(cfg.RestoreTargets, DefaultRestoreTargets),
 		RestoreTargetsBurst: orDefault(cfg.RestoreTargetsBurst, DefaultRestoreTargetsBurst),
 		ReservedNetworks:    orDefault(cfg.ReservedNetworks, DefaultReservedNetworks),
+		Launches:            cfg.Launches,
 	})
 	if err != nil {
 		vols.close()

@@ -349,6 +349,11 @@ type NodeInfo struct {
 	// node admits by nothing (no floor) or could not read it. Placement
 	// binds on it beside the limits (scheduler.NodeView.MemoryFree).
 	MemoryFreeMB *int64
+	// LaunchesQueued is how many launches (boots and restores) wait for
+	// one of the node's launch slots now (engine.LaunchLoad): a node with
+	// a queue is busy with a burst, and placement sends other work to a
+	// node without one while one fits (scheduler.NodeView.Busy).
+	LaunchesQueued int
 }
 
 // Limits are a sandbox's resource limits.

@@ -36,9 +36,14 @@
 //     its memory image) while it fits; the rest spill by the rules below.
 //  4. Locality: a node that caches Source (a template name or snapshot ID)
 //     beats one that does not: restoring from local disk avoids a download.
-//  5. Spread: the node whose allocated fraction of memory after taking the
+//  5. Idle: a node with no launches waiting for its launch slots beats a
+//     Busy one (one team's burst of restores there: another team's create
+//     would queue behind it; the node's own launch gate then serves teams
+//     in turn, this only keeps new work off a busy node while an idle one
+//     fits).
+//  6. Spread: the node whose allocated fraction of memory after taking the
 //     item is lowest, then the lowest fraction of sandbox slots.
-//  6. Tie: the smaller node ID.
+//  7. Tie: the smaller node ID.
 //
 // The items of one request are placed one after another with Used updated,
 // so the 100 children of a fork spread instead of piling onto the node that
@@ -126,6 +131,9 @@ type NodeView struct {
 	// less its memory floor and what its admissions hold (negative under
 	// the floor). nil: the node reports none, and only limits bind.
 	MemoryFree *int64
+	// Busy: the node had launches waiting for its launch slots when it
+	// last reported (rule 5).
+	Busy bool
 }
 
 // View is the fleet as the control plane sees it.
@@ -297,9 +305,9 @@ func (c *cand) take(need item) {
 	c.rank(need)
 }
 
-// better reports whether a ranks before b: locality, then least
-// allocated memory fraction after placement, then least allocated slot
-// fraction, then ID.
+// better reports whether a ranks before b: locality, then idle before
+// busy, then least allocated memory fraction after placement, then least
+// allocated slot fraction, then ID.
 func better(a, b *cand, nodes []NodeView) bool {
 	if a.cached != b.cached {
 		return a.cached
@@ -309,6 +317,9 @@ func better(a, b *cand, nodes []NodeView) bool {
 
 // betterLoad is better without locality.
 func betterLoad(a, b *cand, nodes []NodeView) bool {
+	if ba, bb := nodes[a.at].Busy, nodes[b.at].Busy; ba != bb {
+		return bb
+	}
 	if a.memKey != b.memKey {
 		return a.memKey < b.memKey
 	}

@@ -44,6 +44,7 @@ func overcommit(mem, cpu float64) func(*scheduler.NodeView) {
 }
 
 func isDraining(n *scheduler.NodeView) { n.Draining = true }
+func isBusy(n *scheduler.NodeView)     { n.Busy = true }
 func durable(n *scheduler.NodeView)    { n.Durable = true }
 func isLost(n *scheduler.NodeView)     { n.Lost = true }
 
@@ -327,6 +328,22 @@ func TestRanking(t *testing.T) {
 		{name: "full tie: smaller ID", view: nodes(
 			node("n2", 65536, 100), node("n10", 65536, 100), node("n1", 65536, 100)),
 			req: req(512), want: []string{"n1"}},
+		{name: "an idle node beats a busy one, however full", view: nodes(
+			node("busy", 65536, 100, isBusy),
+			node("idle", 65536, 100, used(60000, 0, 90))),
+			req: req(512), want: []string{"idle"}},
+		{name: "busy nodes only: spread among them", view: nodes(
+			node("a", 65536, 100, isBusy, used(30000, 0, 10)),
+			node("b", 65536, 100, isBusy)),
+			req: req(512), want: []string{"b"}},
+		{name: "an idle node that does not fit leaves the busy one", view: nodes(
+			node("busy", 65536, 100, isBusy),
+			node("idle", 65536, 100, used(65536, 0, 90))),
+			req: req(512), want: []string{"busy"}},
+		{name: "locality beats idleness", view: nodes(
+			node("idle", 65536, 100),
+			node("busy", 65536, 100, isBusy, caches("snap-1"))),
+			req: req(512, source("snap-1")), want: []string{"busy"}},
 	})
 }
 
@@ -383,6 +400,10 @@ func TestFork(t *testing.T) {
 			req: req(1024, count(2), origin("o")), want: rep("x", 2)},
 		{name: "origin outside the selector gets none", view: nodes(node("o", 65536, 100), node("x", 65536, 100, labels("pool", "rl"))),
 			req: req(1024, count(2), origin("o"), selector("pool", "rl")), want: rep("x", 2)},
+		{name: "a busy origin still takes its children", view: nodes(node("o", 65536, 100, isBusy), node("x", 65536, 100)),
+			req: req(1024, count(3), origin("o")), want: rep("o", 3)},
+		{name: "spill goes to idle nodes first", view: nodes(orig, node("x", 65536, 100, isBusy), node("y", 65536, 100, used(30000, 0, 30))),
+			req: req(1024, count(6), origin("o")), want: append(rep("o", 4), "y", "y")},
 		{name: "origin not in the view: plain spread", view: nodes(node("x", 65536, 100), node("y", 65536, 100)),
 			req: req(1024, count(4), origin("gone")), want: []string{"x", "y", "x", "y"}},
 		{name: "spill prefers nodes caching the snapshot", view: nodes(orig, node("x", 65536, 100), node("y", 65536, 100, used(30000, 0, 30), caches("snap"))),

@@ -72,6 +72,8 @@ type Config struct {
 	RestoreTargetsBurst int
 	// ReservedNetworks: see node.Config (0: the default, negative: none).
 	ReservedNetworks int
+	// Launches: see node.Config (0: the default, negative: no bound).
+	Launches int
 	// BackgroundLoadMB: see node.Config.
 	BackgroundLoadMB int64
 	DNSUpstreams     []netip.AddrPort
@@ -221,7 +223,7 @@ func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 		Blobs: blobs, ChunkCacheBytes: cfg.ChunkCacheBytes, PeerClient: cfg.peerClient,
 		DataDir: cfg.DataDir, RootFSDir: cfg.RootFSDir, Runsc: cfg.Runsc, EnvdBinary: cfg.EnvdBinary,
 		NetPrefix: cfg.NetPrefix, CgroupParent: cfg.CgroupParent, MemoryReserve: cfg.MemoryReserve, RunscFlags: cfg.RunscFlags, Cgroups: cfg.Cgroups, Logger: cfg.Logger,
-		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, RestoreTargetsBurst: cfg.RestoreTargetsBurst, ReservedNetworks: cfg.ReservedNetworks, BackgroundLoadMB: cfg.BackgroundLoadMB, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
+		EgressFloor: cfg.EgressFloor, NoIPv6: cfg.NoIPv6, RestoreTargets: cfg.RestoreTargets, RestoreTargetsBurst: cfg.RestoreTargetsBurst, ReservedNetworks: cfg.ReservedNetworks, Launches: cfg.Launches, BackgroundLoadMB: cfg.BackgroundLoadMB, DNSUpstreams: cfg.DNSUpstreams, DNSPort: cfg.DNSPort,
 		InsecureRegistries: cfg.InsecureRegistries, PrivateRegistries: cfg.PrivateRegistries, RegistryAuthFile: cfg.RegistryAuthFile, EgressRetention: cfg.EgressRetention, EgressCAFiles: cfg.EgressCAFiles,
 	})
 	if err != nil {

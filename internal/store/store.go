@@ -217,8 +217,11 @@ type Node struct {
 	// MemoryFreeMB is the memory the host really had for new sandboxes
 	// at its last heartbeat (nodeapi.NodeInfo.MemoryFreeMB; nil: none
 	// reported).
-	MemoryFreeMB *int64    `json:"memoryFreeMB,omitempty"`
-	Heartbeat    time.Time `json:"heartbeat"`
+	MemoryFreeMB *int64 `json:"memoryFreeMB,omitempty"`
+	// LaunchesQueued is how many launches waited for a launch slot on the
+	// node at its last heartbeat (nodeapi.NodeInfo.LaunchesQueued).
+	LaunchesQueued int       `json:"launchesQueued,omitempty"`
+	Heartbeat      time.Time `json:"heartbeat"`
 	// Draining is an operator's decision: UpsertNode (a node registering
 	// or heart-beating) keeps the stored value; only UpdateNode changes it.
 	Draining bool      `json:"draining"`

@@ -29,6 +29,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi/local"
 	"github.com/spore-run/spore/internal/runtime/fake"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/tenant"
 )
 
 // Templates are built by New (the names `spore up` builds).
@@ -101,6 +102,7 @@ type Network struct {
 	next   uint32
 	nets   map[string]netns.Net
 	setups int
+	teams  map[string]string // instance -> the team its launch acted for (tenant.Of)
 	// The next FailClaims claims and FailReserves reserves fail (nothing
 	// changed).
 	FailClaims, FailReserves int
@@ -118,8 +120,20 @@ func (n *Network) Setup(ctx context.Context, instance string, p netns.Policy) (n
 	nt, err := n.addLocked(instance, p)
 	if err == nil {
 		n.setups++
+		if n.teams == nil {
+			n.teams = map[string]string{}
+		}
+		n.teams[instance] = tenant.Of(ctx)
 	}
 	return nt, err
+}
+
+// LaunchTeams is, for each instance set up so far, the team its launch
+// acted for ("" none): what the node's launch gate queued it under.
+func (n *Network) LaunchTeams() map[string]string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.teams)
 }
 
 // Reserve sets up a network for an instance no sandbox holds yet.

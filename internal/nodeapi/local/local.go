@@ -190,6 +190,7 @@ func (n *Node) Info(ctx context.Context) (nodeapi.NodeInfo, error) {
 		mb := free >> 20
 		info.MemoryFreeMB = &mb
 	}
+	info.LaunchesQueued = n.eng.LaunchLoad().Queued
 	return info, nil
 }
 

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -180,14 +181,14 @@ func infoPB(i nodeapi.NodeInfo) *nodev1.InfoResponse {
 	return &nodev1.InfoResponse{Id: i.ID, Addr: i.Addr, Capacity: resourcesPB(i.Capacity), Reserved: resourcesPB(i.Reserved),
 		RunscBuild: i.RunscBuild, CpuFeatures: i.CPUFeatures, Labels: i.Labels, Templates: i.Templates,
 		Overcommit: &nodev1.Overcommit{Memory: i.Overcommit.Memory, Vcpus: i.Overcommit.VCPUs}, Durable: i.Durable,
-		MemoryFreeMb: i.MemoryFreeMB}
+		MemoryFreeMb: i.MemoryFreeMB, LaunchesQueued: int32(min(i.LaunchesQueued, math.MaxInt32))}
 }
 
 func info(i *nodev1.InfoResponse) nodeapi.NodeInfo {
 	return nodeapi.NodeInfo{ID: i.GetId(), Addr: i.GetAddr(), Capacity: resources(i.GetCapacity()), Reserved: resources(i.GetReserved()),
 		RunscBuild: i.GetRunscBuild(), CPUFeatures: i.GetCpuFeatures(), Labels: i.GetLabels(), Templates: i.GetTemplates(),
 		Overcommit: nodeapi.Overcommit{Memory: i.GetOvercommit().GetMemory(), VCPUs: i.GetOvercommit().GetVcpus()}, Durable: i.GetDurable(),
-		MemoryFreeMB: i.MemoryFreeMb}
+		MemoryFreeMB: i.MemoryFreeMb, LaunchesQueued: max(int(i.GetLaunchesQueued()), 0)}
 }
 
 func statsPB(s nodeapi.Stats) *nodev1.StatsResponse {

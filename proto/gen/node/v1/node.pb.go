@@ -777,9 +777,13 @@ type InfoResponse struct {
 	// Memory (MB) the host really has for new sandboxes now: MemAvailable
 	// less the memory floor and what admissions hold (negative under the
 	// floor); unset when the node admits by nothing or cannot read it.
-	MemoryFreeMb  *int64 `protobuf:"varint,11,opt,name=memory_free_mb,json=memoryFreeMb,proto3,oneof" json:"memory_free_mb,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MemoryFreeMb *int64 `protobuf:"varint,11,opt,name=memory_free_mb,json=memoryFreeMb,proto3,oneof" json:"memory_free_mb,omitempty"`
+	// Launches (boots and restores) waiting for one of the node's launch
+	// slots now: the node is busy with a burst (placement avoids it for
+	// others while a node without a queue fits).
+	LaunchesQueued int32 `protobuf:"varint,12,opt,name=launches_queued,json=launchesQueued,proto3" json:"launches_queued,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -885,6 +889,13 @@ func (x *InfoResponse) GetDurable() bool {
 func (x *InfoResponse) GetMemoryFreeMb() int64 {
 	if x != nil && x.MemoryFreeMb != nil {
 		return *x.MemoryFreeMb
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetLaunchesQueued() int32 {
+	if x != nil {
+		return x.LaunchesQueued
 	}
 	return 0
 }
@@ -4046,7 +4057,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
-	"\vInfoRequest\"\x8f\x04\n" +
+	"\vInfoRequest\"\xb8\x04\n" +
 	"\fInfoResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x124\n" +
@@ -4062,7 +4073,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"overcommit\x12\x18\n" +
 	"\adurable\x18\n" +
 	" \x01(\bR\adurable\x12)\n" +
-	"\x0ememory_free_mb\x18\v \x01(\x03H\x00R\fmemoryFreeMb\x88\x01\x01\x1a9\n" +
+	"\x0ememory_free_mb\x18\v \x01(\x03H\x00R\fmemoryFreeMb\x88\x01\x01\x12'\n" +
+	"\x0flaunches_queued\x18\f \x01(\x05R\x0elaunchesQueued\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
