@@ -22,8 +22,6 @@ var e2bUnimplemented = []string{
 	"GET /v2/sandboxes/{sandboxID}/logs",
 	"POST /sandboxes/{sandboxID}/refreshes",
 	"GET /sandboxes/metrics",
-	"GET /teams/{teamID}/metrics",
-	"GET /teams/{teamID}/metrics/max",
 	"GET /templates/{templateID}/builds/{buildID}/logs",
 	"GET /v2/templates",
 }

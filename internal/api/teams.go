@@ -17,6 +17,8 @@ func (s *Server) teamRoutes() []route {
 		{"GET /teams", s.listTeams, user},
 		{"POST /teams", s.createTeam, admin},
 		{"GET /teams/{teamID}", s.getTeam, user},
+		{"GET /teams/{teamID}/metrics", s.teamMetrics, user},
+		{"GET /teams/{teamID}/metrics/max", s.teamMetricsMax, user},
 		{"PATCH /teams/{teamID}", s.updateTeam, admin},
 		{"DELETE /teams/{teamID}", s.deleteTeam, admin},
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/postgres"
 	"github.com/spore-run/spore/internal/store/sqlite"
+	"github.com/spore-run/spore/internal/teammetrics"
 	"github.com/spore-run/spore/internal/volume/content"
 )
 
@@ -177,6 +178,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	aw := audit.NewWriter(st, log)
 	defer aw.Close() // after the control plane's and the API's work (deferred below)
 	go audit.Prune(ctx, st, audit.RetentionOr(cfg.AuditRetention), audit.PruneEvery, log)
+	go teammetrics.Run(ctx, st, 0, nil, log) // E2B's team metrics: every replica samples
 	ctl := control.New(control.Config{Store: store.Timed(st), Nodes: reg, Logger: log, Hop: reg.hop, Secrets: box, DrainGrace: cfg.DrainGrace, Audit: aw})
 	defer ctl.Close()
 	for _, id := range ready {

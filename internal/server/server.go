@@ -28,6 +28,7 @@ import (
 	"github.com/spore-run/spore/internal/proxy"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/store/sqlite"
+	"github.com/spore-run/spore/internal/teammetrics"
 )
 
 // Config configures the server.
@@ -134,6 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 	aw := audit.NewWriter(st, log)
 	defer aw.Close()
 	go audit.Prune(ctx, st, audit.RetentionOr(cfg.AuditRetention), audit.PruneEvery, log)
+	go teammetrics.Run(ctx, st, 0, nil, log) // E2B's team metrics: every replica samples
 	key, err := ensureKey(ctx, st, cfg, log)
 	if err != nil {
 		return err

@@ -334,6 +334,7 @@ type Store interface {
 	Volumes
 	Teams
 	Audits
+	TeamMetrics
 	Close() error
 }
 

@@ -341,3 +341,33 @@ func (x timed) PruneAudit(ctx context.Context, before time.Time, limit int) (int
 	defer timing.Track(ctx, "store")()
 	return x.st.PruneAudit(ctx, before, limit)
 }
+
+func (x timed) LiveSandboxes(ctx context.Context) (map[string]int, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.LiveSandboxes(ctx)
+}
+
+func (x timed) CountAuditActions(ctx context.Context, action string, since, until time.Time) (map[string]int, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.CountAuditActions(ctx, action, since, until)
+}
+
+func (x timed) NoteTeamSamples(ctx context.Context, samples []TeamSample) error {
+	defer timing.Track(ctx, "store")()
+	return x.st.NoteTeamSamples(ctx, samples)
+}
+
+func (x timed) ListTeamSamples(ctx context.Context, team string, since, until time.Time, bucket time.Duration) ([]TeamSample, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.ListTeamSamples(ctx, team, since, until, bucket)
+}
+
+func (x timed) TopTeamSample(ctx context.Context, team string, since, until time.Time, figure string) (TeamSample, bool, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.TopTeamSample(ctx, team, since, until, figure)
+}
+
+func (x timed) PruneTeamSamples(ctx context.Context, before time.Time) (int, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.PruneTeamSamples(ctx, before)
+}

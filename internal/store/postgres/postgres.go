@@ -219,6 +219,16 @@ var migrations = []string{
 	CREATE INDEX audit_team_at ON audit(team_id, at, seq);
 	CREATE INDEX audit_team_resource_at ON audit(team_id, resource, at, seq);
 	CREATE INDEX audit_at ON audit(at, seq);`,
+	// 11: team metrics (docs/teams.md): a team's figures per sampling
+	// step, merged by the largest value (every replica samples).
+	`CREATE TABLE team_samples (
+		team_id TEXT NOT NULL,
+		at BIGINT NOT NULL,
+		concurrent INTEGER NOT NULL,
+		starts INTEGER NOT NULL,
+		PRIMARY KEY (team_id, at)
+	);
+	CREATE INDEX team_samples_at ON team_samples(at);`,
 }
 
 // Open connects to the database at dsn (a libpq URL or key=value string;

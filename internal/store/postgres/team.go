@@ -102,6 +102,9 @@ func (s *DB) DeleteTeam(ctx context.Context, id string, at time.Time) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM team_rates WHERE team_id = $1`, id); err != nil {
 			return fmt.Errorf("team %s: %w", id, err)
 		}
+		if _, err := tx.Exec(ctx, `DELETE FROM team_samples WHERE team_id = $1`, id); err != nil {
+			return fmt.Errorf("team %s: %w", id, err)
+		}
 		if _, err := tx.Exec(ctx, `DELETE FROM teams WHERE id = $1`, id); err != nil {
 			return fmt.Errorf("team %s: %w", id, err)
 		}

@@ -108,6 +108,9 @@ func (s *DB) DeleteTeam(ctx context.Context, id string, at time.Time) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM team_rates WHERE team_id = ?`, id); err != nil {
 		return fmt.Errorf("team %s: %w", id, err)
 	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM team_samples WHERE team_id = ?`, id); err != nil {
+		return fmt.Errorf("team %s: %w", id, err)
+	}
 	res, err := tx.ExecContext(ctx, `DELETE FROM teams WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("team %s: %w", id, err)

@@ -77,6 +77,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("APIKeyFields", func(t *testing.T) { testKeyFields(t, open(t)) })
 	t.Run("Quotas", func(t *testing.T) { testQuotas(t, open(t)) })
 	t.Run("Audit", func(t *testing.T) { testAudit(t, open(t)) })
+	t.Run("TeamMetrics", func(t *testing.T) { testTeamMetrics(t, open(t)) })
 	t.Run("CreateRate", func(t *testing.T) { testCreateRate(t, open(t)) })
 	t.Run("TwoHandles/QuotaAcrossHandles", func(t *testing.T) { a, b := two(t); testQuotaAcrossHandles(t, a, b) })
 }
