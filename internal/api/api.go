@@ -21,12 +21,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/build"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
+	"github.com/spore-run/spore/internal/metrics"
 	"github.com/spore-run/spore/internal/store"
 	"github.com/spore-run/spore/internal/timing"
 	"github.com/spore-run/spore/internal/volume"
@@ -51,6 +55,10 @@ type Config struct {
 	// (shown by GET /debug/stats so an operator sees it without reading
 	// logs).
 	Node func() NodeReport
+	// Metrics is the process's Prometheus registry, served at GET
+	// /metrics (operator keys) with the API's own and the fleet's
+	// metrics added; nil: a registry of the API's own.
+	Metrics *prometheus.Registry
 	// Domain is the sandboxes' domain (`--domain`): create and connect
 	// answers carry it, so the stock SDK's getHost(port) names
 	// {port}-{sandboxID}.{Domain}, which the proxy routes (with wildcard
@@ -91,21 +99,23 @@ type NodeReport struct {
 
 // Server is the API's HTTP handler.
 type Server struct {
-	c      *control.Service
-	st     store.Store
-	proxy  http.Handler
-	log    *slog.Logger
-	mux    *http.ServeMux
-	node   func() NodeReport
-	domain string
-	keys   *apikey.Checker
-	owners ownerCache
-	builds *build.Service
-	blobs  blob.Store
-	vols   *volume.Catalog
-	volFS  func(ctx context.Context, v store.Volume) (*os.Root, error)
-	volFwd func(w http.ResponseWriter, r *http.Request, v store.Volume)
-	audit  audit.Recorder
+	registry *prometheus.Registry // GET /metrics
+	reqs     *metrics.API
+	c        *control.Service
+	st       store.Store
+	proxy    http.Handler
+	log      *slog.Logger
+	mux      *http.ServeMux
+	node     func() NodeReport
+	domain   string
+	keys     *apikey.Checker
+	owners   ownerCache
+	builds   *build.Service
+	blobs    blob.Store
+	vols     *volume.Catalog
+	volFS    func(ctx context.Context, v store.Volume) (*os.Root, error)
+	volFwd   func(w http.ResponseWriter, r *http.Request, v store.Volume)
+	audit    audit.Recorder
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -121,6 +131,12 @@ func New(cfg Config) *Server {
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
+	s.registry = cfg.Metrics
+	if s.registry == nil {
+		s.registry = metrics.NewRegistry()
+	}
+	s.reqs = metrics.NewAPI(s.registry)
+	s.registry.MustRegister(metrics.NewFleet(cfg.Store, cfg.Logger))
 	s.routes()
 	return s
 }
@@ -214,12 +230,21 @@ func (s *Server) table() []route {
 		{"POST /nodes/{nodeID}/undrain", s.undrainNode, admin},
 		{"POST /blobs/gc", s.collectGarbage, admin},
 		{"GET /debug/stats", s.stats, admin},
+		{"GET /metrics", s.serveMetrics, admin},
 		{"GET /debug/pprof/", pprof.Index, admin},
 		{"GET /debug/pprof/profile", pprof.Profile, admin},
 		{"GET /debug/pprof/trace", pprof.Trace, admin},
 		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
 	return append(append(append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...), s.teamRoutes()...), s.auditRoutes()...)
+}
+
+// serveMetrics is Prometheus's scrape (docs/metrics.md), for operator keys
+// (X-API-KEY or Authorization: Bearer, which Prometheus's
+// authorization setting sends): the fleet's figures cost store reads.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError, Timeout: metrics.ScrapeTimeout + time.Second}).ServeHTTP(w, r)
 }
 
 // Stats is the server's own resource use (leak checks, operations).
@@ -256,7 +281,7 @@ func (s *Server) routes() {
 		if mp, ok := muxPattern[p]; ok {
 			p = mp
 		}
-		s.mux.HandleFunc(p, withTiming(h))
+		s.mux.HandleFunc(p, s.withTiming(r.pattern, h))
 	}
 	for _, p := range e2bUnimplemented {
 		s.mux.HandleFunc(p, s.auth(s.scopedNotImplemented(p), user, opOf(p)))
@@ -264,9 +289,9 @@ func (s *Server) routes() {
 	for _, p := range content.Routes {
 		switch {
 		case s.volFS != nil:
-			s.mux.HandleFunc(p, withTiming(content.Handler(s.openVolume)))
+			s.mux.HandleFunc(p, s.withTiming(p, content.Handler(s.openVolume)))
 		case s.volFwd != nil:
-			s.mux.HandleFunc(p, withTiming(s.forwardVolume))
+			s.mux.HandleFunc(p, s.withTiming(p, s.forwardVolume))
 		default:
 			// The SDK sends the volume's token, not an API key: nothing
 			// to check before saying the route is not served here.
@@ -439,11 +464,14 @@ func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // withTiming gives each request a timing.Recorder and reports its phases,
 // and the handler's whole time as "total", in a Server-Timing header: how
-// benchmarks (and curious users) see where an operation's time goes.
-func withTiming(h http.HandlerFunc) http.HandlerFunc {
+// benchmarks (and curious users) see where an operation's time goes. The
+// request is counted in the replica's metrics under its route pattern.
+func (s *Server) withTiming(route string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, rec := timing.With(r.Context())
-		h(&timingWriter{ResponseWriter: w, rec: rec, start: time.Now()}, r.WithContext(ctx))
+		tw := &timingWriter{ResponseWriter: w, rec: rec, start: time.Now(), code: http.StatusOK}
+		h(tw, r.WithContext(ctx))
+		s.reqs.Observe(route, tw.code, time.Since(tw.start))
 	}
 }
 
@@ -452,11 +480,12 @@ type timingWriter struct {
 	rec   *timing.Recorder
 	start time.Time
 	wrote bool
+	code  int
 }
 
 func (t *timingWriter) WriteHeader(code int) {
 	if !t.wrote {
-		t.wrote = true
+		t.wrote, t.code = true, code
 		v := t.rec.Header()
 		if v != "" {
 			v += ", "

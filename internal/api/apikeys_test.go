@@ -59,7 +59,7 @@ func TestOperatorRoutesNeedAnOperatorKey(t *testing.T) {
 		t.Fatalf("created = %s", b)
 	}
 	want := []string{"GET /nodes", "POST /nodes/{nodeID}/drain", "POST /nodes/{nodeID}/undrain", "POST /blobs/gc",
-		"GET /debug/stats", "GET /debug/pprof/", "GET /debug/pprof/profile", "GET /debug/pprof/trace", "GET /debug/pprof/symbol",
+		"GET /debug/stats", "GET /metrics", "GET /debug/pprof/", "GET /debug/pprof/profile", "GET /debug/pprof/trace", "GET /debug/pprof/symbol",
 		"POST /teams", "PATCH /teams/{teamID}", "DELETE /teams/{teamID}"}
 	got := api.AdminRoutes()
 	slices.Sort(got)

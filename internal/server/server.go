@@ -22,6 +22,7 @@ import (
 	"github.com/spore-run/spore/internal/blob/blobconf"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/engine"
+	"github.com/spore-run/spore/internal/metrics"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/nodeapi/local"
@@ -170,7 +171,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
-	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log,
+	reg := metrics.NewRegistry()
+	reg.MustRegister(metrics.NewEngine(func() metrics.LaunchLoad { return metrics.LaunchLoad(n.Engine.LaunchLoad()) }))
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log, Metrics: reg,
 		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
 		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {
 			// The one node holds every volume: one whose content is

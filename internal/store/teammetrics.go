@@ -62,6 +62,9 @@ type TeamMetrics interface {
 	// PruneTeamSamples deletes the samples older than before and returns
 	// how many.
 	PruneTeamSamples(ctx context.Context, before time.Time) (int, error)
+	// Census counts what the store holds (grouped counts: one read each
+	// of sandboxes and snapshots).
+	Census(ctx context.Context) (Census, error)
 }
 
 // TeamSampleQuery is the SQL of ListTeamSamples for both stores ("?"
@@ -90,3 +93,30 @@ func TopTeamSampleQuery(team string, since, until time.Time, figure string) (str
 	return `SELECT at, concurrent, starts FROM team_samples WHERE team_id = ? AND at >= ? AND at < ? AND ` + figure + ` > 0
 		ORDER BY ` + figure + ` DESC, at LIMIT 1`, []any{team, since.Unix(), until.Unix()}, nil
 }
+
+// Census is what the store holds, counted for the operators' metrics
+// (internal/metrics): sandboxes by node and state, snapshots by kind
+// and storage state with their bytes.
+type Census struct {
+	Sandboxes []SandboxCount
+	Snapshots []SnapshotCount
+}
+
+// SandboxCount is how many sandboxes a node has in a state.
+type SandboxCount struct {
+	NodeID, State string
+	N             int
+}
+
+// SnapshotCount is how many snapshots of a kind and storage state the
+// store lists, and the sum of their sizes.
+type SnapshotCount struct {
+	Kind, Storage string
+	N             int
+	Bytes         int64
+}
+
+// CensusSQL are the two grouped counts of Census, for both stores.
+const (
+	CensusSandboxesSQL = `SELECT node_id, state, COUNT(*) FROM sandboxes GROUP BY node_id, state ORDER BY node_id, state`
+)

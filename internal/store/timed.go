@@ -371,3 +371,8 @@ func (x timed) PruneTeamSamples(ctx context.Context, before time.Time) (int, err
 	defer timing.Track(ctx, "store")()
 	return x.st.PruneTeamSamples(ctx, before)
 }
+
+func (x timed) Census(ctx context.Context) (Census, error) {
+	defer timing.Track(ctx, "store")()
+	return x.st.Census(ctx)
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -75,6 +76,13 @@ func TestLoad(t *testing.T) {
 	t.Logf("%d clients, %d iterations (%d complete) in 20 s: %s", clients, iterations, complete, summary)
 	for _, p := range problems {
 		t.Error(p)
+	}
+	// The server's metrics counted the load's creates, and show its
+	// engine's launch slots (spore up's engine collector).
+	if code, body := s.rest("GET", "/metrics", ""); code != 200 ||
+		!regexp.MustCompile(`(?m)^spore_api_requests_total\{code="201",route="POST /v2/sandboxes"\} [1-9]`).Match(body) ||
+		!regexp.MustCompile(`(?m)^spore_engine_launch_slots [1-9]`).Match(body) {
+		t.Errorf("metrics after the load: %d, creates or launch slots missing:\n%.3000s", code, body)
 	}
 
 	// Clean up whatever the clients left (iterations cut by the deadline).

@@ -134,3 +134,42 @@ func (s *DB) PruneTeamSamples(ctx context.Context, before time.Time) (int, error
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// Census implements store.Store.
+func (s *DB) Census(ctx context.Context) (store.Census, error) {
+	var c store.Census
+	rows, err := s.pool.Query(ctx, store.CensusSandboxesSQL)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	for rows.Next() {
+		var x store.SandboxCount
+		var n int64
+		if err := rows.Scan(&x.NodeID, &x.State, &n); err != nil {
+			rows.Close()
+			return c, fmt.Errorf("census: %w", err)
+		}
+		x.N = int(n)
+		c.Sandboxes = append(c.Sandboxes, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	rows, err = s.pool.Query(ctx, `SELECT COALESCE(data->>'kind', ''), COALESCE(data->>'storage', ''),
+		COUNT(*), COALESCE(SUM((data->>'sizeBytes')::bigint), 0) FROM snapshots GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var x store.SnapshotCount
+		var n int64
+		if err := rows.Scan(&x.Kind, &x.Storage, &n, &x.Bytes); err != nil {
+			return c, fmt.Errorf("census: %w", err)
+		}
+		x.N = int(n)
+		c.Snapshots = append(c.Snapshots, x)
+	}
+	return c, rows.Err()
+}

@@ -125,3 +125,38 @@ func (s *DB) PruneTeamSamples(ctx context.Context, before time.Time) (int, error
 	n, _ := res.RowsAffected()
 	return int(n), nil
 }
+
+// Census implements store.Store.
+func (s *DB) Census(ctx context.Context) (store.Census, error) {
+	var c store.Census
+	rows, err := s.db.QueryContext(ctx, store.CensusSandboxesSQL)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	for rows.Next() {
+		var x store.SandboxCount
+		if err := rows.Scan(&x.NodeID, &x.State, &x.N); err != nil {
+			rows.Close()
+			return c, fmt.Errorf("census: %w", err)
+		}
+		c.Sandboxes = append(c.Sandboxes, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	rows, err = s.db.QueryContext(ctx, `SELECT COALESCE(json_extract(data, '$.kind'), ''), COALESCE(json_extract(data, '$.storage'), ''),
+		COUNT(*), COALESCE(SUM(json_extract(data, '$.sizeBytes')), 0) FROM snapshots GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var x store.SnapshotCount
+		if err := rows.Scan(&x.Kind, &x.Storage, &x.N, &x.Bytes); err != nil {
+			return c, fmt.Errorf("census: %w", err)
+		}
+		c.Snapshots = append(c.Snapshots, x)
+	}
+	return c, rows.Err()
+}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,6 +39,36 @@ func testTeamMetrics(t *testing.T, s store.Store) {
 	live, err := s.LiveSandboxes(ctx)
 	if err != nil || len(live) != 2 || live[teamA] != 3 || live[teamB] != 1 {
 		t.Fatalf("live sandboxes %v, %v: want %s 3, %s 1", live, err, teamA, teamB)
+	}
+
+	// The census: sandboxes by node and state, snapshots by kind and
+	// storage with their bytes.
+	for i, sn := range []store.Snapshot{
+		{ID: "cs1", TeamID: teamA, NodeID: "local", Kind: "snapshot", SizeBytes: 100},
+		{ID: "cs2", TeamID: teamA, NodeID: "local", Kind: "snapshot", SizeBytes: 50, Storage: store.StorageDurable},
+		{ID: "cs3", TeamID: teamB, NodeID: "local", Kind: "snapshot", SizeBytes: 25, Storage: store.StorageDurable},
+	} {
+		if err := s.PutSnapshot(ctx, sn); err != nil {
+			t.Fatalf("snapshot %d: %v", i, err)
+		}
+	}
+	c, err := s.Census(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBoxes := []store.SandboxCount{{NodeID: "local", State: store.StateCreating, N: 1}, {NodeID: "local", State: store.StateHibernated, N: 1},
+		{NodeID: "local", State: store.StatePaused, N: 1}, {NodeID: "local", State: store.StateRunning, N: 3}}
+	if fmt.Sprint(c.Sandboxes) != fmt.Sprint(wantBoxes) {
+		t.Fatalf("census of sandboxes %v, want %v", c.Sandboxes, wantBoxes)
+	}
+	wantSnaps := []store.SnapshotCount{{Kind: "snapshot", N: 1, Bytes: 100}, {Kind: "snapshot", Storage: store.StorageDurable, N: 2, Bytes: 75}}
+	if fmt.Sprint(c.Snapshots) != fmt.Sprint(wantSnaps) {
+		t.Fatalf("census of snapshots %v, want %v", c.Snapshots, wantSnaps)
+	}
+	for _, id := range []string{"cs1", "cs2", "cs3"} {
+		if err := s.DeleteSnapshot(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
