@@ -12,7 +12,7 @@ import (
 	"github.com/spore-run/spore/internal/teammetrics"
 )
 
-func open(t *testing.T) *sqlite.DB {
+func open(t testing.TB) *sqlite.DB {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "spore.db"))
 	if err != nil {
