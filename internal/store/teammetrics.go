@@ -68,21 +68,16 @@ type TeamMetrics interface {
 }
 
 // TeamSampleQuery is the SQL of ListTeamSamples for both stores ("?"
-// placeholders, in order) after CheckTeamSampleQuery.
-func TeamSampleQuery(team string, since, until time.Time, bucket time.Duration) (string, []any) {
+// placeholders, in order); a bucket that is not a whole number of
+// seconds, at least one, is ErrInvalidArgument.
+func TeamSampleQuery(team string, since, until time.Time, bucket time.Duration) (string, []any, error) {
+	if bucket < time.Second || bucket%time.Second != 0 {
+		return "", nil, errdefs.Invalidf("team samples: bucket %s is not a whole number of seconds", bucket)
+	}
 	b := int64(bucket / time.Second)
 	return `SELECT ? + ((at - ?) / ?) * ? AS b, MAX(concurrent), SUM(starts) FROM team_samples
 		WHERE team_id = ? AND at >= ? AND at < ? GROUP BY b ORDER BY b LIMIT ?`,
-		[]any{since.Unix(), since.Unix(), b, b, team, since.Unix(), until.Unix(), MaxTeamSamples}
-}
-
-// CheckTeamSampleQuery refuses a bucket that is not a whole number of
-// seconds, at least one.
-func CheckTeamSampleQuery(bucket time.Duration) error {
-	if bucket < time.Second || bucket%time.Second != 0 {
-		return errdefs.Invalidf("team samples: bucket %s is not a whole number of seconds", bucket)
-	}
-	return nil
+		[]any{since.Unix(), since.Unix(), b, b, team, since.Unix(), until.Unix(), MaxTeamSamples}, nil
 }
 
 // TopTeamSampleQuery is the SQL of TopTeamSample ("?" placeholders).

@@ -41,7 +41,7 @@ func NewClient(baseURL, token string, httpClient *http.Client) (*Client, error) 
 	if httpClient == nil {
 		httpClient = HTTPClient(nil)
 	}
-	ics := []connect.Interceptor{clientTiming{}, clientTeam{}}
+	ics := []connect.Interceptor{clientTiming{}, clientTeam}
 	if u.Scheme == "http" {
 		ics = append(ics, bearer("Bearer "+token))
 	}

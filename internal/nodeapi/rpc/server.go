@@ -174,7 +174,7 @@ func newFleetHandler(node nodeapi.Node, f *fleetauth.Fleet, opts ...connect.Hand
 		return nil, errdefs.Invalidf("node protocol: no node to serve")
 	}
 	all := append([]connect.HandlerOption{
-		connect.WithInterceptors(guard{f}, serverTiming{}, serverTeam{}),
+		connect.WithInterceptors(guard{f}, serverTiming{}, serverTeam),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		// Small messages on a private network: compressing costs more
 		// than it saves. Big lists still get gzip when asked for.

@@ -20,40 +20,22 @@ const teamHeader = "Spore-Team"
 // shorter): a longer one is dropped, and the call queues as no team's.
 const maxTeamHeader = 64
 
-type clientTeam struct{}
-
-func (clientTeam) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+// clientTeam sends the team of a unary call's context.
+var clientTeam = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if t := tenant.Of(ctx); t != "" {
 			req.Header().Set(teamHeader, t)
 		}
 		return next(ctx, req)
 	}
-}
+})
 
-func (clientTeam) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (clientTeam) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
-
-type serverTeam struct{}
-
-func (serverTeam) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+// serverTeam puts a unary call's team into the handler's context.
+var serverTeam = connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if t := req.Header().Get(teamHeader); t != "" && len(t) <= maxTeamHeader {
 			ctx = tenant.With(ctx, t)
 		}
 		return next(ctx, req)
 	}
-}
-
-func (serverTeam) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (serverTeam) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
+})

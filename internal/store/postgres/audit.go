@@ -35,10 +35,7 @@ func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditR
 	if err != nil {
 		return nil, "", err
 	}
-	for i := range args {
-		q = strings.Replace(q, "?", fmt.Sprintf("$%d", i+1), 1)
-	}
-	rows, err := s.pool.Query(ctx, q, args...)
+	rows, err := s.pool.Query(ctx, numbered(q), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("audit: %w", err)
 	}
@@ -65,4 +62,19 @@ func (s *DB) PruneAudit(ctx context.Context, before time.Time, limit int) (int, 
 		return 0, fmt.Errorf("audit: prune: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// numbered turns a query's "?" placeholders into $1, $2, ...
+func numbered(q string) string {
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

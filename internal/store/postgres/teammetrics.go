@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,10 +67,10 @@ func (s *DB) NoteTeamSamples(ctx context.Context, samples []store.TeamSample) er
 
 // ListTeamSamples implements store.Store.
 func (s *DB) ListTeamSamples(ctx context.Context, team string, since, until time.Time, bucket time.Duration) ([]store.TeamSample, error) {
-	if err := store.CheckTeamSampleQuery(bucket); err != nil {
+	q, args, err := store.TeamSampleQuery(team, since, until, bucket)
+	if err != nil {
 		return nil, err
 	}
-	q, args := store.TeamSampleQuery(team, since, until, bucket)
 	rows, err := s.pool.Query(ctx, numbered(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("team %s: samples: %w", team, err)
@@ -109,21 +108,6 @@ func (s *DB) TopTeamSample(ctx context.Context, team string, since, until time.T
 	}
 	x.At, x.Concurrent, x.Starts = time.Unix(at, 0).UTC(), int(conc), int(starts)
 	return x, true, nil
-}
-
-// numbered turns a query's "?" placeholders into $1, $2, ...
-func numbered(q string) string {
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // PruneTeamSamples implements store.Store.

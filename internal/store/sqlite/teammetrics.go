@@ -73,10 +73,10 @@ func (s *DB) NoteTeamSamples(ctx context.Context, samples []store.TeamSample) er
 
 // ListTeamSamples implements store.Store.
 func (s *DB) ListTeamSamples(ctx context.Context, team string, since, until time.Time, bucket time.Duration) ([]store.TeamSample, error) {
-	if err := store.CheckTeamSampleQuery(bucket); err != nil {
+	q, args, err := store.TeamSampleQuery(team, since, until, bucket)
+	if err != nil {
 		return nil, err
 	}
-	q, args := store.TeamSampleQuery(team, since, until, bucket)
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("team %s: samples: %w", team, err)
