@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/spore-run/spore/internal/ids"
@@ -93,8 +94,28 @@ func Remote(t testing.TB, n nodeapi.Node) nodeapi.Node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The calls in flight are counted here: the node protocol is h2c, whose
+	// connections httptest's Close neither tracks nor waits for, and a
+	// call the client gave up on (an upload the control plane's Close cut)
+	// would otherwise go on writing into directories t's cleanup removes.
+	var (
+		mu       sync.Mutex
+		closed   bool
+		inFlight sync.WaitGroup
+	)
 	mux := http.NewServeMux()
-	mux.Handle(path, h)
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if closed {
+			mu.Unlock()
+			http.Error(w, "closed", http.StatusServiceUnavailable)
+			return
+		}
+		inFlight.Add(1)
+		mu.Unlock()
+		defer inFlight.Done()
+		h.ServeHTTP(w, r)
+	}))
 	srv := httptest.NewUnstartedServer(nil)
 	srv.Config = rpc.Server(mux, nil)
 	srv.Start()
@@ -103,6 +124,10 @@ func Remote(t testing.TB, n nodeapi.Node) nodeapi.Node {
 		hc.CloseIdleConnections()
 		srv.CloseClientConnections()
 		srv.Close()
+		mu.Lock()
+		closed = true
+		mu.Unlock()
+		inFlight.Wait()
 	})
 	cl, err := rpc.NewClient(srv.URL, token, hc)
 	if err != nil {
