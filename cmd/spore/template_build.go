@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -380,10 +381,8 @@ func runBuild(ctx context.Context, c *client.Client, nameTag string, o *buildOpt
 		fmt.Fprintf(log, "warning: list templates for %s's snapshot: %v\n", tpl, err)
 	} else {
 		for _, t := range list {
-			for _, a := range t.Aliases {
-				if a == tpl {
-					res.SnapshotID = t.TemplateID
-				}
+			if t.Key == tpl || (t.Key == "" && slices.Contains(t.Aliases, tpl)) {
+				res.SnapshotID = t.TemplateID
 			}
 		}
 	}

@@ -274,8 +274,14 @@ func allowedTemplate(r *http.Request, ref string) error {
 	if c.Key.Scope == nil {
 		return nil
 	}
+	// Patterns match the name the team gave, or its template's name
+	// when ref is the key (E2B's template ID).
+	shown := store.TemplateName(ref, c.Team)
 	for _, p := range c.Key.Scope.Templates {
 		if ok, _ := path.Match(p, ref); ok {
+			return nil
+		}
+		if ok, _ := path.Match(p, shown); ok {
 			return nil
 		}
 	}
@@ -292,8 +298,9 @@ func orBase(t string) string {
 
 // teamRef resolves a snapshot or template reference for a team: the
 // team's snapshot by ID or name (its ID is returned, template ""), or a
-// template the team may use (templateAccess) by name or snapshot ID
-// (returned as given, with the template's name). Another team's snapshot
+// template the team may use (templateAccess) by name (its key is
+// returned, twice) or by snapshot ID (returned as given, with the
+// template's key). Another team's snapshot
 // or private template is ErrNotFound, as is a name the store does not
 // know, except for the default team, whose snapshots from before teams
 // the nodes know by name.
@@ -307,9 +314,13 @@ func (s *Server) teamRef(ctx context.Context, team, ref string) (id, template st
 	case nodeapi.BuiltinTemplate(ref):
 		return ref, ref, nil
 	}
+	key, err := s.templateKey(ctx, team, ref)
+	if err != nil {
+		return "", "", err
+	}
 	name := ""
-	if _, err := s.st.GetTemplate(ctx, ref); err == nil {
-		name = ref
+	if _, err := s.st.GetTemplate(ctx, key); err == nil {
+		name, ref = key, key // the team's own template of that name, or a key
 	} else if !errdefs.IsNotFound(err) {
 		return "", "", err
 	} else {

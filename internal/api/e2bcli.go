@@ -17,11 +17,10 @@ import (
 )
 
 // What the stock E2B CLI (`e2b template publish/unpublish`) needs beyond
-// the SDK's build routes: E2B's template update. Spore has no teams, so
-// every API key sees every template whatever the flag says; `public` is
-// kept in the template's store row (Spec) and reported by the template
-// list, the alias answer and GET /templates/{templateID}, so the CLI and
-// scripts reading it see what they set.
+// the SDK's build routes: E2B's template update. `public` is kept in the
+// template's store row (Spec) and reported by the template list, the
+// alias answer and GET /templates/{templateID}; a public template is
+// every team's to use (teamtemplates.go).
 
 // TemplateUpdate is E2B's TemplateUpdateRequest.
 type TemplateUpdate struct {
@@ -45,12 +44,13 @@ func (s *Server) templateUpdateV1(w http.ResponseWriter, r *http.Request) {
 // publish and unpublish): 200 with the template's names.
 func (s *Server) templateUpdateV2(w http.ResponseWriter, r *http.Request) {
 	if name, ok := s.updateTemplate(w, r); ok {
-		writeJSON(w, http.StatusOK, TemplateUpdateResponse{Names: []string{name}})
+		writeJSON(w, http.StatusOK, TemplateUpdateResponse{Names: []string{s.shownName(r.Context(), name)}})
 	}
 }
 
 // updateTemplate applies the request to the template {templateID} (a
-// name or its snapshot ID) and returns its name; false: it answered.
+// name of the team's, a key or its snapshot ID) and returns its key;
+// false: it answered.
 func (s *Server) updateTemplate(w http.ResponseWriter, r *http.Request) (string, bool) {
 	ref := r.PathValue("templateID")
 	if ids.Validate("template ID", ref) != nil && ids.ValidateName("template name", ref) != nil {
@@ -61,7 +61,7 @@ func (s *Server) updateTemplate(w http.ResponseWriter, r *http.Request) (string,
 	if !decode(w, r, &req) {
 		return "", false
 	}
-	name, err := s.templateName(r.Context(), ref)
+	name, err := s.teamTemplateName(r.Context(), teamOf(r), ref)
 	if errdefs.IsNotFound(err) && s.builtIn(r.Context(), ref) {
 		err = errdefs.Conflictf("template %s is built into the nodes: it cannot be published or unpublished", ref)
 	}

@@ -89,13 +89,18 @@ func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias str
 		s.fail(w, r, errdefs.Invalidf("template alias %q is malformed", alias))
 		return
 	}
+	key, err := s.templateKey(r.Context(), teamOf(r), alias)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	list, err := s.c.Templates(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	for _, m := range list {
-		if m.ID == alias || slices.Contains(m.Names, alias) {
+		if m.ID == alias || slices.Contains(m.Names, key) {
 			if len(m.Names) > 0 {
 				if err := s.templateAccess(r.Context(), teamOf(r), m.Names[0], false); err != nil {
 					s.fail(w, r, err)

@@ -278,7 +278,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	tid, err := s.resolveTagged(r.Context(), req.TemplateID)
+	tid, err := s.resolveTagged(r.Context(), teamOf(r), req.TemplateID)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/spore-run/spore/internal/envd"
@@ -65,18 +66,24 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &body) {
 		return
 	}
+	name := body.Name
 	if body.Template && body.Name != "" {
-		// The name is the deployment's: another team's is taken, and
-		// replacing one's own template is its team's to do.
-		if err := s.claimTemplateName(r.Context(), teamOf(r), body.Name); err != nil {
+		// The name is the team's: the template is saved under its key,
+		// replacing the team's own template of that name.
+		key, err := s.claimTemplateName(r.Context(), teamOf(r), body.Name)
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
+		name = key
 	}
-	sn, err := s.c.Snapshot(r.Context(), id, body.Name, body.Template)
+	sn, err := s.c.Snapshot(r.Context(), id, name, body.Template)
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if body.Template && body.Name != "" {
+		sn.Names = []string{body.Name}
 	}
 	noteAudit(r, id, "snapshot "+sn.ID)
 	writeJSON(w, http.StatusCreated, snapshotInfo(sn))
@@ -120,7 +127,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	// A template's builds and tags go with it (a template whose builds
 	// all failed has only those).
-	name, nerr := s.templateName(r.Context(), ref)
+	key, err := s.templateKey(r.Context(), teamOf(r), ref)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, nerr := s.templateName(r.Context(), key)
 	if nerr == nil {
 		// A template's: only its team removes it (one with only builds,
 		// none finished, too).
@@ -151,10 +163,14 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 // TemplateInfo is a template as the API lists it: E2B's Template (the
 // stock CLI's `e2b template list` reads it) plus sizeBytes.
 type TemplateInfo struct {
-	TemplateID string   `json:"templateID"` // the template's snapshot ID
-	Names      []string `json:"names"`
-	Aliases    []string `json:"aliases"`
-	Public     bool     `json:"public"`
+	TemplateID string `json:"templateID"` // the template's snapshot ID
+	// Key is the template's key (docs/teams.md): its name in the default
+	// team, "<name>.<teamID>" in another; what the build routes call its
+	// template ID.
+	Key     string   `json:"key,omitempty"`
+	Names   []string `json:"names"`
+	Aliases []string `json:"aliases"`
+	Public  bool     `json:"public"`
 	// BuildID: the template's newest successful build, as E2B's ("" for
 	// a template no build made: base, or one saved from a sandbox).
 	BuildID    string `json:"buildID"`
@@ -203,8 +219,11 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 		ti := TemplateInfo{TemplateID: m.ID, Names: names, Aliases: names, CPUCount: int(m.Limits.VCPUs),
 			MemoryMB: int(m.Limits.MemoryMB), DiskSizeMB: int(m.Limits.DiskMB), EnvdVersion: envd.Version,
 			CreatedAt: rfc3339(m.CreatedAt), UpdatedAt: rfc3339(m.CreatedAt), SizeBytes: m.SizeBytes, Status: store.BuildReady}
+		if len(names) > 0 {
+			ti.Key = names[0]
+		}
 		hidden := false
-		for _, name := range names {
+		for i, name := range names {
 			tp, ok := byName[name]
 			if !ok {
 				continue
@@ -212,6 +231,10 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 			if hidden = !store.TemplateVisible(teamOf(r), tp); hidden {
 				break
 			}
+			ti.Key = name
+			shown := slices.Clone(names)
+			shown[i] = store.TemplateNameOf(tp) // the key is the node's; the name the team's
+			ti.Names, ti.Aliases = shown, shown
 			ti.Public = specPublic(tp.Spec)
 			ti.CreatedAt, ti.UpdatedAt = rfc3339(tp.CreatedAt), rfc3339(tp.UpdatedAt)
 			builds, err := s.st.ListBuilds(r.Context(), name)

@@ -188,7 +188,7 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) {
 	var owned []string
 	for _, tp := range tpls {
 		if tp.TeamID == t.ID {
-			owned = append(owned, tp.Name)
+			owned = append(owned, store.TemplateNameOf(tp))
 		}
 	}
 	if len(owned) > 0 {

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"regexp"
@@ -214,17 +215,6 @@ func testTeamsAreIsolated(t *testing.T, _ controltest.Config) {
 	if bsn.SnapshotID == asn.SnapshotID || asn.SnapshotID != sn.SnapshotID {
 		t.Fatalf("golden: B's %s, A's %s (want A's %s)", bsn.SnapshotID, asn.SnapshotID, sn.SnapshotID)
 	}
-	// A template name is the deployment's: taken for B.
-	for _, r := range []teamRoute{
-		{"POST", "/sandboxes/" + bsbB.SandboxID + "/snapshots", `{"name":"a-tpl","template":true}`},
-		{"POST", "/v3/templates", `{"name":"a-tpl"}`},
-		{"POST", "/v3/templates", `{"name":"a-tpl:v2"}`},
-	} {
-		if b := f.want(409, r.method, r.path, r.body, asB...); !strings.Contains(string(b), "taken") {
-			t.Errorf("team B: %s %s %s = %s, want the name taken", r.method, r.path, r.body, b)
-		}
-	}
-
 	// A private template is A's; public, B uses it and still cannot change it.
 	f.want(404, "POST", "/v2/sandboxes", `{"templateID":"a-tpl","timeout":60}`, asB...)
 	f.want(200, "PATCH", "/templates/a-tpl", `{"public":true}`)
@@ -233,6 +223,68 @@ func testTeamsAreIsolated(t *testing.T, _ controltest.Config) {
 	f.want(403, "PATCH", "/templates/a-tpl", `{"public":false}`, asB...)
 	f.want(403, "DELETE", "/templates/a-tpl", "", asB...)
 	f.want(200, "GET", "/templates/a-tpl", "", asB...)
+
+	// Template names are per team: B saves its own a-tpl, which B's names
+	// then find; A's (public) is still A's, for A.
+	var bTpl api.SnapshotInfo
+	json.Unmarshal(f.want(201, "POST", "/sandboxes/"+bsbB.SandboxID+"/snapshots", `{"name":"a-tpl","template":true}`, asB...), &bTpl)
+	if !slices.Equal(bTpl.Names, []string{"a-tpl"}) {
+		t.Fatalf("B's template: %+v, want named a-tpl", bTpl)
+	}
+	made := func(asked string, hdr ...string) (id, from string) {
+		var sb api.SandboxResponse
+		json.Unmarshal(f.want(201, "POST", "/v2/sandboxes", `{"templateID":"`+asked+`","timeout":60}`, hdr...), &sb)
+		es, err := f.n.Engine.Get(context.Background(), sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.SandboxID, es.Template
+	}
+	// (The node knows a template by its key: A's by its name.)
+	bKeyOf := store.TemplateKey(tb.TeamID, "a-tpl")
+	bFromOwn, from := made("a-tpl", asB...)
+	if from != bKeyOf {
+		t.Fatalf("B's create from a-tpl started from %s, want B's template %s", from, bKeyOf)
+	}
+	aFromOwn, from := made("a-tpl")
+	if from != "a-tpl" {
+		t.Fatalf("A's create from a-tpl started from %s, want A's", from)
+	}
+	f.want(204, "DELETE", "/sandboxes/"+aFromOwn, "")
+	var bList, aList []api.TemplateInfo
+	json.Unmarshal(f.want(200, "GET", "/templates", "", asB...), &bList)
+	json.Unmarshal(f.want(200, "GET", "/templates", ""), &aList)
+	ownB := slices.IndexFunc(bList, func(x api.TemplateInfo) bool { return x.TemplateID == bTpl.SnapshotID })
+	named := 0
+	for _, x := range bList {
+		if slices.Equal(x.Names, []string{"a-tpl"}) {
+			named++
+		}
+	}
+	if ownB < 0 || !slices.Equal(bList[ownB].Names, []string{"a-tpl"}) || named != 2 {
+		t.Fatalf("B lists %+v, want A's public a-tpl and its own a-tpl (%s)", bList, bTpl.SnapshotID)
+	}
+	if slices.ContainsFunc(aList, func(x api.TemplateInfo) bool { return x.TemplateID == bTpl.SnapshotID }) {
+		t.Fatalf("A lists B's private template: %+v", aList)
+	}
+	var bGot api.TemplateWithBuilds
+	json.Unmarshal(f.want(200, "GET", "/templates/a-tpl", "", asB...), &bGot)
+	if !slices.Equal(bGot.Names, []string{"a-tpl"}) || bGot.TemplateID != bKeyOf || bGot.Public {
+		t.Fatalf("B reads a-tpl: %+v, want its own (template ID its key, private)", bGot)
+	}
+	// A name that ends like a team's key is no template name.
+	f.want(400, "POST", "/sandboxes/"+bsbB.SandboxID+"/snapshots", `{"name":"x.`+tb.TeamID+`","template":true}`, asB...)
+	f.want(400, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{"name":"x.t0123456789abcdefghi","template":true}`)
+	// B removes its own; A's stays, and B's name finds A's public one again.
+	f.want(204, "DELETE", "/templates/a-tpl", "", asB...)
+	f.want(200, "GET", "/templates/a-tpl", "")
+	bFromA, from := made("a-tpl", asB...)
+	if from != "a-tpl" {
+		t.Fatalf("B's create from a-tpl after B removed its own started from %q, want A's public one", from)
+	}
+	for _, id := range []string{bFromOwn, bFromA} {
+		f.want(204, "DELETE", "/sandboxes/"+id, "", asB...)
+	}
 
 	// An operator acts in B through the team header; a team key cannot.
 	f.want(200, "GET", "/sandboxes/"+bsbB.SandboxID, "", api.TeamHeader, tb.TeamID)

@@ -11,8 +11,14 @@ import (
 )
 
 // Templates and teams (docs/teams.md): a template belongs to the team
-// that made it (its first build, or the snapshot saved as it); template
-// names are the deployment's (one team's name is taken for the others).
+// that made it (its first build, or the snapshot saved as it), and its
+// name is that team's: two teams may each have a template "py". A team's
+// template is stored, built and known to the nodes by its key
+// (store.TemplateKey: the default team's by its name, another team's as
+// "<name>.<teamID>"), which is E2B's template ID; a name a team gives is
+// looked up first among its own templates (templateKey), then as a key,
+// so the default team's public templates (the built-ins' companions, what
+// an operator shares) serve every team that has none of that name.
 // Another team sees a template only when it is public (E2B's publish),
 // and changes it never: a private template of another team answers 404,
 // like one that does not exist; a public one 403 to a change. Templates
@@ -70,32 +76,71 @@ func (s *Server) templateAccess(ctx context.Context, team, name string, write bo
 	return nil
 }
 
-// templateOf checks the {templateID} of a build route (a template name:
-// E2B's template ID is the name here) and that the caller's team may
-// read or change it.
+// templateKey is the key ref names for team: the team's own template of
+// that name when it has one (a row, or builds of one), else ref as given
+// (a key: a name of the default team's, a template every node builds, or
+// any team's key). One or two reads for a team other than the default.
+func (s *Server) templateKey(ctx context.Context, team, ref string) (string, error) {
+	k := store.TemplateKey(team, ref)
+	if k == ref || ids.ValidateName("template name", k) != nil {
+		return ref, nil
+	}
+	_, _, exists, err := s.templateOwner(ctx, k)
+	switch {
+	case err != nil:
+		return "", err
+	case exists:
+		return k, nil
+	}
+	return ref, nil
+}
+
+// templateOf checks the {templateID} of a build route (a template name of
+// the caller's team, or a key: E2B's template ID) and that the caller's
+// team may read or change it, and returns its key.
 func (s *Server) templateOf(w http.ResponseWriter, r *http.Request, write bool) (string, bool) {
 	t := r.PathValue("templateID")
 	if err := ids.ValidateName("template ID", t); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return "", false
 	}
-	if err := s.templateAccess(r.Context(), teamOf(r), t, write); err != nil {
+	key, err := s.templateKey(r.Context(), teamOf(r), t)
+	if err == nil {
+		err = s.templateAccess(r.Context(), teamOf(r), key, write)
+	}
+	if err != nil {
 		s.fail(w, r, err)
 		return "", false
 	}
-	return t, true
+	return key, true
 }
 
-// claimTemplateName checks a build may make template name for the
-// caller's team: a name another team uses is taken (409, whether that
-// template is public or not: names are the deployment's).
-func (s *Server) claimTemplateName(ctx context.Context, team, name string) error {
+// claimTemplateName checks a build (or a snapshot saved as a template)
+// may make template name for the caller's team and returns its key: a
+// name of the team's own is replaced; the key held by another team (a
+// default team's name that a template from before per-team names holds)
+// is taken (409).
+func (s *Server) claimTemplateName(ctx context.Context, team, name string) (string, error) {
 	if nodeapi.BuiltinTemplate(name) {
-		return errdefs.Conflictf("template name %s is built into the nodes: choose another", name)
+		return "", errdefs.Conflictf("template name %s is built into the nodes: choose another", name)
 	}
-	owner, _, exists, err := s.templateOwner(ctx, name)
+	if err := store.ValidateTemplateName(team, name); err != nil {
+		return "", err
+	}
+	key := store.TemplateKey(team, name)
+	owner, _, exists, err := s.templateOwner(ctx, key)
 	if err == nil && exists && owner != team {
-		err = errdefs.Conflictf("template name %s is taken: template names are unique across the deployment; choose another", name)
+		err = errdefs.Conflictf("template name %s is taken (by a template made before names were per team); choose another", name)
 	}
-	return err
+	return key, err
+}
+
+// shownName is the name template key shows: its name in its owner's
+// team (the row's, else its builds').
+func (s *Server) shownName(ctx context.Context, key string) string {
+	owner, _, exists, err := s.templateOwner(ctx, key)
+	if err != nil || !exists {
+		return key
+	}
+	return store.TemplateName(key, owner)
 }

@@ -145,22 +145,29 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "cpuCount or memoryMB out of range")
 		return
 	}
-	base, _, _ := strings.Cut(name, ":")
-	if err := s.claimTemplateName(r.Context(), teamOf(r), base); err != nil {
+	base, tag, tagged := strings.Cut(name, ":")
+	key, err := s.claimTemplateName(r.Context(), teamOf(r), base)
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	if !s.buildsOrFail(w) {
 		return
 	}
-	b, err := s.builds.Request(r.Context(), teamOf(r), name, req.Tags, req.CPUCount, req.MemoryMB)
+	if tagged {
+		key += ":" + tag
+	}
+	b, err := s.builds.Request(r.Context(), teamOf(r), key, req.Tags, req.CPUCount, req.MemoryMB)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	noteAudit(r, b.Template, "build "+b.ID)
+	// The template ID is its key (the SDK names it so in the calls that
+	// follow); its name, the team's.
+	shown := store.TemplateName(b.Template, teamOf(r))
 	writeJSON(w, http.StatusAccepted, BuildRequestResponse{TemplateID: b.Template, BuildID: b.ID,
-		Names: []string{b.Template}, Aliases: []string{b.Template}, Tags: b.Tags})
+		Names: []string{shown}, Aliases: []string{shown}, Tags: b.Tags})
 }
 
 func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
@@ -287,10 +294,17 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	if base, _, _ := strings.Cut(req.Target, ":"); ids.ValidateName("template name", base) == nil {
-		if err := s.templateAccess(r.Context(), teamOf(r), base, true); err != nil {
+	if base, rest, tagged := strings.Cut(req.Target, ":"); ids.ValidateName("template name", base) == nil {
+		key, err := s.templateKey(r.Context(), teamOf(r), base)
+		if err == nil {
+			err = s.templateAccess(r.Context(), teamOf(r), key, true)
+		}
+		if err != nil {
 			s.fail(w, r, err)
 			return
+		}
+		if req.Target = key; tagged {
+			req.Target += ":" + rest
 		}
 	}
 	id, err := s.builds.AssignTags(r.Context(), req.Target, req.Tags)
@@ -316,10 +330,15 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ids.ValidateName("template name", req.Name) == nil {
-		if err := s.templateAccess(r.Context(), teamOf(r), req.Name, true); err != nil {
+		key, err := s.templateKey(r.Context(), teamOf(r), req.Name)
+		if err == nil {
+			err = s.templateAccess(r.Context(), teamOf(r), key, true)
+		}
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
+		req.Name = key
 	}
 	if err := s.builds.RemoveTags(r.Context(), req.Name, req.Tags); err != nil {
 		s.fail(w, r, err)
@@ -334,7 +353,7 @@ func (s *Server) templateTags(w http.ResponseWriter, r *http.Request, t string) 
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	name, err := s.templateName(r.Context(), t)
+	name, err := s.teamTemplateName(r.Context(), teamOf(r), t)
 	if err == nil {
 		err = s.templateAccess(r.Context(), teamOf(r), name, false)
 	}
@@ -357,8 +376,18 @@ func (s *Server) templateTags(w http.ResponseWriter, r *http.Request, t string) 
 	writeJSON(w, http.StatusOK, out)
 }
 
-// templateName finds the template ref names: a template name (built or
-// with builds) or a template's snapshot ID.
+// teamTemplateName is templateName for a team: ref is first one of its
+// own template names (templateKey).
+func (s *Server) teamTemplateName(ctx context.Context, team, ref string) (string, error) {
+	key, err := s.templateKey(ctx, team, ref)
+	if err != nil {
+		return "", err
+	}
+	return s.templateName(ctx, key)
+}
+
+// templateName finds the template ref names: a template key (built or
+// with builds) or a template's snapshot ID. It returns the key.
 func (s *Server) templateName(ctx context.Context, ref string) (string, error) {
 	if _, err := s.st.GetTemplate(ctx, ref); err == nil {
 		return ref, nil
@@ -391,7 +420,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	name, err := s.templateName(r.Context(), t)
+	name, err := s.teamTemplateName(r.Context(), teamOf(r), t)
 	if err == nil {
 		err = s.templateAccess(r.Context(), teamOf(r), name, false)
 	}
@@ -404,7 +433,8 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := TemplateWithBuilds{TemplateID: name, Names: []string{name}, Aliases: []string{name}, Builds: []TemplateBuild{}}
+	shown := s.shownName(r.Context(), name)
+	out := TemplateWithBuilds{TemplateID: name, Names: []string{shown}, Aliases: []string{shown}, Builds: []TemplateBuild{}}
 	created, updated := time.Time{}, time.Time{}
 	if tp, err := s.st.GetTemplate(r.Context(), name); err == nil {
 		created, updated = tp.CreatedAt, tp.UpdatedAt
@@ -428,9 +458,10 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// resolveTagged turns a create's "name:tag" into the snapshot of that
-// tag's build; other template IDs are left as they are.
-func (s *Server) resolveTagged(ctx context.Context, templateID string) (string, error) {
+// resolveTagged turns a create's "name:tag" (the name the team's own
+// template's first, templateKey) into the snapshot of that tag's build;
+// other template IDs are left as they are.
+func (s *Server) resolveTagged(ctx context.Context, team, templateID string) (string, error) {
 	if !strings.Contains(templateID, ":") {
 		return templateID, nil
 	}
@@ -441,7 +472,11 @@ func (s *Server) resolveTagged(ctx context.Context, templateID string) (string, 
 	if s.builds == nil {
 		return "", errdefs.NotFoundf("template %s", templateID)
 	}
-	snap, err := s.builds.ResolveTag(ctx, name, tag)
+	key, err := s.templateKey(ctx, team, name)
+	if err != nil {
+		return "", err
+	}
+	snap, err := s.builds.ResolveTag(ctx, key, tag)
 	if err != nil {
 		return "", err
 	}

@@ -222,7 +222,12 @@ func (s *Service) sourceOf(ctx context.Context, team, ref string) (*sourceInfo, 
 		return &sourceInfo{id: sn.ID, snapshot: true, origin: sn.NodeID, durable: sn.Storage == store.StorageDurable,
 			runsc: sn.RunscBuild, cpu: sn.CPUFeatures, holders: append([]string{sn.NodeID}, sn.Copies...), volumes: sn.VolumeMounts}, nil
 	}
-	return templateSource(*r.Template), nil
+	if src := templateSource(*r.Template); src != nil || r.Template.Name == ref {
+		return src, nil
+	}
+	// A team's template with no snapshot stored, named by its name: the
+	// nodes know it by its key.
+	return &sourceInfo{id: r.Template.Name}, nil
 }
 
 // templateSource is where a template's snapshot is; nil for a template

@@ -25,3 +25,7 @@ func (s *Service) TargetCount() int {
 func (s *Service) FillPool(ctx context.Context, cfg PoolConfig, template string) error {
 	return s.fillPool(ctx, cfg, template)
 }
+
+// InvalidateView makes the next placement rebuild its view from the
+// store, as a drain does.
+func (s *Service) InvalidateView() { s.invalidateView() }

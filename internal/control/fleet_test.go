@@ -382,6 +382,7 @@ func TestPlacementAvoidsABusyNode(t *testing.T) {
 		if _, err := f.ctl.Heartbeat(ctx, id, id+":1", info, false); err != nil {
 			t.Fatal(err)
 		}
+		f.ctl.InvalidateView() // as reportFree (memory_test.go)
 	}
 	f.beat("na")
 	f.beat("nb")

@@ -38,6 +38,11 @@ func (f *durableFleet) reportFree(id string, mb int64) {
 	if _, err := f.ctl.Heartbeat(ctxFor(f.t), id, info.Addr, info, false); err != nil {
 		f.t.Fatal(err)
 	}
+	// The next placement reads it: a background refresh of the view that
+	// read the rows before this heartbeat would otherwise stand, dated
+	// now, for up to the view's age (CI: a fork placed by the figures of
+	// before).
+	f.ctl.InvalidateView()
 }
 
 // forkParent makes a sandbox on node na holding parentMiB of memory.

@@ -52,8 +52,8 @@ func (s *Service) Snapshot(ctx context.Context, id, name string, template bool) 
 		return store.Snapshot{}, err
 	}
 	// A snapshot's names are its team's (the store keeps them); the node
-	// knows it by ID. A template's name is the deployment's, and the
-	// node's too.
+	// knows it by ID. A template is named by its key (store.TemplateKey:
+	// the API gives it), which the node knows it by too.
 	req := nodeapi.SnapshotRequest{SnapshotID: ids.New('s'), Template: template}
 	if template {
 		req.Names = names

@@ -9,7 +9,7 @@ import (
 )
 
 // DecodeRef turns ResolveRef's ranked row (rank 0 and 1: a snapshot's
-// data, 2: a template's) read with err into a Ref; noRows is the driver's
+// data, 2 and 3: a template's) read with err into a Ref; noRows is the driver's
 // "no row" error.
 func DecodeRef(err error, rank int, data []byte, ref string, noRows error) (Ref, error) {
 	if errors.Is(err, noRows) {

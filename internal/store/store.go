@@ -159,10 +159,12 @@ const (
 // Template is a named, buildable sandbox image: the snapshot it starts
 // from, its build spec and the nodes that hold a copy.
 type Template struct {
+	// Name is its key (TemplateKey): the default team's name, another
+	// team's "<name>.<teamID>"; nodes know it by this.
 	Name string `json:"name"`
 	// TeamID is the team that made it ("" in rows from before teams: the
-	// default team's). Names are the deployment's; another team sees it
-	// only when it is public (docs/teams.md).
+	// default team's). Names are per team (TemplateName); another team
+	// sees it only when it is public (docs/teams.md).
 	TeamID     string   `json:"teamID,omitempty"`
 	SnapshotID string   `json:"snapshotID,omitempty"`
 	Spec       []byte   `json:"spec,omitempty"`    // opaque JSON
@@ -400,7 +402,8 @@ type Templates interface {
 type Refs interface {
 	// ResolveRef finds what ref names for a team, the first match
 	// winning: a snapshot of the team's by ID, a snapshot by one of the
-	// team's names, a template by name. team "" is the control plane's
+	// team's names, the team's template of that name (its key:
+	// TemplateKey), a template by key (the default team's by name). team "" is the control plane's
 	// own lookup: a snapshot of any team by ID, no snapshot by name. One
 	// read (one round trip on PostgreSQL); none of them: ErrNotFound.
 	ResolveRef(ctx context.Context, team, ref string) (Ref, error)

@@ -2,10 +2,11 @@
 // sandboxes and secrets, the other team's sandbox is "not found" to
 // every call (getInfo, connect, kill, setTimeout), and names are per
 // team; team B's quota of one sandbox refuses a second create (the
-// error names the quota) and admits one again after a kill. KEY_A and
+// error names the quota) and admits one again after a kill; template
+// names are per team. KEY_A and
 // KEY_B are the two teams' keys. Prints "N passed, 0 failed".
 import assert from 'node:assert/strict'
-import { Sandbox, Secret, NotFoundError } from 'e2b'
+import { Sandbox, Secret, Template, NotFoundError } from 'e2b'
 
 const A = { apiKey: process.env.KEY_A }
 const B = { apiKey: process.env.KEY_B }
@@ -55,7 +56,41 @@ ok('each team removes its own')
 
 const again = await Sandbox.create('base', { ...B, timeoutMs: 60_000, metadata: { run } })
 assert.deepEqual(await ids(B), [again.sandboxId])
-assert.equal(await Sandbox.kill(again.sandboxId, B), true)
 ok('after the kill, team B creates again within its quota')
+
+// Template names are per team: each team saves a sandbox as a template of
+// the same name (Spore's snapshot route); each team's creates from that
+// name start from its own, and the other team's is invisible to it.
+const rest = async (method, path, opts, body) => {
+  const res = await fetch(`${process.env.E2B_API_URL}${path}`, {
+    method, headers: { 'X-API-Key': opts.apiKey, 'Content-Type': 'application/json' }, body: body && JSON.stringify(body),
+  })
+  const text = await res.text()
+  return { status: res.status, body: text ? JSON.parse(text) : null }
+}
+const tname = `same-${run}`
+const aSrc = await Sandbox.create('base', { ...A, timeoutMs: 60_000, metadata: { run } })
+for (const [sbx, opts, who] of [[aSrc, A, 'a'], [again, B, 'b']]) {
+  await sbx.files.write('/home/user/team.txt', who)
+  const res = await rest('POST', `/sandboxes/${sbx.sandboxId}/snapshots`, opts, { name: tname, template: true })
+  assert.equal(res.status, 201, JSON.stringify(res.body))
+  assert.deepEqual(res.body.names, [tname])
+  assert.equal(await Sandbox.kill(sbx.sandboxId, opts), true)
+}
+assert.equal(await Template.exists(tname, A), true)
+assert.equal(await Template.exists(tname, B), true)
+for (const [opts, who] of [[A, 'a'], [B, 'b']]) {
+  const sbx = await Sandbox.create(tname, { ...opts, timeoutMs: 60_000, metadata: { run } })
+  assert.equal(await sbx.files.read('/home/user/team.txt'), who, `team ${who}'s create from ${tname}`)
+  assert.equal(await Sandbox.kill(sbx.sandboxId, opts), true)
+}
+ok('template names are per team: each team creates from its own template of a shared name')
+
+assert.equal((await rest('DELETE', `/templates/${tname}`, B)).status, 204)
+assert.equal(await Template.exists(tname, B), false)
+assert.equal(await Template.exists(tname, A), true)
+assert.equal((await rest('DELETE', `/templates/${tname}`, A)).status, 204)
+assert.equal(await Template.exists(tname, A), false)
+ok("removing one team's template leaves the other's")
 
 console.log(`${passed} passed, 0 failed`)

@@ -14,7 +14,8 @@ import (
 // operator key makes team B and a key of each team; each team sees only
 // its own sandboxes and secrets, the other's sandbox is "not found" to
 // every SDK call and keeps running, secret names are per team; team B's
-// quota (one sandbox) refuses, then admits again after a kill.
+// quota (one sandbox) refuses, then admits again after a kill; each team
+// saves a template of one name and creates from its own.
 func TestTwoTeamsThroughTheSDK(t *testing.T) {
 	s := newServer(t)
 	post := func(path, body string) []byte {
@@ -39,7 +40,7 @@ func TestTwoTeamsThroughTheSDK(t *testing.T) {
 	json.Unmarshal(post("/api-keys", `{"name":"team-b","teamID":"`+team.TeamID+`"}`), &b)
 	out := s.node("teams.mjs", "KEY_A="+a.Key, "KEY_B="+b.Key)
 	t.Log(out)
-	if !strings.Contains(out, "8 passed, 0 failed") {
+	if !strings.Contains(out, "10 passed, 0 failed") {
 		t.Fatal("the SDK part did not pass")
 	}
 }

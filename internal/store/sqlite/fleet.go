@@ -225,14 +225,15 @@ func (s *DB) ReleaseLease(ctx context.Context, name, holder string) error {
 	return nil
 }
 
-// ResolveRef implements store.Store: the three lookups in one statement,
+// ResolveRef implements store.Store: the four lookups in one statement,
 // ranked.
 func (s *DB) ResolveRef(ctx context.Context, team, ref string) (store.Ref, error) {
 	var rank int
 	var data string
 	err := s.db.QueryRowContext(ctx, `SELECT 0, data FROM snapshots WHERE id = ?1 AND (?2 = '' OR team_id = ?2)
 		UNION ALL SELECT 1, s.data FROM snapshots s JOIN snapshot_names n ON n.snapshot_id = s.id WHERE n.name = ?1 AND ?2 != '' AND n.team_id = ?2
-		UNION ALL SELECT 2, data FROM templates WHERE name = ?1
-		ORDER BY 1 LIMIT 1`, ref, team).Scan(&rank, &data)
+		UNION ALL SELECT 2, data FROM templates WHERE name = ?3 AND ?3 != ?1
+		UNION ALL SELECT 3, data FROM templates WHERE name = ?1
+		ORDER BY 1 LIMIT 1`, ref, team, store.TemplateKey(team, ref)).Scan(&rank, &data)
 	return store.DecodeRef(err, rank, []byte(data), ref, sql.ErrNoRows)
 }

@@ -351,10 +351,29 @@ func testTeamLookups(t *testing.T, s store.Store) {
 	if r, err := s.ResolveRef(ctx, "", "ssec_b"); err != nil || r.Snapshot == nil || r.Snapshot.TeamID != teamB {
 		t.Fatalf("resolve another team's snapshot ID with team \"\" = %+v %v", r, err)
 	}
-	for _, team := range []string{teamA, teamB, ""} { // templates are the deployment's
+	for _, team := range []string{teamA, teamB, ""} { // the default team's template, by name
 		if r, err := s.ResolveRef(ctx, team, "py"); err != nil || r.Template == nil || r.Template.SnapshotID != "tpl-py" {
 			t.Fatalf("resolve the template in team %q = %+v %v", team, r, err)
 		}
+	}
+	// Template names are per team: team A's "py" (its key) comes first
+	// for A; B and the default team still find the default team's; A's
+	// is found by anyone by its key (E2B's template ID).
+	if _, err := s.PutTemplate(ctx, store.Template{Name: store.TemplateKey(teamA, "py"), TeamID: teamA, SnapshotID: "tpl-py-a"}); err != nil {
+		t.Fatal(err)
+	}
+	for team, want := range map[string]string{teamA: "tpl-py-a", teamB: "tpl-py", store.DefaultTeam: "tpl-py", "": "tpl-py"} {
+		if r, err := s.ResolveRef(ctx, team, "py"); err != nil || r.Template == nil || r.Template.SnapshotID != want {
+			t.Fatalf("resolve py in team %q = %+v %v, want template %s", team, r, err, want)
+		}
+	}
+	for _, team := range []string{teamA, teamB, ""} {
+		if r, err := s.ResolveRef(ctx, team, store.TemplateKey(teamA, "py")); err != nil || r.Template == nil || r.Template.SnapshotID != "tpl-py-a" {
+			t.Fatalf("resolve A's template key in team %q = %+v %v", team, r, err)
+		}
+	}
+	if err := s.DeleteTemplate(ctx, store.TemplateKey(teamA, "py")); err != nil {
+		t.Fatal(err)
 	}
 	up, err := s.UpdateSecret(ctx, "", "sec_b", func(x *store.Secret) error { x.Version++; x.TeamID = teamA; return nil })
 	if err != nil || up.Version != 2 || up.TeamID != teamB {
