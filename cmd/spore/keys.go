@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/store"
@@ -160,13 +161,24 @@ nothing of another team's. Make a team, then its first admin key:
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Make a team (with quotas: see team quota)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Makes a team. Without a quota flag it gets the deployment's default quotas
+(spore up|api --default-team-quotas); with any, exactly those given (a
+quota not given, or 0, is no limit: --sandboxes 0 makes a team with none).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := f.client()
 			if err != nil {
 				return err
 			}
-			t, err := c.CreateTeam(cmd.Context(), args[0], createQuotas)
+			// No quota flag: the deployment's default quotas
+			// (--default-team-quotas); any: exactly those given.
+			var quotas *store.Quotas
+			for _, name := range store.QuotaNames {
+				if cmd.Flags().Changed(name) {
+					quotas = &createQuotas
+				}
+			}
+			t, err := c.CreateTeam(cmd.Context(), args[0], quotas)
 			if err != nil {
 				return err
 			}
@@ -285,7 +297,8 @@ changes. Lowering a quota under what the team holds keeps what it holds.
 	return cmd
 }
 
-// quotaFlags adds the quota flags to cmd, into q.
+// quotaFlags adds the quota flags to cmd, into q (named as
+// store.QuotaNames).
 func quotaFlags(cmd *cobra.Command, q *store.Quotas) {
 	cmd.Flags().IntVar(&q.Sandboxes, "sandboxes", 0, "running sandboxes (creating, running or paused in memory)")
 	cmd.Flags().IntVar(&q.VCPUs, "vcpus", 0, "their vCPUs in all")
@@ -319,4 +332,37 @@ func quotaLine(q store.Quotas) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// quotasFlag is a flag of quotas written as store.ParseQuotas reads them
+// (--default-team-quotas).
+type quotasFlag struct{ q *store.Quotas }
+
+func (f quotasFlag) Type() string { return "quotas" }
+
+func (f quotasFlag) Set(s string) error {
+	q, err := store.ParseQuotas(s)
+	if err != nil {
+		return err
+	}
+	*f.q = q
+	return nil
+}
+
+func (f quotasFlag) String() string {
+	if f.q == nil || f.q.Zero() {
+		return ""
+	}
+	var parts []string
+	for i, n := range []int64{int64(f.q.Sandboxes), int64(f.q.VCPUs), f.q.MemoryMB, f.q.SnapshotBytes, f.q.VolumeBytes, int64(f.q.CreatesPerMinute)} {
+		if n != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", store.QuotaNames[i], n))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// defaultQuotasFlag adds --default-team-quotas, into q.
+func defaultQuotasFlag(f *pflag.FlagSet, q *store.Quotas) {
+	f.Var(quotasFlag{q}, "default-team-quotas", "the quotas of a team made without any (POST /teams, spore team create): NAME=N,... with names "+strings.Join(store.QuotaNames, ", ")+` (e.g. "sandboxes=20,vcpus=40,memory-mb=40960,creates-per-minute=120"; none: no limits)`)
 }

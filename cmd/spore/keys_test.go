@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/apikey"
@@ -94,13 +97,32 @@ func TestTeamVerbs(t *testing.T) {
 	if err := st.AddAPIKey(ctx, store.APIKey{ID: "operator-key", Hash: apikey.Hash(op), Role: store.RoleOperator, CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(api.New(api.Config{Store: st}))
+	def := store.Quotas{Sandboxes: 7}
+	srv := httptest.NewServer(api.New(api.Config{Store: st, DefaultTeamQuotas: def}))
 	defer srv.Close()
 
 	out, _, err := runCLI(t, srv.URL, op, "team", "create", "research")
 	teamID := strings.TrimSpace(out)
 	if err != nil || !strings.HasPrefix(teamID, "t") {
 		t.Fatalf("team create: %q %v", out, err)
+	}
+	// No quota flag: the deployment's defaults; any: those given.
+	for name, c := range map[string]struct {
+		args []string
+		want store.Quotas
+	}{
+		"research":   {nil, def},
+		"unbounded":  {[]string{"--sandboxes", "0"}, store.Quotas{}},
+		"small-team": {[]string{"--vcpus", "4"}, store.Quotas{VCPUs: 4}},
+	} {
+		if name != "research" {
+			if _, _, err := runCLI(t, srv.URL, op, append([]string{"team", "create", name}, c.args...)...); err != nil {
+				t.Fatalf("team create %s %v: %v", name, c.args, err)
+			}
+		}
+		if got, err := st.GetTeam(ctx, name); err != nil || got.Quotas != c.want {
+			t.Fatalf("team %s made with %v: %+v %v, want quotas %+v", name, c.args, got.Quotas, err, c.want)
+		}
 	}
 	if _, _, err := runCLI(t, srv.URL, op, "team", "create", "research"); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Fatalf("a second team of the same name: %v", err)
@@ -163,5 +185,25 @@ func TestTeamVerbs(t *testing.T) {
 	}
 	if _, _, err := runCLI(t, srv.URL, op, "team", "rm", "default"); err == nil || !strings.Contains(err.Error(), "default team") {
 		t.Fatalf("team rm default: %v", err)
+	}
+}
+
+// --default-team-quotas reads store.ParseQuotas' form, refuses a bad one
+// (the server does not start), and shows what it holds.
+func TestDefaultTeamQuotasFlag(t *testing.T) {
+	var q store.Quotas
+	fs := pflag.NewFlagSet("up", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	defaultQuotasFlag(fs, &q)
+	if err := fs.Parse([]string{"--default-team-quotas", "sandboxes=20,memory-mb=40960"}); err != nil {
+		t.Fatal(err)
+	}
+	if q != (store.Quotas{Sandboxes: 20, MemoryMB: 40960}) || fs.Lookup("default-team-quotas").Value.String() != "sandboxes=20,memory-mb=40960" {
+		t.Fatalf("parsed %+v, shown %q", q, fs.Lookup("default-team-quotas").Value.String())
+	}
+	for _, bad := range []string{"sandboxes=-1", "cpus=2", "sandboxes"} {
+		if err := fs.Parse([]string{"--default-team-quotas", bad}); err == nil || !strings.Contains(err.Error(), "default-team-quotas") {
+			t.Errorf("--default-team-quotas %s: %v, want refused", bad, err)
+		}
 	}
 }

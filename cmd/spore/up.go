@@ -50,6 +50,7 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API and the proxy on")
 	checkHost = addHostFlags(f, &cfg)
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", audit.DefaultRetention, "how long the audit trail keeps a record (API calls, sandbox events; `spore audit`)")
+	defaultQuotasFlag(f, &cfg.DefaultTeamQuotas)
 	f.IntVar(&cfg.PoolSize, "pool", 2, "sandboxes of each default template kept restored ahead of time (fast creates)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
 	return cmd

@@ -85,6 +85,9 @@ type Config struct {
 	// Audit takes the audit trail's records of state-changing calls
 	// (docs/teams.md); nil: none are recorded.
 	Audit audit.Recorder
+	// DefaultTeamQuotas are a new team's quotas when POST /teams gives
+	// none (`--default-team-quotas`); zero: no limits.
+	DefaultTeamQuotas store.Quotas
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -116,6 +119,8 @@ type Server struct {
 	volFS    func(ctx context.Context, v store.Volume) (*os.Root, error)
 	volFwd   func(w http.ResponseWriter, r *http.Request, v store.Volume)
 	audit    audit.Recorder
+	// defaultQuotas: Config.DefaultTeamQuotas.
+	defaultQuotas store.Quotas
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -127,7 +132,8 @@ func New(cfg Config) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
-		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward, audit: cfg.Audit}
+		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward, audit: cfg.Audit,
+		defaultQuotas: cfg.DefaultTeamQuotas}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}

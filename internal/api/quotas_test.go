@@ -1,13 +1,16 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/control/controltest"
+	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/store"
 )
 
@@ -126,4 +129,38 @@ func testTeamQuotas(t *testing.T, _ controltest.Config) {
 	refusedBy(body, "createsPerMinute")
 	// Other teams are not held by it.
 	f.create(`{"templateID":"base","timeout":300}`)
+}
+
+// A team made without quotas gets the deployment's defaults; quotas
+// given (even none) are the team's; bad ones change nothing.
+func TestDefaultTeamQuotas(t *testing.T) {
+	st := openStore(t)
+	def := store.Quotas{Sandboxes: 5, VCPUs: 10, CreatesPerMinute: 60}
+	srv := httptest.NewServer(api.New(api.Config{Store: st, DefaultTeamQuotas: def}))
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		body string
+		want store.Quotas
+	}{
+		{`{"name":"gets-defaults"}`, def},
+		{`{"name":"null-quotas","quotas":null}`, def},
+		{`{"name":"no-limits","quotas":{}}`, store.Quotas{}},
+		{`{"name":"its-own","quotas":{"sandboxes":1}}`, store.Quotas{Sandboxes: 1}},
+	} {
+		code, b, _ := call(t, srv.URL, "POST", "/teams", c.body)
+		var ti api.TeamInfo
+		if json.Unmarshal(b, &ti); code != 201 || ti.Quotas != c.want {
+			t.Fatalf("POST /teams %s = %d %s, want quotas %+v", c.body, code, b, c.want)
+		}
+		got, err := st.GetTeam(context.Background(), ti.TeamID)
+		if err != nil || got.Quotas != c.want {
+			t.Fatalf("stored team %+v %v, want quotas %+v", got, err, c.want)
+		}
+	}
+	if code, b, _ := call(t, srv.URL, "POST", "/teams", `{"name":"bad","quotas":{"vcpus":-1}}`); code != 400 || !strings.Contains(string(b), "vcpus") {
+		t.Fatalf("negative quota: %d %s", code, b)
+	}
+	if _, err := st.GetTeam(context.Background(), "bad"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a refused team was made: %v", err)
+	}
 }

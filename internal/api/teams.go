@@ -77,10 +77,12 @@ func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// CreateTeamRequest is POST /teams's body.
+// CreateTeamRequest is POST /teams's body. Quotas absent: the
+// deployment's default quotas (Config.DefaultTeamQuotas); given (even
+// {}), those.
 type CreateTeamRequest struct {
-	Name   string       `json:"name"`
-	Quotas store.Quotas `json:"quotas"`
+	Name   string        `json:"name"`
+	Quotas *store.Quotas `json:"quotas,omitempty"`
 }
 
 // UpdateTeamRequest is PATCH /teams/{id}'s body: the quotas replace the
@@ -98,7 +100,15 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	t := store.Team{ID: ids.New('t'), Name: req.Name, CreatedAt: time.Now().UTC().Truncate(time.Millisecond), Quotas: req.Quotas}
+	quotas := s.defaultQuotas
+	if req.Quotas != nil {
+		quotas = *req.Quotas
+	}
+	if err := quotas.Validate(); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	t := store.Team{ID: ids.New('t'), Name: req.Name, CreatedAt: time.Now().UTC().Truncate(time.Millisecond), Quotas: quotas}
 	if err := s.st.CreateTeam(r.Context(), t); err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			err = errdefs.Conflictf("a team named %q exists", req.Name)

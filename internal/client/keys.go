@@ -52,9 +52,9 @@ func (c *Client) Team(ctx context.Context, ref string) (api.TeamInfo, error) {
 	return out, err
 }
 
-// CreateTeam makes a team (operator keys only), with quotas (zero: no
-// limits).
-func (c *Client) CreateTeam(ctx context.Context, name string, quotas store.Quotas) (api.TeamInfo, error) {
+// CreateTeam makes a team (operator keys only), with quotas (nil: the
+// deployment's default quotas; zero: no limits).
+func (c *Client) CreateTeam(ctx context.Context, name string, quotas *store.Quotas) (api.TeamInfo, error) {
 	var out api.TeamInfo
 	_, err := c.do(ctx, http.MethodPost, "/teams", api.CreateTeamRequest{Name: name, Quotas: quotas}, &out)
 	return out, err

@@ -67,10 +67,11 @@ type APIConfig struct {
 	// DrainGrace is how long a drain waits for the requests in flight to
 	// a sandbox before it hibernates it (control.Config; 0: 10 s).
 	DrainGrace time.Duration
-	// AuditRetention: see Config.
-	AuditRetention time.Duration
-	Logger         *slog.Logger
-	Ready          func(addr, apiKey string)
+	// AuditRetention, DefaultTeamQuotas: see Config.
+	AuditRetention    time.Duration
+	DefaultTeamQuotas store.Quotas
+	Logger            *slog.Logger
+	Ready             func(addr, apiKey string)
 }
 
 // SecretsKeyFile is where a server keeps a generated secrets key.
@@ -220,7 +221,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
 	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
-		VolumeForward: volumeForwarder(st, reg, fleet, log)})
+		DefaultTeamQuotas: cfg.DefaultTeamQuotas, VolumeForward: volumeForwarder(st, reg, fleet, log)})
 	mux := http.NewServeMux()
 	register := registerHandler(ctl, st, reg, fleet, log)
 	if fleet.IsSecure() {

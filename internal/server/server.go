@@ -90,7 +90,10 @@ type Config struct {
 	// AuditRetention is how long the audit trail keeps a record
 	// (docs/teams.md); 0: audit.DefaultRetention.
 	AuditRetention time.Duration
-	EgressCAFiles  []string
+	// DefaultTeamQuotas are a new team's quotas when none are given
+	// (api.Config).
+	DefaultTeamQuotas store.Quotas
+	EgressCAFiles     []string
 	// BlobStore names the blob store snapshots are made durable in (see
 	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
 	// `spore up`, none for a node agent.
@@ -175,6 +178,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(metrics.NewEngine(func() metrics.LaunchLoad { return metrics.LaunchLoad(n.Engine.LaunchLoad()) }))
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log, Metrics: reg,
 		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
+		DefaultTeamQuotas: cfg.DefaultTeamQuotas,
 		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {
 			// The one node holds every volume: one whose content is
 			// written before any sandbox mounts it is made here.

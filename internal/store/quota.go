@@ -3,6 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spore-run/spore/internal/errdefs"
@@ -309,4 +312,47 @@ func ChargeBytes(ctx context.Context, q QuotaTx, team, quota, id string, prevSiz
 		return err
 	}
 	return CheckBytes(team, quota, limit, used, size)
+}
+
+// QuotaNames are the quotas' names in ParseQuotas (the CLI's flags).
+var QuotaNames = []string{"sandboxes", "vcpus", "memory-mb", "snapshot-bytes", "volume-bytes", "creates-per-minute"}
+
+// ParseQuotas reads quotas written as the CLI's flags are named,
+// "sandboxes=20,vcpus=40,memory-mb=40960,snapshot-bytes=10737418240,
+// volume-bytes=...,creates-per-minute=120" (any of them; "" none).
+func ParseQuotas(spec string) (Quotas, error) {
+	var q Quotas
+	if strings.TrimSpace(spec) == "" {
+		return q, nil
+	}
+	seen := map[string]bool{}
+	for _, part := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if !ok || err != nil || n < 0 {
+			return Quotas{}, errdefs.Invalidf("quota %q: want NAME=N, N a whole number of 0 or more (names: %s)", part, strings.Join(QuotaNames, ", "))
+		}
+		k = strings.TrimSpace(k)
+		if seen[k] {
+			return Quotas{}, errdefs.Invalidf("quota %s given twice", k)
+		}
+		seen[k] = true
+		switch k {
+		case "sandboxes":
+			q.Sandboxes = int(min(n, math.MaxInt32))
+		case "vcpus":
+			q.VCPUs = int(min(n, math.MaxInt32))
+		case "memory-mb":
+			q.MemoryMB = n
+		case "snapshot-bytes":
+			q.SnapshotBytes = n
+		case "volume-bytes":
+			q.VolumeBytes = n
+		case "creates-per-minute":
+			q.CreatesPerMinute = int(min(n, math.MaxInt32))
+		default:
+			return Quotas{}, errdefs.Invalidf("no quota %q (names: %s)", k, strings.Join(QuotaNames, ", "))
+		}
+	}
+	return q, nil
 }

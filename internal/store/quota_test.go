@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,6 +66,40 @@ func TestGrows(t *testing.T) {
 		g, c := Grows(tc.prev, tc.next)
 		if g != tc.grows || c != tc.create {
 			t.Errorf("%s: grows %v creates %v, want %v %v", tc.name, g, c, tc.grows, tc.create)
+		}
+	}
+}
+
+// ParseQuotas reads the CLI's names; anything else, a negative or a
+// repeated quota is refused with an error naming it.
+func TestParseQuotas(t *testing.T) {
+	for spec, want := range map[string]Quotas{
+		"":             {},
+		"  ":           {},
+		"sandboxes=20": {Sandboxes: 20},
+		"sandboxes=20, vcpus=40,memory-mb=40960,snapshot-bytes=1073741824,volume-bytes=5,creates-per-minute=120": {
+			Sandboxes: 20, VCPUs: 40, MemoryMB: 40960, SnapshotBytes: 1 << 30, VolumeBytes: 5, CreatesPerMinute: 120},
+		"sandboxes=0": {},
+	} {
+		got, err := ParseQuotas(spec)
+		if err != nil || got != want {
+			t.Errorf("ParseQuotas(%q) = %+v, %v; want %+v", spec, got, err, want)
+		}
+	}
+	for spec, says := range map[string]string{
+		"sandboxes=-1":                   "sandboxes=-1",
+		"sandboxes":                      "NAME=N",
+		"sandboxes=x":                    "NAME=N",
+		"cpus=2":                         `no quota "cpus"`,
+		"vcpus=1,vcpus=2":                "vcpus given twice",
+		"sandboxes=1,":                   "NAME=N",
+		"memoryMB=1024":                  `no quota "memoryMB"`,
+		"sandboxes=1;vcpus=2":            "NAME=N",
+		"sandboxes=99999999999999999999": "NAME=N",
+	} {
+		q, err := ParseQuotas(spec)
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), says) || q != (Quotas{}) {
+			t.Errorf("ParseQuotas(%q) = %+v, %v; want an invalid-argument error saying %q", spec, q, err, says)
 		}
 	}
 }

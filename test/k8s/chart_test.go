@@ -301,6 +301,9 @@ func TestHelmTemplateFullValues(t *testing.T) {
 		got[3] != "--fleet-listen" || got[4] != ":4200" {
 		t.Errorf("api args = %q", got)
 	}
+	if got := strs(api["args"]); !slices.Equal(got[len(got)-6:len(got)-4], []string{"--default-team-quotas", "sandboxes=20,vcpus=40"}) {
+		t.Errorf("api args = %q, want --default-team-quotas from api.defaultTeamQuotas", got)
+	}
 	db := envVar(t, api, "SPORE_DATABASE_URL")
 	if str(db, "valueFrom", "secretKeyRef", "name") != "spore-db" || str(db, "valueFrom", "secretKeyRef", "key") != "dsn" {
 		t.Errorf("SPORE_DATABASE_URL from %v", db["valueFrom"])
