@@ -16,6 +16,7 @@ import (
 
 func newAPICmd() *cobra.Command {
 	var cfg server.APIConfig
+	var metricsTokenFile string
 	var keyFile, dbFile string
 	var ff *fleetFlags
 	cmd := &cobra.Command{
@@ -45,6 +46,11 @@ is generated as spore up does.`,
 				return fmt.Errorf("--drain-grace %v: want 0 to %v", cfg.DrainGrace, nodeapi.MaxQuiesceGrace)
 			}
 			var err error
+			if metricsTokenFile != "" {
+				if cfg.MetricsToken, err = server.ReadMetricsToken(metricsTokenFile); err != nil {
+					return err
+				}
+			}
 			if cfg.Fleet, err = ff.config(); err != nil {
 				return err
 			}
@@ -84,6 +90,7 @@ is generated as spore up does.`,
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address to serve the API, the proxy and node registration on")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", audit.DefaultRetention, "how long the audit trail keeps a record (API calls, sandbox events; `spore audit`); every replica prunes what is older")
 	defaultQuotasFlag(f, &cfg.DefaultTeamQuotas)
+	metricsTokenFlag(f, &metricsTokenFile)
 	f.DurationVar(&cfg.DrainGrace, "drain-grace", 10*time.Second, "how long a node drain waits for the requests in flight to a running sandbox (a command, a file transfer) before it hibernates it; a stream still open then is cut (at most 10m)")
 	f.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("SPORE_DATABASE_URL"), "metadata store: postgres://user@host/db, sqlite:///path or a path (env SPORE_DATABASE_URL; a URL with a password: --database-url-file)")
 	f.StringVar(&dbFile, "database-url-file", "", "a file holding the database URL (keeps its password off the command line)")

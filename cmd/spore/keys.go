@@ -362,6 +362,11 @@ func (f quotasFlag) String() string {
 	return strings.Join(parts, ",")
 }
 
+// metricsTokenFlag adds --metrics-token-file (spore up, api), into path.
+func metricsTokenFlag(f *pflag.FlagSet, path *string) {
+	f.StringVar(path, "metrics-token-file", "", "file holding a token GET /metrics accepts as a bearer besides operator keys: Prometheus's credential, good for nothing else (at least 16 characters; docs/metrics.md)")
+}
+
 // defaultQuotasFlag adds --default-team-quotas, into q.
 func defaultQuotasFlag(f *pflag.FlagSet, q *store.Quotas) {
 	f.Var(quotasFlag{q}, "default-team-quotas", "the quotas of a team made without any (POST /teams, spore team create): NAME=N,... with names "+strings.Join(store.QuotaNames, ", ")+` (e.g. "sandboxes=20,vcpus=40,memory-mb=40960,creates-per-minute=120"; none: no limits)`)

@@ -16,6 +16,7 @@ func newNodeCmd(g *globalFlags) *cobra.Command {
 	var cfg server.NodeConfig
 	var ff *fleetFlags
 	var labels []string
+	var metricsTokenFile string
 	var checkHost func() error
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -42,6 +43,11 @@ token instead, for trusted test networks only.`,
 			if cfg.Labels, err = parseKV("label", labels); err != nil {
 				return err
 			}
+			if metricsTokenFile != "" {
+				if cfg.MetricsToken, err = server.ReadMetricsToken(metricsTokenFile); err != nil {
+					return err
+				}
+			}
 			cfg.Host.DataDir = g.dataDir
 			cfg.Host.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			cfg.Host.Ready = func(addr, _ string) {
@@ -57,6 +63,8 @@ token instead, for trusted test networks only.`,
 	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", "", "host:port control planes reach --listen at")
 	f.StringSliceVar(&labels, "labels", nil, "node labels for placement selectors, k=v,...")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node ID (default: kept in <data-dir>/node-id)")
+	f.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve this host's Prometheus metrics (GET /metrics) on this address, to scrapes presenting the --metrics-token-file token as their bearer (docs/metrics.md); empty: none")
+	f.StringVar(&metricsTokenFile, "metrics-token-file", "", "file holding the token a metrics scrape presents (Authorization: Bearer; at least 16 characters)")
 	checkHost = addHostFlags(f, &cfg.Host)
 	for _, name := range []string{"api-url", "advertise-addr"} {
 		cmd.MarkFlagRequired(name)

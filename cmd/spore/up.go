@@ -14,6 +14,7 @@ import (
 
 func newUpCmd(g *globalFlags) *cobra.Command {
 	var cfg server.Config
+	var metricsTokenFile string
 	var checkHost func() error
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -33,6 +34,12 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 			if cfg.AuditRetention < time.Hour {
 				return fmt.Errorf("--audit-retention must be at least 1h, got %v", cfg.AuditRetention)
 			}
+			if metricsTokenFile != "" {
+				var err error
+				if cfg.MetricsToken, err = server.ReadMetricsToken(metricsTokenFile); err != nil {
+					return err
+				}
+			}
 			cfg.DataDir = g.dataDir
 			cfg.APIKey = os.Getenv("SPORE_API_KEY")
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -51,6 +58,7 @@ The API key comes from SPORE_API_KEY, or is generated on first start, stored
 	checkHost = addHostFlags(f, &cfg)
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", audit.DefaultRetention, "how long the audit trail keeps a record (API calls, sandbox events; `spore audit`)")
 	defaultQuotasFlag(f, &cfg.DefaultTeamQuotas)
+	metricsTokenFlag(f, &metricsTokenFile)
 	f.IntVar(&cfg.PoolSize, "pool", 2, "sandboxes of each default template kept restored ahead of time (fast creates)")
 	f.StringVar(&cfg.Domain, "domain", os.Getenv("SPORE_DOMAIN"), "the sandboxes' domain: create and connect answers name it, so an SDK's getHost(port) is {port}-{sandboxID}.DOMAIN, which the proxy serves (point wildcard DNS *.DOMAIN at this server; env SPORE_DOMAIN)")
 	return cmd

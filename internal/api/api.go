@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
@@ -88,6 +89,10 @@ type Config struct {
 	// DefaultTeamQuotas are a new team's quotas when POST /teams gives
 	// none (`--default-team-quotas`); zero: no limits.
 	DefaultTeamQuotas store.Quotas
+	// MetricsToken, when set, is a bearer token GET /metrics accepts
+	// besides operator keys (`--metrics-token-file`): Prometheus's
+	// credential, which grants nothing else.
+	MetricsToken string
 }
 
 // NodeReport is the node's housekeeping as the operator sees it.
@@ -121,6 +126,7 @@ type Server struct {
 	audit    audit.Recorder
 	// defaultQuotas: Config.DefaultTeamQuotas.
 	defaultQuotas store.Quotas
+	metricsToken  string
 }
 
 // MaxBody is the largest JSON body accepted.
@@ -133,7 +139,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{c: cfg.Control, st: cfg.Store, proxy: cfg.Proxy, log: cfg.Logger, mux: http.NewServeMux(), node: cfg.Node, domain: cfg.Domain, keys: cfg.Keys, builds: cfg.Builds, blobs: cfg.Blobs,
 		vols: volume.NewCatalog(cfg.Store), volFS: cfg.VolumeContent, volFwd: cfg.VolumeForward, audit: cfg.Audit,
-		defaultQuotas: cfg.DefaultTeamQuotas}
+		defaultQuotas: cfg.DefaultTeamQuotas, metricsToken: cfg.MetricsToken}
 	if s.keys == nil {
 		s.keys = apikey.NewChecker(cfg.Store).WithLogger(cfg.Logger)
 	}
@@ -152,6 +158,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.proxy != nil && isSandboxTraffic(r) {
 		s.proxy.ServeHTTP(w, r)
 		return
+	}
+	if s.metricsToken != "" && r.Method == http.MethodGet && r.URL.Path == "/metrics" {
+		// The metrics token is the scrape's whole credential; any other
+		// bearer goes on to the route's own check (operator keys).
+		if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok &&
+			subtle.ConstantTimeCompare([]byte(got), []byte(s.metricsToken)) == 1 {
+			s.withTiming("GET /metrics", s.serveMetrics)(w, r)
+			return
+		}
 	}
 	s.mux.ServeHTTP(w, r)
 }

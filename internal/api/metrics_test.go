@@ -139,7 +139,11 @@ func TestDashboardNamesAreServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := metrics.NewRegistry()
-	reg.MustRegister(metrics.NewEngine(func() metrics.LaunchLoad { return metrics.LaunchLoad{Slots: 4} }))
+	hostFree := int64(1 << 30)
+	reg.MustRegister(metrics.NewHost(func(context.Context) metrics.HostFigures {
+		return metrics.HostFigures{Launch: metrics.LaunchLoad{Slots: 4}, Sandboxes: map[string]int{"running": 1}, MemoryFree: &hostFree,
+			Cache: &metrics.CacheFigures{}, Fetch: &metrics.FetchFigures{}}
+	}))
 	srv := httptest.NewServer(api.New(api.Config{Store: st, Metrics: reg}))
 	defer srv.Close()
 	f := &fnode{t: t, url: srv.URL, st: st}
@@ -180,5 +184,34 @@ func TestDashboardNamesAreServed(t *testing.T) {
 	}
 	if seen < 10 {
 		t.Fatalf("the dashboard names only %d metrics", seen)
+	}
+}
+
+// The metrics token (--metrics-token-file) opens GET /metrics and
+// nothing else; a wrong one is refused; operator keys still scrape and a
+// team's key does not.
+func TestMetricsToken(t *testing.T) {
+	st := openStore(t) // holds the operator test key
+	const token = "the-metrics-token-of-this-test"
+	srv := httptest.NewServer(api.New(api.Config{Store: st, MetricsToken: token}))
+	t.Cleanup(srv.Close)
+	f := &fnode{t: t, url: srv.URL, st: st}
+	var member api.CreatedKey
+	json.Unmarshal(f.want(201, "POST", "/api-keys", `{"name":"member"}`), &member)
+	for _, c := range []struct {
+		path, bearer string
+		code         int
+	}{
+		{"/metrics", token, 200},
+		{"/metrics", key, 200},
+		{"/metrics", "the-metrics-token-of-this-tesT", 401},
+		{"/metrics", member.Key, 403},
+		{"/v2/sandboxes", token, 401},
+		{"/debug/stats", token, 401},
+	} {
+		code, b, _ := call(t, srv.URL, "GET", c.path, "", "X-API-KEY", "", "Authorization", "Bearer "+c.bearer)
+		if code != c.code || (code == 200) != bytes.Contains(b, []byte("spore_api_requests_total")) {
+			t.Errorf("GET %s with bearer %.12s...: %d %.120s, want %d", c.path, c.bearer, code, b, c.code)
+		}
 	}
 }

@@ -209,7 +209,21 @@ func (e *Engine) reserve(ctx context.Context, need, image int64, what string) (*
 func (e *Engine) checkRoom(ctx context.Context, need int64, what string) error {
 	h, err := e.reserve(ctx, need, 0, what)
 	e.settle(h, "", false)
+	if errors.Is(err, errdefs.ErrResourceLimit) {
+		e.refusals.memory.Add(1)
+	}
 	return err
+}
+
+// refusalCounts are the launches the engine refused, by what the host
+// lacked (Refusals).
+type refusalCounts struct{ memory, tasks atomic.Int64 }
+
+// Refusals are the launches (creates, restores, fork children, restore
+// targets) this engine refused since it started: for memory (below the
+// floor) and for the host's task table.
+func (e *Engine) Refusals() (memory, tasks int64) {
+	return e.refusals.memory.Load(), e.refusals.tasks.Load()
 }
 
 // admitLaunch admits the launch of sandbox's new instance from image (""
@@ -234,6 +248,9 @@ func (e *Engine) admitLaunch(ctx context.Context, sandbox, image string) (*memHo
 	h, err := e.reserve(ctx, need, img, what)
 	if errors.Is(err, errdefs.ErrResourceLimit) && e.freeBurstTargets() > 0 {
 		h, err = e.reserve(ctx, need, img, what) // the targets a burst added were holding what it lacked
+	}
+	if errors.Is(err, errdefs.ErrResourceLimit) {
+		e.refusals.memory.Add(1)
 	}
 	return h, err
 }
@@ -379,6 +396,7 @@ func (e *Engine) admitChildren(ctx context.Context, source, img string, specs []
 		r.fit++
 	}
 	if r.fit < len(want) {
+		e.refusals.memory.Add(int64(len(want) - r.fit))
 		r.err = fmt.Errorf("fork of %s: %d of %d children fit: %w", source, r.fit, len(want),
 			m.refusal("each child", r.each, avail, held))
 		e.log.Warn("fork trimmed to the host's memory", "sandbox_id", source, "children", len(want), "admitted", r.fit,

@@ -193,6 +193,9 @@ func TestConcurrentCreatesShareTheFreeMemory(t *testing.T) {
 	if made != 3 {
 		t.Fatalf("%d creates made, want 3", made)
 	}
+	if mem, tasks := f.eng.Refusals(); mem != 3 || tasks != 0 {
+		t.Fatalf("refusals counted: %d for memory, %d for tasks; want the 3 creates for memory", mem, tasks)
+	}
 }
 
 // A launch that fails gives back what it was admitted with at once: with

@@ -42,6 +42,7 @@ func (e *Engine) admitTasks() error {
 		return nil
 	}
 	if used, limit, err := tasks(); err == nil && used+TaskReserve > limit {
+		e.refusals.tasks.Add(1)
 		return fmt.Errorf("host task table nearly full: %d of %d tasks in use (kernel.pid_max / threads-max; `spore setup` raises pid_max): %w",
 			used, limit, errdefs.ErrResourceLimit)
 	}

@@ -94,6 +94,8 @@ type Engine struct {
 	// ended (UnixNano): see opBegin.
 	ops    atomic.Int64
 	lastOp atomic.Int64
+	// refusals counts the launches admission refused (Refusals).
+	refusals refusalCounts
 
 	dir       string
 	rootfsDir string

@@ -198,7 +198,8 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	}
 	os.Chmod(cfg.Dir, 0o711)
 	st = &State{Version: stateVersion, Dir: cfg.Dir, Prefix: cfg.Prefix, Started: time.Now().UTC(), Executable: cfg.Executable,
-		Dirs: []string{cfg.Dir}, KeyFile: filepath.Join(cfg.Dir, "api-key"), CADir: filepath.Join(cfg.Dir, "fleet-ca")}
+		Dirs: []string{cfg.Dir}, KeyFile: filepath.Join(cfg.Dir, "api-key"), CADir: filepath.Join(cfg.Dir, "fleet-ca"),
+		MetricsTokenFile: filepath.Join(cfg.Dir, "metrics-token")}
 	if err := st.save(); err != nil {
 		os.RemoveAll(cfg.Dir)
 		return nil, err
@@ -214,6 +215,9 @@ func Up(ctx context.Context, cfg Config) (st *State, err error) {
 	}()
 	key := "spore_" + randHex(20)
 	if err := os.WriteFile(st.KeyFile, []byte(key+"\n"), 0o600); err != nil {
+		return st, err
+	}
+	if err := os.WriteFile(st.MetricsTokenFile, []byte(randHex(24)+"\n"), 0o600); err != nil {
 		return st, err
 	}
 	// The fleet's CA: replicas and nodes authenticate each other with its
@@ -370,7 +374,7 @@ func makeNodeNet(cfg Config, st *State, k int) error {
 	apiURL := strings.Join(urls, ",")
 	n := Node{Index: k, ID: ids.New('n'), Netns: ns, Veth: veth, HostAddr: host.String(), Addr: addr.String(),
 		Listen: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.NodePort)), DataDir: dataDir,
-		NetPrefix: ns, APIURL: apiURL}
+		NetPrefix: ns, APIURL: apiURL, Metrics: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.NodePort+1))}
 	blobs := cfg.BlobStore
 	hostArgs := []string{"--data-dir", dataDir, "--net-prefix", n.NetPrefix, "--cgroup-parent", "/spore-fleet-" + ns,
 		"--blob-store", strings.ReplaceAll(blobs, "{host}", host.String())}
@@ -390,6 +394,9 @@ func startAPI(cfg Config, st *State, i int) error {
 		"--fleet-listen", "0.0.0.0:" + strconv.Itoa(fleetPort(cfg, i)), "--fleet-name", fmt.Sprintf("api-%d", i),
 		"--api-key-file", st.KeyFile, "--data-dir", dataDir,
 		"--secrets-key-file", filepath.Join(cfg.Dir, "secrets-key")}
+	if st.MetricsTokenFile != "" {
+		args = append(args, "--metrics-token-file", st.MetricsTokenFile)
+	}
 	if cfg.BlobStore != "" && cfg.BlobStore != "none" {
 		// The nodes' store, reached from the host: files uploaded for a
 		// template build are read by whichever replica runs it.
@@ -409,9 +416,12 @@ func startAPI(cfg Config, st *State, i int) error {
 // NodeArgs are the flags the fleet gives node n's agent.
 func (n Node) args(st *State) []string {
 	caCert, _, join := fleetauth.CAFiles(st.CADir)
-	return append([]string{"node", "--listen", n.Listen, "--advertise-addr", n.Listen, "--api-url", n.APIURL,
-		"--fleet-ca", caCert, "--join-token-file", join, "--node-id", n.ID, "--labels", "fleet=" + st.Prefix + ",index=" + strconv.Itoa(n.Index)},
-		n.PurgeArgs...)
+	args := []string{"node", "--listen", n.Listen, "--advertise-addr", n.Listen, "--api-url", n.APIURL,
+		"--fleet-ca", caCert, "--join-token-file", join, "--node-id", n.ID, "--labels", "fleet=" + st.Prefix + ",index=" + strconv.Itoa(n.Index)}
+	if n.Metrics != "" && st.MetricsTokenFile != "" {
+		args = append(args, "--metrics-listen", n.Metrics, "--metrics-token-file", st.MetricsTokenFile)
+	}
+	return append(args, n.PurgeArgs...)
 }
 
 // startNode starts node k's agent inside its namespace.

@@ -49,6 +49,9 @@ type State struct {
 	APIURLs  []string  `json:"api_urls,omitempty"`
 	Nodes    []Node    `json:"nodes,omitempty"`
 	KeyFile  string    `json:"api_key_file"`
+	// MetricsTokenFile holds the token a Prometheus scrape of a replica's
+	// or a node's /metrics presents (docs/metrics.md).
+	MetricsTokenFile string `json:"metrics_token_file,omitempty"`
 	// CADir holds the fleet CA (fleetauth.CAFiles: ca.crt, ca.key,
 	// join-token).
 	CADir string `json:"ca_dir"`
@@ -92,6 +95,9 @@ type Node struct {
 	DataDir   string `json:"data_dir"`
 	NetPrefix string `json:"net_prefix"`
 	APIURL    string `json:"api_url"`
+	// Metrics is where the agent serves its metrics (host:port on its
+	// link; with State.MetricsTokenFile).
+	Metrics string `json:"metrics,omitempty"`
 	// PurgeArgs are the flags `spore fleet purge-node` gets to open this
 	// node's data directory the way the agent did.
 	PurgeArgs []string `json:"purge_args"`

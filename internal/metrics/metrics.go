@@ -2,9 +2,11 @@
 // API replica's own requests, and the fleet as the store holds it
 // (sandboxes by node and state, snapshots and their bytes, each node's
 // capacity, free memory and launch queue from its heartbeats, each
-// team's live sandboxes), read at scrape time in grouped counts; and, on
-// a host that runs an engine, its launch slots. Served at GET /metrics to
-// operator keys (internal/api).
+// team's live sandboxes), read at scrape time in grouped counts, served
+// at GET /metrics to operator keys and the metrics token (internal/api);
+// and a host's own (Host: its engine's launch slots, sandboxes, memory,
+// admission refusals, chunk cache, snapshot fetches by tier), served by
+// a node agent's metrics listener and by spore up.
 package metrics
 
 import (
@@ -159,34 +161,4 @@ func (f *Fleet) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(dScrapeDuration, prometheus.GaugeValue, time.Since(t0).Seconds())
-}
-
-// LaunchLoad is an engine's launch slots now (engine.LaunchLoad).
-type LaunchLoad struct{ Slots, Running, Queued int }
-
-var (
-	dLaunchSlots   = desc("engine_launch_slots", "This host's launch slots (0: no bound).")
-	dLaunchRunning = desc("engine_launches_running", "Launches (boots, restores) holding a slot on this host now.")
-	dLaunchQueued  = desc("engine_launches_queued", "Launches waiting for a slot on this host now.")
-)
-
-// Engine collects the launch slots of the engine on this host.
-type Engine struct{ load func() LaunchLoad }
-
-// NewEngine returns the collector of load.
-func NewEngine(load func() LaunchLoad) *Engine { return &Engine{load: load} }
-
-// Describe implements prometheus.Collector.
-func (e *Engine) Describe(ch chan<- *prometheus.Desc) {
-	ch <- dLaunchSlots
-	ch <- dLaunchRunning
-	ch <- dLaunchQueued
-}
-
-// Collect implements prometheus.Collector.
-func (e *Engine) Collect(ch chan<- prometheus.Metric) {
-	l := e.load()
-	ch <- prometheus.MustNewConstMetric(dLaunchSlots, prometheus.GaugeValue, float64(l.Slots))
-	ch <- prometheus.MustNewConstMetric(dLaunchRunning, prometheus.GaugeValue, float64(l.Running))
-	ch <- prometheus.MustNewConstMetric(dLaunchQueued, prometheus.GaugeValue, float64(l.Queued))
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/fleetauth"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/metrics"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/nodeapi/local"
@@ -67,9 +68,10 @@ type APIConfig struct {
 	// DrainGrace is how long a drain waits for the requests in flight to
 	// a sandbox before it hibernates it (control.Config; 0: 10 s).
 	DrainGrace time.Duration
-	// AuditRetention, DefaultTeamQuotas: see Config.
+	// AuditRetention, DefaultTeamQuotas, MetricsToken: see Config.
 	AuditRetention    time.Duration
 	DefaultTeamQuotas store.Quotas
+	MetricsToken      string
 	Logger            *slog.Logger
 	Ready             func(addr, apiKey string)
 }
@@ -221,7 +223,7 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
 	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
-		DefaultTeamQuotas: cfg.DefaultTeamQuotas, VolumeForward: volumeForwarder(st, reg, fleet, log)})
+		DefaultTeamQuotas: cfg.DefaultTeamQuotas, MetricsToken: cfg.MetricsToken, VolumeForward: volumeForwarder(st, reg, fleet, log)})
 	mux := http.NewServeMux()
 	register := registerHandler(ctl, st, reg, fleet, log)
 	if fleet.IsSecure() {
@@ -354,6 +356,11 @@ type NodeConfig struct {
 	AdvertiseAddr string // host:port control planes reach Listen at
 	Labels        map[string]string
 	NodeID        string // "": the one kept in <data>/node-id, minted on first start
+	// MetricsListen, when set, serves the host's Prometheus metrics
+	// (GET /metrics, docs/metrics.md) there to scrapes that present
+	// MetricsToken as their bearer.
+	MetricsListen string
+	MetricsToken  string
 }
 
 // NodeIDFile keeps a node agent's ID across restarts.
@@ -414,6 +421,18 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, n, log)
 	if err != nil {
 		return err
+	}
+	if cfg.MetricsListen != "" {
+		if cfg.MetricsToken == "" {
+			return fmt.Errorf("--metrics-listen needs --metrics-token-file: a scrape presents that token")
+		}
+		reg := metrics.NewRegistry()
+		reg.MustRegister(metrics.NewHost(func(ctx context.Context) metrics.HostFigures { return hostFigures(ctx, n) }))
+		serve, err := listenMetrics(ctx, cfg.MetricsListen, MetricsHandler(reg, cfg.MetricsToken, log), log)
+		if err != nil {
+			return err
+		}
+		go serve()
 	}
 	return serveFleet(ctx, hc.Listen, h, fleet, log, func(addr string) {
 		log.Info("spore node", "node_id", id, "listen", addr, "advertise", cfg.AdvertiseAddr, "api", cfg.APIURL,

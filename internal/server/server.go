@@ -93,7 +93,10 @@ type Config struct {
 	// DefaultTeamQuotas are a new team's quotas when none are given
 	// (api.Config).
 	DefaultTeamQuotas store.Quotas
-	EgressCAFiles     []string
+	// MetricsToken, when set, is accepted by GET /metrics besides
+	// operator keys (api.Config).
+	MetricsToken  string
+	EgressCAFiles []string
 	// BlobStore names the blob store snapshots are made durable in (see
 	// blobconf.Open); "" is the role's default: <data-dir>/blobs for
 	// `spore up`, none for a node agent.
@@ -175,10 +178,10 @@ func Run(ctx context.Context, cfg Config) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	reg := metrics.NewRegistry()
-	reg.MustRegister(metrics.NewEngine(func() metrics.LaunchLoad { return metrics.LaunchLoad(n.Engine.LaunchLoad()) }))
+	reg.MustRegister(metrics.NewHost(func(ctx context.Context) metrics.HostFigures { return hostFigures(ctx, n) }))
 	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log, Metrics: reg,
 		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
-		DefaultTeamQuotas: cfg.DefaultTeamQuotas,
+		DefaultTeamQuotas: cfg.DefaultTeamQuotas, MetricsToken: cfg.MetricsToken,
 		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {
 			// The one node holds every volume: one whose content is
 			// written before any sandbox mounts it is made here.

@@ -83,6 +83,44 @@ type Syncer struct {
 
 	mu       sync.Mutex
 	inflight map[string]*call // fetches and uploads by snapshot ID: one at a time
+	totals   FetchTotals      // under mu
+}
+
+// FetchTotals are what this node's fetches of snapshots did since it
+// started (Totals): how many ended committed or failed, and where the
+// committed ones' chunks came from.
+type FetchTotals struct {
+	Fetched, Failed                      int64
+	FromCache, FromPeer, FromStore, Zero int64 // chunks
+	PeerBytes, StoreBytes                int64 // stored bytes transferred
+	Corrupt                              int64 // copies that failed their hash check
+}
+
+// Totals returns the fetch totals now.
+func (s *Syncer) Totals() FetchTotals {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.totals
+}
+
+// count adds one fetch's outcome to the totals.
+func (s *Syncer) count(res FetchResult, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := &s.totals
+	if err != nil {
+		t.Failed++
+		return
+	}
+	f := res.From
+	t.Fetched++
+	t.FromCache += int64(f.FromCache)
+	t.FromPeer += int64(f.FromPeer)
+	t.FromStore += int64(f.FromStore)
+	t.Zero += int64(f.Zero)
+	t.PeerBytes += f.PeerBytes
+	t.StoreBytes += f.StoreBytes
+	t.Corrupt += int64(f.Corrupt)
 }
 
 type call struct {
@@ -227,6 +265,7 @@ func (s *Syncer) Ensure(ctx context.Context, id string, peers []string) (FetchRe
 		}
 		r, err := s.fetch(ctx, id, peers)
 		res = r
+		s.count(r, err)
 		return err
 	})
 	return res, err

@@ -149,6 +149,11 @@ func TestUploadThenFetchElsewhere(t *testing.T) {
 	if fr, err := b.sync.Ensure(ctx(t), "s1", nil); err != nil || fr.Fetched {
 		t.Fatalf("second ensure: %+v %v", fr, err)
 	}
+	// The node's totals (its metrics) count the one fetch, from the store.
+	if tot := b.sync.Totals(); tot.Fetched != 1 || tot.Failed != 0 || tot.FromStore != int64(fr.From.FromStore) ||
+		tot.StoreBytes != fr.From.StoreBytes || tot.StoreBytes == 0 || tot.FromPeer != 0 || tot.PeerBytes != 0 {
+		t.Fatalf("fetch totals %+v after one fetch from the store (%+v)", tot, fr.From)
+	}
 	// Mostly the same memory: the second snapshot stores under 10 %.
 	mem2 := bytes.Clone(mem)
 	copy(mem2[3<<20:], random(64<<10))
@@ -203,6 +208,9 @@ func TestFetchRefusesIncompatible(t *testing.T) {
 	}
 	if _, err := ok.sync.Ensure(ctx(t), "snone", nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("unknown snapshot: %v", err)
+	}
+	if tot := ok.sync.Totals(); tot.Fetched != 1 || tot.Failed != 1 {
+		t.Fatalf("fetch totals %+v, want one fetched and one failed", tot)
 	}
 	if _, err := ok.sync.Ensure(ctx(t), "../x", nil); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("bad ID: %v", err)

@@ -312,7 +312,8 @@ func TestHelmTemplateFullValues(t *testing.T) {
 		t.Errorf("S3 credentials not wired to the api")
 	}
 	if got, want := secretFiles(t, pod, api), map[string]string{"ca.crt": "spore-fleet-ca/tls.crt", "ca.key": "spore-fleet-ca/tls.key",
-		"join-token": "spore-join/join", "api-key": "spore-api-key/key", "secrets-key": "spore-secrets-key/sealing-key"}; !maps.Equal(got, want) {
+		"join-token": "spore-join/join", "api-key": "spore-api-key/key", "secrets-key": "spore-secrets-key/sealing-key",
+		"metrics-token": "spore-metrics/token"}; !maps.Equal(got, want) {
 		t.Errorf("api files under /etc/spore: %v, want %v", got, want)
 	}
 	if fp := list(find(t, objs, "Service", "sandboxes-fleet"), "spec", "ports"); len(fp) != 1 || get(fp[0], "port") != 4200 {
@@ -351,14 +352,16 @@ func TestHelmTemplateFullValues(t *testing.T) {
 	for _, want := range [][2]string{{"--listen", ":4001"}, {"--data-dir", "/srv/spore"},
 		{"--api-url", "https://fleet.internal.example.com:4200"}, {"--advertise-addr", "$(POD_IP):4001"}, {"--memory-reserve", "2048"},
 		{"--fleet-ca", "/etc/spore/ca.crt"}, {"--join-token-file", "/etc/spore/join-token"},
-		{"--labels", "gpu=false,zone=eu-west-1a"}, {"--dns-upstream", "1.1.1.1"}} {
+		{"--labels", "gpu=false,zone=eu-west-1a"}, {"--dns-upstream", "1.1.1.1"}, {"--metrics-listen", ":4002"},
+		{"--metrics-token-file", "/etc/spore/metrics-token"}} {
 		i := slices.Index(args, want[0])
 		if i < 0 || i+1 >= len(args) || args[i+1] != want[1] {
 			t.Errorf("node args %q lack %s %s", args, want[0], want[1])
 		}
 	}
 	// The CA certificate from the Secret holding it alone (fleet.ca.nodeSecret), never the CA's own.
-	if got, want := secretFiles(t, npod, node), map[string]string{"ca.crt": "spore-fleet-ca-cert/cert.pem", "join-token": "spore-join/join"}; !maps.Equal(got, want) {
+	if got, want := secretFiles(t, npod, node), map[string]string{"ca.crt": "spore-fleet-ca-cert/cert.pem", "join-token": "spore-join/join",
+		"metrics-token": "spore-metrics/token"}; !maps.Equal(got, want) {
 		t.Errorf("node files under /etc/spore: %v, want %v", got, want)
 	}
 	if got := secretsNamed(npod); slices.Contains(got, "spore-fleet-ca") || slices.Contains(got, "spore-api-key") || slices.Contains(got, "spore-secrets-key") {

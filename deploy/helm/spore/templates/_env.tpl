@@ -42,6 +42,9 @@ the volume). Include with (list $ "api") or (list $ "node").
       {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.apiKeySecretName" $) (include "spore.apiKeySecretKey" $)) "api-key") | nindent 6 }}
       {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.secretsKeySecretName" $) (include "spore.secretsKeySecretKey" $)) "secrets-key") | nindent 6 }}
       {{- end }}
+      {{- if $.Values.metrics.enabled }}
+      {{- include "spore.secretFile" (list (printf "%s/%s" (include "spore.metricsSecretName" (list $ $role)) (include "spore.metricsSecretKey" $)) "metrics-token") | nindent 6 }}
+      {{- end }}
 {{- end -}}
 
 {{/* One projected file: (list "secret/key" "path" ["mode"]). */}}

@@ -117,6 +117,18 @@ host must never be given a pod naming the Secret that holds the CA key.
 {{- if .Values.secretsKey.existingSecret -}}{{ .Values.secretsKey.existingSecretKey }}{{- else -}}secrets-key{{- end -}}
 {{- end -}}
 
+{{/* The metrics token's Secret and key: the user's, or the role's chart Secret ((list $ "api") or (list $ "node")). */}}
+{{- define "spore.metricsSecretName" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.metrics.token.existingSecret -}}{{ $.Values.metrics.token.existingSecret }}
+{{- else if eq (index . 1) "node" -}}{{ include "spore.nodeSecretName" $ }}
+{{- else -}}{{ include "spore.secretName" $ }}{{- end -}}
+{{- end -}}
+
+{{- define "spore.metricsSecretKey" -}}
+{{- if .Values.metrics.token.existingSecret -}}{{ .Values.metrics.token.existingSecretKey }}{{- else -}}metrics-token{{- end -}}
+{{- end -}}
+
 {{- define "spore.apiKeySecretName" -}}
 {{- default (include "spore.secretName" .) .Values.apiKey.existingSecret -}}
 {{- end -}}
@@ -209,6 +221,15 @@ like `spore fleet ca init`'s).
 {{- end -}}
 {{- if and .Values.fleet.joinToken.value (lt (len .Values.fleet.joinToken.value) 16) -}}
 {{- fail "fleet.joinToken.value must be at least 16 characters" -}}
+{{- end -}}
+{{- if and .Values.metrics.token.value (lt (len .Values.metrics.token.value) 16) -}}
+{{- fail "metrics.token.value must be at least 16 characters" -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) -}}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled (the node agents' metrics and the token)" -}}
+{{- end -}}
+{{- if and .Values.metrics.enabled (or (eq (int .Values.metrics.nodePort) (int .Values.node.port)) (eq (int .Values.metrics.nodePort) (int .Values.api.port))) -}}
+{{- fail "metrics.nodePort must differ from node.port and api.port" -}}
 {{- end -}}
 {{- if and .Values.secretsKey.value (ne (len (b64dec .Values.secretsKey.value)) 32) -}}
 {{- fail "secretsKey.value must be 32 bytes in base64 (head -c 32 /dev/urandom | base64)" -}}
