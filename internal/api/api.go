@@ -236,6 +236,8 @@ func (s *Server) table() []route {
 		{"PUT /sandboxes/{sandboxID}/network", s.network, user},
 		{"GET /sandboxes/{sandboxID}/metrics", s.metrics, user},
 		{"GET /sandboxes/{sandboxID}/egress", s.egressAudit, user},
+		{"GET /sandboxes/{sandboxID}/logs", s.sandboxLogsV1, user},
+		{"GET /v2/sandboxes/{sandboxID}/logs", s.sandboxLogsV2, user},
 		{"POST /sandboxes/{sandboxID}/snapshots", s.snapshot, user},
 		{"POST /sandboxes/{sandboxID}/fork", s.fork, user},
 		{"POST /sandboxes/{sandboxID}/rollback", s.rollback, user},

@@ -18,8 +18,6 @@ import (
 // `Template.getTags` would answer false or empty for a feature that is
 // not there. With 501 the SDK raises an error naming the route.
 var e2bUnimplemented = []string{
-	"GET /sandboxes/{sandboxID}/logs",
-	"GET /v2/sandboxes/{sandboxID}/logs",
 	"POST /sandboxes/{sandboxID}/refreshes",
 	"GET /sandboxes/metrics",
 	"GET /templates/{templateID}/builds/{buildID}/logs",

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,8 @@ import (
 //	go test -run '^$' -bench TeamCheck -benchtime 2000x ./internal/api/
 //
 // auth-only is a route with the key check and no sandbox (an E2B route
-// answered 501); sandbox-cold a sandbox route on a sandbox the replica
+// answered 501); sandbox-cold a sandbox route (E2B's refreshes, also
+// answered 501 once the team check passed) on a sandbox the replica
 // has not seen (one store read for its team); sandbox-warm the same
 // sandbox again (its team kept in memory). The differences are the team
 // check's cost: p50 and p99 per call, over loopback HTTP.
@@ -42,7 +44,8 @@ func BenchmarkTeamCheck(b *testing.B) {
 				}
 			}
 			get := func(path string) time.Duration {
-				req, _ := http.NewRequest("GET", srv.URL+path, nil)
+				method, p, _ := strings.Cut(path, " ")
+				req, _ := http.NewRequest(method, srv.URL+p, nil)
 				req.Header.Set("X-API-KEY", key)
 				t0 := time.Now()
 				resp, err := http.DefaultClient.Do(req)
@@ -56,14 +59,14 @@ func BenchmarkTeamCheck(b *testing.B) {
 				}
 				return d
 			}
-			get("/v2/templates") // the keys loaded, a connection open
+			get("GET /v2/templates") // the keys loaded, a connection open
 			for _, c := range []struct {
 				name string
 				path func(i int) string
 			}{
-				{"auth-only", func(int) string { return "/v2/templates" }},
-				{"sandbox-cold", func(i int) string { return "/sandboxes/" + sandboxes[i] + "/logs" }},
-				{"sandbox-warm", func(i int) string { return "/sandboxes/" + sandboxes[i] + "/logs" }},
+				{"auth-only", func(int) string { return "GET /v2/templates" }},
+				{"sandbox-cold", func(i int) string { return "POST /sandboxes/" + sandboxes[i] + "/refreshes" }},
+				{"sandbox-warm", func(i int) string { return "POST /sandboxes/" + sandboxes[i] + "/refreshes" }},
 			} {
 				ds := make([]time.Duration, b.N)
 				for i := range ds {

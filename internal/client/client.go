@@ -511,3 +511,26 @@ func (c *Client) EgressAudit(ctx context.Context, id, since string, limit int) (
 	_, err := c.do(ctx, http.MethodGet, path, nil, &out)
 	return out, err
 }
+
+// SandboxLogs reads a sandbox's logs (GET /v2/sandboxes/{id}/logs): from
+// cursor on (zero: the first), at most limit (0: the server's 1000), at
+// least level ("": all), oldest first.
+func (c *Client) SandboxLogs(ctx context.Context, id string, cursor time.Time, limit int, level string) ([]api.SandboxLogEntry, error) {
+	q := url.Values{}
+	if !cursor.IsZero() {
+		q.Set("cursor", strconv.FormatInt(cursor.UnixMilli(), 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if level != "" {
+		q.Set("level", level)
+	}
+	path := "/v2/sandboxes/" + url.PathEscape(id) + "/logs"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out api.SandboxLogsV2
+	_, err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out.Logs, err
+}

@@ -73,6 +73,20 @@ func TestEgressAuditThroughTheAPI(t *testing.T) {
 		t.Errorf("spore logs --egress --json: %v, %d entries, want %d", err, len(viaCLI.Entries), len(a.Entries))
 	}
 
+	// Its logs (the audit trail's records of it): `spore logs` and the
+	// stock E2B CLI's `sandbox logs` (GET /sandboxes/{id}/logs) show its
+	// creation, with its egress summary once it is gone.
+	deadline := time.Now().Add(15 * time.Second)
+	for out := ""; !strings.Contains(out, "lifecycle  created"); out = s.ok("logs", id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("spore logs %s never showed its creation:\n%s", id, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out := s.e2bOK("sandbox", "logs", "--format", "json", id); !strings.Contains(out, `"message":"created`) || !strings.Contains(out, `"logger":"lifecycle"`) {
+		t.Errorf("e2b sandbox logs %s:\n%s", id, out)
+	}
+
 	// Bad input.
 	for _, c := range []struct {
 		path string
@@ -94,7 +108,8 @@ func TestEgressAuditThroughTheAPI(t *testing.T) {
 			t.Errorf("GET %s: %d %s, want %d with {code,message}", c.path, code, b, c.code)
 		}
 	}
-	for _, args := range [][]string{{"logs", id}, {"logs", "--egress", "--limit", "-1", id}, {"logs", "--egress", "inever0000000000001"}, {"logs", "--egress"}} {
+	for _, args := range [][]string{{"logs", "--level", "loud", id}, {"logs", "--egress", "--follow", id}, {"logs", "--limit", "-1", id},
+		{"logs", "--egress", "--limit", "-1", id}, {"logs", "--egress", "inever0000000000001"}, {"logs", "inever0000000000001"}, {"logs", "--egress"}} {
 		if out, errs, code := s.cli("", args...); code == 0 {
 			t.Errorf("spore %v: exit 0: %s%s", args, out, errs)
 		}
