@@ -17,12 +17,7 @@ import (
 // route: the SDK reads a 404 as "no such thing", so `Secret.exists` or
 // `Template.getTags` would answer false or empty for a feature that is
 // not there. With 501 the SDK raises an error naming the route.
-var e2bUnimplemented = []string{
-	"POST /sandboxes/{sandboxID}/refreshes",
-	"GET /sandboxes/metrics",
-	"GET /templates/{templateID}/builds/{buildID}/logs",
-	"GET /v2/templates",
-}
+var e2bUnimplemented = []string{}
 
 // E2BUnimplemented lists the E2B routes that answer 501 (for tests).
 func E2BUnimplemented() []string { return append([]string(nil), e2bUnimplemented...) }

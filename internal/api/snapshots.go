@@ -193,19 +193,26 @@ type TemplateInfo struct {
 }
 
 func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
-	// The caller's team's templates, the public ones and those every
-	// node builds (?teamID=, the E2B CLI's --project, is accepted and
-	// ignored: a key lists for its own team).
-	out := []TemplateInfo{}
-	list, err := s.c.Templates(r.Context())
+	out, err := s.templateList(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// templateList is the caller's team's templates, the public ones and
+// those every node builds (?teamID=, the E2B CLI's --project, is accepted
+// and ignored: a key lists for its own team).
+func (s *Server) templateList(r *http.Request) ([]TemplateInfo, error) {
+	out := []TemplateInfo{}
+	list, err := s.c.Templates(r.Context())
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.st.ListTemplates(r.Context())
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
 	byName := map[string]store.Template{}
 	for _, tp := range rows {
@@ -239,8 +246,7 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 			ti.CreatedAt, ti.UpdatedAt = rfc3339(tp.CreatedAt), rfc3339(tp.UpdatedAt)
 			builds, err := s.st.ListBuilds(r.Context(), name)
 			if err != nil {
-				s.fail(w, r, err)
-				return
+				return nil, err
 			}
 			ti.BuildCount = len(builds)
 			for _, b := range builds { // newest first
@@ -255,7 +261,7 @@ func (s *Server) templates(w http.ResponseWriter, r *http.Request) {
 			out = append(out, ti)
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // ForkChild is one element of a fork's response: a sandbox or an error.

@@ -110,6 +110,7 @@ func (s *Server) buildRoutes() []route {
 		{"PUT /templates/{templateID}/files/{hash}", s.uploadFiles, user},
 		{"POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild, user},
 		{"GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus, user},
+		{"GET /templates/{templateID}/builds/{buildID}/logs", s.buildLogs, user},
 		{"POST /templates/tags", s.assignTags, user},
 		{"DELETE /templates/tags", s.removeTags, user},
 		{"GET /templates/{templateID}", s.getTemplate, user},

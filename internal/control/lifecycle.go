@@ -202,6 +202,23 @@ func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Durati
 	return err
 }
 
+// KeepAlive keeps a sandbox alive at least d from now: its end moves
+// later, never earlier (E2B's refresh).
+func (s *Service) KeepAlive(ctx context.Context, id string, d time.Duration) error {
+	unlock, err := s.life.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	_, err = s.st.UpdateSandbox(ctx, id, func(x *store.Sandbox) error {
+		if end := s.now().Add(d); end.After(x.EndAt) {
+			x.EndAt = end
+		}
+		return nil
+	})
+	return err
+}
+
 // UpdateNetwork replaces a sandbox's egress policy: its lists and its
 // network rules (nil clears them, as E2B's update clears what it omits).
 // The first rules a sandbox gets mint its egress CA, which the node puts
