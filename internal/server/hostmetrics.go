@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/metrics"
 	"github.com/spore-run/spore/internal/node"
 )
@@ -26,6 +27,11 @@ func hostFigures(ctx context.Context, n *node.Node) metrics.HostFigures {
 	e := n.Engine
 	f := metrics.HostFigures{Launch: metrics.LaunchLoad(e.LaunchLoad()), Sandboxes: map[string]int{},
 		RestoreTargets: len(e.RestoreTargets()), PendingCleanups: len(e.PendingCleanups()), Quarantined: len(e.Quarantined())}
+	// The stable states are always shown (0 when none), so that a
+	// series exists before the first sandbox in it.
+	for _, st := range []engine.State{engine.StateRunning, engine.StatePaused, engine.StateHibernated, engine.StateDead} {
+		f.Sandboxes[string(st)] = 0
+	}
 	for _, sb := range e.List(ctx) {
 		f.Sandboxes[string(sb.State)]++
 	}

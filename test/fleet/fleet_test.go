@@ -788,10 +788,10 @@ func (h *harness) checkMetrics() {
 			}
 		}
 		code, b := scrape(url, token)
-		for _, want := range []string{"spore_engine_launch_slots ", "spore_host_sandboxes{", "spore_host_memory_free_bytes ",
+		for _, want := range []string{"spore_engine_launch_slots ", `spore_host_sandboxes{state="running"}`, "spore_host_memory_free_bytes ",
 			`spore_host_snapshot_fetches_total{outcome="fetched"}`, `spore_host_admission_refusals_total{reason="memory"}`, "spore_host_chunk_cache_capacity_bytes "} {
 			if code != http.StatusOK || !strings.Contains(b, want) {
-				t.Fatalf("node %d's metrics: %d, want %q in:\n%.3000s", n.Index, code, want, b)
+				t.Fatalf("node %d's metrics: %d, want %q in the spore_ lines:\n%s", n.Index, code, want, sporeLines(b))
 			}
 		}
 	}
@@ -802,7 +802,7 @@ func (h *harness) checkMetrics() {
 		}
 		for _, n := range h.st.Nodes {
 			if !strings.Contains(b, `spore_node_info{draining="false",node="`+n.ID+`",state="ready"} 1`) {
-				t.Fatalf("%s/metrics does not show node %s ready:\n%.3000s", base, n.ID, b)
+				t.Fatalf("%s/metrics does not show node %s ready:\n%s", base, n.ID, sporeLines(b))
 			}
 		}
 		if code, _ := scrape(base+"/metrics", "not-the-metrics-token"); code != http.StatusUnauthorized {
@@ -812,4 +812,15 @@ func (h *harness) checkMetrics() {
 			t.Fatalf("%s/v2/sandboxes with the metrics token: %d, want 401 (it opens /metrics only)", base, code)
 		}
 	}
+}
+
+// sporeLines are the spore_ samples of a scrape (what a failure shows).
+func sporeLines(b string) string {
+	var out []string
+	for _, l := range strings.Split(b, "\n") {
+		if strings.HasPrefix(l, "spore_") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -170,12 +170,12 @@ try {
     assert.ok(Array.isArray(await e2b.Volume.list()))
   }
   {
-    // An E2B route Spore does not serve answers 501 with a JSON error
-    // naming it, never the 404 an SDK reads as "absent".
-    const res = await fetch(`${process.env.E2B_API_URL}/v2/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    // E2B's v2 template list: an array with the built-in template, in
+    // pages (X-Next-Token while more follow).
+    const res = await fetch(`${process.env.E2B_API_URL}/v2/templates?limit=100`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
     const body = await res.json()
-    assert.equal(res.status, 501)
-    assert.match(body.message, /does not implement/)
+    assert.equal(res.status, 200)
+    assert.ok(Array.isArray(body) && body.some((t) => t.names.includes('base')), JSON.stringify(body))
     // E2B's team list: the key's team (the operator key acts in the
     // default one).
     const teams = await (await fetch(`${process.env.E2B_API_URL}/teams`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })).json()
