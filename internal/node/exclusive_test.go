@@ -56,10 +56,12 @@ func TestExclusiveVolumeFollowsSnapshots(t *testing.T) {
 	// place, so that no capture sees it truncated and empty): a capture
 	// of one instant restores a log of exactly 1..n, n the count or one
 	// past it. (A process runsc exec started does not outlive a restore:
-	// the writer is started again where a capture needs it running.)
+	// the writer is started again where a capture needs it running, and
+	// goes on from the log's length: from the count it would write again
+	// the line a capture between its append and its count held.)
 	writer := func(id string) {
 		t.Helper()
-		e.sh(ctx, id, `nohup sh -c 'i=$(cat /tmp/count 2>/dev/null || echo 0); while :; do i=$((i+1)); echo $i >> /work/log; echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.005; done' </dev/null >/dev/null 2>&1 &
+		e.sh(ctx, id, `nohup sh -c 'i=$(cat /work/log 2>/dev/null | wc -l); while :; do i=$((i+1)); echo $i >> /work/log; echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.005; done' </dev/null >/dev/null 2>&1 &
 			echo $! > /tmp/writer; sleep 0.2`)
 	}
 	e.sh(ctx, a.ID, "echo v1 > /work/f && mkdir /work/dir && echo kept > /work/dir/g")
