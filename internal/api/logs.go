@@ -231,14 +231,8 @@ func parseLogsQuery(r *http.Request, v2 bool) (logsQuery, error) {
 
 // sandboxLogsV1 serves GET /sandboxes/{sandboxID}/logs.
 func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
-	q, err := parseLogsQuery(r, false)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	es, err := s.sandboxLogEntries(r, q)
-	if err != nil {
-		s.fail(w, r, err)
+	es, ok := s.readSandboxLogs(w, r, false)
+	if !ok {
 		return
 	}
 	out := SandboxLogs{Logs: make([]SandboxLog, len(es)), LogEntries: es}
@@ -250,15 +244,21 @@ func (s *Server) sandboxLogsV1(w http.ResponseWriter, r *http.Request) {
 
 // sandboxLogsV2 serves GET /v2/sandboxes/{sandboxID}/logs.
 func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) {
-	q, err := parseLogsQuery(r, true)
-	if err != nil {
-		s.fail(w, r, err)
-		return
+	if es, ok := s.readSandboxLogs(w, r, true); ok {
+		writeJSON(w, http.StatusOK, SandboxLogsV2{Logs: es})
 	}
-	es, err := s.sandboxLogEntries(r, q)
-	if err != nil {
-		s.fail(w, r, err)
-		return
+}
+
+// readSandboxLogs parses a logs call (v2: its cursor) and reads the
+// entries it asks for; false: it answered the error.
+func (s *Server) readSandboxLogs(w http.ResponseWriter, r *http.Request, v2 bool) ([]SandboxLogEntry, bool) {
+	q, err := parseLogsQuery(r, v2)
+	if err == nil {
+		var es []SandboxLogEntry
+		if es, err = s.sandboxLogEntries(r, q); err == nil {
+			return es, true
+		}
 	}
-	writeJSON(w, http.StatusOK, SandboxLogsV2{Logs: es})
+	s.fail(w, r, err)
+	return nil, false
 }
