@@ -158,6 +158,16 @@ func (e *Engine) coldest() []Sandbox {
 	return out
 }
 
+// Coldest lists the IDs of the sandboxes the pressure relief may
+// hibernate, in the order it would (least recently active first).
+func (e *Engine) Coldest() []string {
+	var ids []string
+	for _, sb := range e.coldest() {
+		ids = append(ids, sb.ID)
+	}
+	return ids
+}
+
 // PressureReason is the reason the relief gives for its hibernations.
 const PressureReason = "memory-pressure"
 

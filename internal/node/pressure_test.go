@@ -7,6 +7,7 @@ import (
 
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/runtime"
 )
 
 // TestMemoryPressureHibernatesTheColdest: two real sandboxes, a cold one
@@ -30,10 +31,29 @@ time.sleep(10**6)" >/dev/null 2>&1 & echo $!`))
 	for cc.sh(ctx, "test -f /tmp/held && echo held || true") != "held\n" {
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The cold one's last activity is now: a command through the engine
+	// (its memory allocation may or may not have been sampled as CPU).
+	if code, err := e.n.Engine.Exec(ctx, cold.ID, runtime.ExecSpec{Args: []string{"true"}}); err != nil || code != 0 {
+		t.Fatalf("exec in the cold sandbox: %d %v", code, err)
+	}
+	if order := e.n.Engine.Coldest(); len(order) != 2 || order[0] != hot.ID {
+		t.Fatalf("after a command in the cold sandbox the relief's order is %v, want the hot one first", order)
+	}
 	// The hot one uses some CPU every half second (its activity, as a
 	// command through the proxy would); the cold one is idle from now on.
-	hc.sh(ctx, `nohup sh -c 'while :; do i=0; while [ $i -lt 10000 ]; do i=$((i+1)); done; sleep 0.5; done' >/dev/null 2>&1 &`)
-	time.Sleep(5 * time.Second) // two activity samples see the hot one active, the cold one idle
+	// The work is sized in CPU, not in time, so that a loaded host slows
+	// it without bringing its share under the 2 % that counts as active
+	// (with a tenth of it, CI saw the hot one hibernated first).
+	hc.sh(ctx, `nohup sh -c 'while :; do i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; sleep 0.5; done' >/dev/null 2>&1 &`)
+	// The node samples activity every 2 s or more (more on a loaded
+	// host): wait until a sample saw the hot one active after the cold
+	// one's command.
+	for order := e.n.Engine.Coldest(); len(order) != 2 || order[0] != cold.ID; order = e.n.Engine.Coldest() {
+		if ctx.Err() != nil {
+			t.Fatalf("the hot sandbox was never seen more recently active than the cold one: %v", order)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	for _, sb := range []engine.Sandbox{cold, hot} {
 		st, err := e.n.Engine.Stats(ctx, sb.ID)
 		t.Logf("%s: %d MiB, CPU %v", sb.ID, st.MemoryBytes>>20, st.CPUUsage)

@@ -35,7 +35,9 @@ type Service struct {
 	// drainMax bounds how long output still flowing after the process
 	// exited is waited for (a background child may write for ever).
 	drainMax time.Duration
-	log      *slog.Logger
+	// after is time.After; tests replace it to drive the drain's clock.
+	after func(time.Duration) <-chan time.Time
+	log   *slog.Logger
 
 	mu    sync.Mutex
 	procs map[int]*proc
@@ -368,12 +370,16 @@ func (s *Service) await(p *proc, exited <-chan reaper.Exit) {
 	// output.)
 	// A background child that keeps writing would keep it flowing for
 	// ever: drainMax bounds the wait.
-	limit := time.After(s.drainMax)
+	after := s.after
+	if after == nil {
+		after = time.After
+	}
+	limit := after(s.drainMax)
 	for last := p.progress.Load(); ; {
 		select {
 		case <-drained:
 		case <-limit:
-		case <-time.After(s.drain):
+		case <-after(s.drain):
 			if now := p.progress.Load(); now != last || p.publishing.Load() > 0 {
 				last = now
 				continue
