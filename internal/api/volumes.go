@@ -20,6 +20,9 @@ type Volume struct {
 	Mode      string `json:"mode"`
 	SizeMB    int64  `json:"sizeMB"` // the quota, MiB
 	CreatedAt string `json:"createdAt"`
+	// NodeID is Spore's: the node that holds the volume's content (absent
+	// until one does); sandboxes that mount it are placed there.
+	NodeID string `json:"sporeNodeID,omitempty"`
 }
 
 // VolumeAndToken is E2B's VolumeAndToken (POST /volumes, GET
@@ -53,7 +56,7 @@ type NewVolume struct {
 }
 
 func volumeOf(v store.Volume) Volume {
-	return Volume{VolumeID: v.ID, Name: v.Name, Mode: v.Mode, SizeMB: v.SizeBytes / volume.MiB, CreatedAt: rfc3339(v.CreatedAt)}
+	return Volume{VolumeID: v.ID, Name: v.Name, Mode: v.Mode, SizeMB: v.SizeBytes / volume.MiB, CreatedAt: rfc3339(v.CreatedAt), NodeID: v.NodeID}
 }
 
 func (s *Server) volumeRoutes() []route {

@@ -203,8 +203,11 @@ func TestVolumeMountsRefused(t *testing.T) {
 	if info.Usage == nil || info.Usage.CapacityBytes != 10<<30 || info.Usage.UsedBytes != 0 {
 		t.Fatalf("volume info's usage %+v", info.Usage)
 	}
-	if b := f.want(200, "GET", "/volumes/other", ""); strings.Contains(string(b), "usage") {
-		t.Fatalf("usage of a volume no node holds: %s", b)
+	if info.NodeID == "" || info.NodeID != d.ClientID {
+		t.Fatalf("volume info names node %q, the sandbox runs on %q", info.NodeID, d.ClientID)
+	}
+	if b := f.want(200, "GET", "/volumes/other", ""); strings.Contains(string(b), "usage") || strings.Contains(string(b), "sporeNodeID") {
+		t.Fatalf("usage or node of a volume no node holds: %s", b)
 	}
 	f.want(409, "DELETE", "/volumes/data", "")
 	f.want(204, "DELETE", "/sandboxes/"+sb.SandboxID, "")

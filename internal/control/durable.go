@@ -443,9 +443,13 @@ func (s *Service) resumeElsewhere(ctx context.Context, rec store.Sandbox, origin
 		}
 		return rec, false, nil
 	}
-	if len(rec.VolumeMounts) > 0 {
-		// Its volumes' content is on its node: it resumes there (docs/volumes.md).
-		return rec, false, nil
+	if ok, err := s.volumesMove(ctx, rec); err != nil || !ok {
+		// Its volumes' content stays on its node: it resumes there
+		// (docs/volumes.md), not on a draining one.
+		if err == nil && known && origin.Draining {
+			err = drainRefusal("sandbox %s mounts volumes whose content is on node %s, which is draining: it resumes once the node is undrained", rec.ID, origin.ID)
+		}
+		return rec, false, err
 	}
 	drainingReady := known && origin.Draining && origin.State == store.NodeReady
 	if !rec.HibernationDurable && !(drainingReady && origin.Durable && origin.Addr != "") {

@@ -42,6 +42,15 @@ var wrapNode func(id string, n nodeapi.Node) nodeapi.Node
 // no overcommit), when given.
 func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Resources) *durableFleet {
 	t.Helper()
+	return newDurableFleetWith(t, c, capacity, false)
+}
+
+// newDurableFleetWith is newDurableFleetOf whose nodes, with volumes,
+// keep volume images and carry a snapshot's volume copies through the
+// blob store as the real node does (and publish the fake root
+// filesystem as an empty one).
+func newDurableFleetWith(t *testing.T, c controltest.Config, capacity nodeapi.Resources, volumes bool) *durableFleet {
+	t.Helper()
 	st := c.Store(t)
 	blobs, err := local.Open(t.TempDir())
 	if err != nil {
@@ -53,11 +62,18 @@ func newDurableFleetOf(t *testing.T, c controltest.Config, capacity nodeapi.Reso
 		if err != nil {
 			t.Fatal(err)
 		}
-		sy, err := snapsync.New(snapsync.Config{Repo: n.Engine.Snapshots(), Store: blobs, Cache: cache, Runtime: n.Engine.Runtime().Name(), Log: slog.New(slog.DiscardHandler)})
+		sc := snapsync.Config{Repo: n.Engine.Snapshots(), Store: blobs, Cache: cache, Runtime: n.Engine.Runtime().Name(), Log: slog.New(slog.DiscardHandler)}
+		if volumes {
+			sc.Deps = n.Volumes.Deps()
+		}
+		sy, err := snapsync.New(sc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg := lnode.Config{ID: id, Sync: sy}
+		if volumes {
+			cfg.Images = n.Volumes
+		}
 		if capacity != (nodeapi.Resources{}) {
 			cfg.Capacity, cfg.Overcommit = capacity, nodeapi.Overcommit{Memory: 1, VCPUs: 1}
 		}

@@ -175,6 +175,9 @@ func (s *Service) connect(ctx context.Context, id string, timeout time.Duration)
 	}
 	if resumed {
 		s.event(rec, "sandbox.resumed", "")
+		if len(rec.VolumeMounts) > 0 {
+			s.rehomeVolumes(ctx, rec) // moved with it: their content is on this node now
+		}
 	}
 	if resumed && durable && hib != "" {
 		// The image's durable copy is of no more use: removed after the
@@ -401,6 +404,7 @@ func (s *Service) ReconcileNode(ctx context.Context, nodeID string) error {
 			if err := n.Kill(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 				return err
 			}
+			s.dropMovedVolumes(ctx, n, nodeID, now)
 			continue
 		} else if !errdefs.IsNotFound(err) {
 			return err

@@ -203,6 +203,11 @@ func claimVolumes(ctx context.Context, st store.Store, id, nodeID string, mounts
 			}
 			holder = v.Holder
 		}
+		if m.Exclusive && m.ReadOnly {
+			if err := holderSettled(ctx, st, m); err != nil {
+				return nil, err
+			}
+		}
 		v, err := st.UpdateVolume(ctx, "", m.VolumeID, func(v *store.Volume) error {
 			if captured(m) {
 				if v.Holder != holder && v.Holder != id {
@@ -230,6 +235,28 @@ func claimVolumes(ctx context.Context, st store.Store, id, nodeID string, mounts
 		out = append(out, nodeapi.VolumeMount{VolumeID: v.ID, SizeBytes: v.SizeBytes, Path: m.Path, ReadOnly: m.ReadOnly, Exclusive: m.Exclusive})
 	}
 	return out, nil
+}
+
+// holderSettled refuses a read-only mount of an exclusive volume whose
+// holder is moving to another node with it (its row names another node
+// than the volume's): until it runs there, neither node has the volume
+// as it will be.
+func holderSettled(ctx context.Context, st store.Store, m store.VolumeMount) error {
+	v, err := st.GetVolume(ctx, "", m.VolumeID)
+	if err != nil || v.Holder == "" || v.NodeID == "" {
+		return nil // the update that follows says what is wrong
+	}
+	h, err := st.GetSandbox(ctx, v.Holder)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if h.NodeID != "" && h.NodeID != v.NodeID {
+		return errdefs.Conflictf("volume %s is moving with sandbox %s to node %s: mount it once that sandbox runs there (connect to it)", m.Name, h.ID, h.NodeID)
+	}
+	return nil
 }
 
 // VolumeUsage asks the node that holds a volume's content for its bytes
@@ -268,4 +295,89 @@ func (s *Service) DropVolumeContent(v store.Volume) {
 			s.log.Warn("volume content left on its node", "volume_id", v.ID, "node_id", v.NodeID, "err", err)
 		}
 	})
+}
+
+// volumesMove reports whether a hibernated sandbox's volumes can move
+// with it to another node: each is an exclusive volume it holds
+// read-write (its content at the hibernation is captured with it and
+// travels with its image; the new node makes the volume from it), and no
+// other sandbox alive uses it (a reader on the old node keeps its view
+// there). A shared or read-only mount keeps it on its node.
+func (s *Service) volumesMove(ctx context.Context, rec store.Sandbox) (bool, error) {
+	for _, m := range rec.VolumeMounts {
+		if !captured(m) {
+			return false, nil
+		}
+		v, err := s.st.GetVolume(ctx, "", m.VolumeID)
+		if errdefs.IsNotFound(err) {
+			continue // deleted meanwhile: nothing to keep it here
+		}
+		if err != nil {
+			return false, err
+		}
+		for _, u := range v.Users {
+			if u == rec.ID {
+				continue
+			}
+			if _, err := s.st.GetSandbox(ctx, u); err == nil {
+				return false, nil
+			} else if !errdefs.IsNotFound(err) {
+				return false, err
+			}
+		}
+	}
+	return true, nil
+}
+
+// rehomeVolumes records, once a sandbox that moved with its exclusive
+// volumes runs on its new node, that their content is there now (the
+// node made it from the hibernation's copies). The old node's image is
+// removed once that node has dropped its copy of the sandbox
+// (ReconcileNode). Best effort: a failure is logged, and the next resume
+// tries again.
+func (s *Service) rehomeVolumes(ctx context.Context, rec store.Sandbox) {
+	for _, m := range rec.VolumeMounts {
+		if !captured(m) {
+			continue
+		}
+		_, err := s.st.UpdateVolume(ctx, "", m.VolumeID, func(v *store.Volume) error {
+			if v.Holder != rec.ID || v.NodeID == rec.NodeID {
+				return errUnchanged
+			}
+			v.NodeID = rec.NodeID
+			return nil
+		})
+		switch {
+		case err == nil:
+			s.log.Info("volume moved with its sandbox", "volume_id", m.VolumeID, "sandbox_id", rec.ID, "node_id", rec.NodeID)
+		case errors.Is(err, errUnchanged) || errdefs.IsNotFound(err):
+		default:
+			s.log.Warn("record a volume's new node (retried at the next resume)", "volume_id", m.VolumeID, "sandbox_id", rec.ID, "err", err)
+		}
+	}
+}
+
+var errUnchanged = errors.New("unchanged")
+
+// dropMovedVolumes removes from nodeID the images of the exclusive
+// volumes that moved away from it with their sandbox rec (the node's copy
+// of the sandbox was just killed): those it still holds (the new node has
+// their content from its hibernation; rehomeVolumes records it once it
+// runs there) and those recorded elsewhere already.
+func (s *Service) dropMovedVolumes(ctx context.Context, n nodeapi.Node, nodeID string, rec store.Sandbox) {
+	if rec.NodeID == nodeID {
+		return
+	}
+	for _, m := range rec.VolumeMounts {
+		if !captured(m) {
+			continue
+		}
+		v, err := s.st.GetVolume(ctx, "", m.VolumeID)
+		if err != nil || v.NodeID == "" || v.NodeID == nodeID && v.Holder != rec.ID {
+			continue
+		}
+		if err := n.DeleteVolume(ctx, m.VolumeID); err != nil {
+			s.log.Warn("the old image of a volume that moved is left on its old node", "volume_id", m.VolumeID, "node_id", nodeID, "err", err)
+		}
+	}
 }

@@ -45,9 +45,13 @@ func (e *Engine) Adopt(ctx context.Context, id, hibernation string, policy netns
 	if err != nil {
 		return Sandbox{}, err // a root filesystem or runtime build this node lacks: refused before anything is recorded
 	}
+	run, err := adoptedRun(m.Run)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	rec := &record{
 		ID: id, State: StateHibernated, Template: m.Template, Parent: m.Parent, Source: source,
-		RootFS: m.RootFS, RootFSID: m.RootFSID, RuntimeBuild: spec.Build, Run: m.Run, CreatedAt: time.Now().UTC(), Hibernation: m.ID, Policy: policy,
+		RootFS: m.RootFS, RootFSID: m.RootFSID, RuntimeBuild: spec.Build, Run: run, CreatedAt: time.Now().UTC(), Hibernation: m.ID, Policy: policy,
 	}
 	if err := e.save(rec); err != nil {
 		return Sandbox{}, err

@@ -329,3 +329,82 @@ func (e *Engine) removeStrayImages(ctx context.Context) {
 		}
 	}
 }
+
+// volumesForWake is the run a hibernated sandbox wakes with, from its
+// hibernation's run hib (whose exclusive volumes were captured with it):
+// on its own node its volumes' images are where the capture left them,
+// and the copies only go; a sandbox taken over from another node (Adopt)
+// gets each such volume made here, under the volume's own ID, from the
+// hibernation's copy. It returns the images made (for the caller to
+// remove on failure) and the copies to remove once it runs.
+func (e *Engine) volumesForWake(ctx context.Context, rec *record, hib snapshot.RunConfig) (snapshot.RunConfig, []string, []ImageAction, error) {
+	run := hib
+	if !hasCopies(hib) {
+		return run, nil, nil, nil
+	}
+	run.Volumes, run.Mounts = slices.Clone(hib.Volumes), slices.Clone(hib.Mounts)
+	adopted := rec.Source == adoptSource(rec.Hibernation)
+	var made []string
+	var copies []ImageAction
+	for i, v := range hib.Volumes {
+		if v.Copy == "" {
+			continue
+		}
+		copies = append(copies, ImageAction{Image: v.Copy})
+		run.Volumes[i].Copy = ""
+		if !adopted {
+			continue
+		}
+		if e.vols == nil {
+			return run, made, nil, errdefs.Unavailablef("this node keeps no volume images: exclusive volumes cannot be restored")
+		}
+		// An image of this name is a failed wake's: nothing else here
+		// has the volume (its content came with the sandbox).
+		if err := e.vols.Remove(ctx, v.Volume); err != nil {
+			return run, made, nil, err
+		}
+		if err := e.cloneBehind(ctx, &run, v.Slot, v.Copy, v.Volume); err != nil {
+			return run, made, nil, fmt.Errorf("make volume %s from the hibernation's copy: %w", v.Volume, err)
+		}
+		made = append(made, v.Volume)
+		run.Volumes[i].Image = ""
+	}
+	return run, made, copies, nil
+}
+
+// hibernationCopies are the copies of exclusive volumes rec's hibernation
+// holds, to remove with it.
+func (e *Engine) hibernationCopies(rec *record) []ImageAction {
+	if rec.Hibernation == "" {
+		return nil
+	}
+	m, err := e.snaps.Get(rec.Hibernation)
+	if err != nil {
+		return nil // gone already; Open removes a copy nothing names
+	}
+	var out []ImageAction
+	for _, v := range m.Run.Volumes {
+		if v.Copy != "" {
+			out = append(out, ImageAction{Image: v.Copy})
+		}
+	}
+	return out
+}
+
+// adoptedRun is the run recorded for a sandbox taken over from another
+// node with its hibernation's run hib: its exclusive volumes will be
+// made here under their own IDs when it wakes (volumesForWake), so no
+// image of the other node's is named. A captured volume without a copy
+// (hibernated by a release that did not capture them) cannot move: its
+// content is only on its node.
+func adoptedRun(hib snapshot.RunConfig) (snapshot.RunConfig, error) {
+	run := hib
+	run.Volumes = slices.Clone(hib.Volumes)
+	for i, v := range run.Volumes {
+		if v.Captured() && v.Copy == "" {
+			return run, errdefs.Conflictf("exclusive volume %s was not captured with the hibernation: the sandbox resumes on its own node only", v.Volume)
+		}
+		run.Volumes[i].Copy, run.Volumes[i].Image = "", ""
+	}
+	return run, nil
+}

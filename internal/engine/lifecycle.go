@@ -72,8 +72,15 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	}
 	defer release()
 	instance := rec.newInstance()
+	run, made, copies, err := e.volumesForWake(ctx, rec, m.Run)
+	if err != nil {
+		e.removeImages(made)
+		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
+	}
+	m.Run = run
 	spec, err := e.instanceSpec(instance, m)
 	if err != nil {
+		e.removeImages(made)
 		return err
 	}
 	spec.Limits = rec.Run.Limits
@@ -81,6 +88,7 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	instance = spec.ID
 	rec.Pending = &pending{Op: opResume, Instance: instance, Snapshot: m.ID, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
+		e.removeImages(made)
 		return err
 	}
 	addr, err := e.launch(ctx, rec.ID, spec, e.snaps.ImageDir(m.ID), rec.Policy)
@@ -92,18 +100,21 @@ func (e *Engine) wake(ctx context.Context, rec *record) error {
 	if err != nil {
 		rec.Pending = nil
 		_ = e.save(rec)
+		e.removeImages(made)
 		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
 	}
-	// Commit point.
+	// Commit point. The hibernation's copies of its exclusive volumes go
+	// with the hibernation snapshot.
 	prev := *rec
 	rec.State, rec.Instance, rec.Hibernation, rec.Addr = StateRunning, instance, "", addr
-	rec.RuntimeBuild = spec.Build
-	rec.Pending = &pending{Op: opDiscard, Snapshot: m.ID, Started: time.Now().UTC()}
+	rec.RuntimeBuild, rec.Run.Volumes, rec.Run.Mounts = spec.Build, run.Volumes, run.Mounts
+	rec.Pending = &pending{Op: opDiscard, Snapshot: m.ID, Images: copies, Started: time.Now().UTC()}
 	if err := e.save(rec); err != nil {
 		*rec = prev
 		e.discard(rec.ID, instance, "")
 		rec.Pending = nil
 		_ = e.save(rec)
+		e.removeImages(made)
 		return fmt.Errorf("sandbox %s: resume from hibernation failed, still hibernated: %w", rec.ID, err)
 	}
 	e.finishDiscard(rec)
@@ -147,17 +158,31 @@ func (e *Engine) Hibernate(ctx context.Context, id string) error {
 		_ = e.save(rec)
 		return fmt.Errorf("sandbox %s: hibernate failed, sandbox unchanged: %w", id, cause)
 	}
+	if capturesVolumes(rec.Run) {
+		e.flushVolumes(ctx, rec.Run) // while it runs: the pause holds only the rest
+	}
 	if wasRunning {
 		// Freeze first so nothing runs between the capture and the kill.
 		if err := e.rt.Pause(ctx, rec.Instance); err != nil {
 			return undo(err)
 		}
 	}
-	if err := e.rt.Checkpoint(ctx, rec.Instance, st.ImageDir(), runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+	// Its exclusive volumes are captured with it, as with a snapshot: the
+	// hibernation then holds the sandbox whole, and another node that
+	// takes it over (Adopt) makes its volumes from the copies.
+	run, err := e.captureVolumes(ctx, rec.Run, st.ID())
+	if err != nil {
 		return undo(err)
 	}
-	m, err := st.Commit(e.manifestOf(rec, snapshot.KindHibernation, nil), snapshot.CommitOptions{})
+	if err := e.rt.Checkpoint(ctx, rec.Instance, st.ImageDir(), runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		e.dropCopies(run)
+		return undo(err)
+	}
+	man := e.manifestOf(rec, snapshot.KindHibernation, nil)
+	man.Run = run
+	m, err := st.Commit(man, snapshot.CommitOptions{})
 	if err != nil {
+		e.dropCopies(run)
 		return undo(err)
 	}
 	// Commit point: the record says hibernated; the instance is discarded.
@@ -167,6 +192,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) error {
 	if err := e.save(rec); err != nil {
 		rec.State, rec.Instance, rec.Hibernation, rec.Addr = prev, old, "", oldAddr
 		_ = e.snaps.Delete(m.ID)
+		e.dropCopies(run)
 		return undo(err)
 	}
 	e.finishDiscard(rec)
@@ -197,7 +223,8 @@ func (e *Engine) Kill(ctx context.Context, id string) error {
 func (e *Engine) finishKill(ctx context.Context, rec *record) error {
 	// A volume the sandbox rolled back keeps the content it had: its
 	// image becomes the volume's own once the instance is gone.
-	cs, err := e.journalCleanup(rec.ID, rec.Instance, rec.Hibernation, imageActions(rec.Run, true)...)
+	acts := append(imageActions(rec.Run, true), e.hibernationCopies(rec)...)
+	cs, err := e.journalCleanup(rec.ID, rec.Instance, rec.Hibernation, acts...)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: kill: %w", rec.ID, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/ids"
+	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/node"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/testenv"
@@ -213,7 +214,8 @@ func TestExclusiveVolumeFollowsSnapshots(t *testing.T) {
 // snapshot, chunked as its data: the image's holes are not read); another
 // node that fetches the snapshot gets the copy, sparse, and a sandbox
 // created there from the snapshot has a volume of its own with the
-// content of the snapshot's instant.
+// content of the snapshot's instant. The sandbox then moves to the other
+// node through its hibernation, its volume with it.
 func TestExclusiveVolumeThroughTheBlobStore(t *testing.T) {
 	testenv.RealTier(t)
 	blobs, err := local.Open(t.TempDir())
@@ -259,10 +261,40 @@ func TestExclusiveVolumeThroughTheBlobStore(t *testing.T) {
 	if v := c.Run.Volumes[0].Volume; v != ids.Derive('v', c.ID, vol) {
 		t.Fatalf("the sandbox on node B shows volume %s", v)
 	}
+
+	// The sandbox itself moves to node B, hibernated: its hibernation
+	// captured the volume, and node B makes the volume, under its own ID,
+	// from that copy; the sandbox goes on with it there.
+	a.sh(ctx, sb.ID, "echo at-hibernation > /work/f")
+	if err := a.n.Engine.Hibernate(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	hib, err := a.n.Engine.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.n.Sync.Upload(ctx, hib.Hibernation); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.n.Sync.Ensure(ctx, hib.Hibernation, nil); err != nil {
+		t.Fatalf("node B fetching the hibernation with its volume copy: %v", err)
+	}
+	if _, err := b.n.Engine.Adopt(ctx, sb.ID, hib.Hibernation, netns.Policy{Internet: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.n.Engine.Resume(ctx, sb.ID); err != nil {
+		t.Fatalf("resume on node B: %v", err)
+	}
+	if got := b.sh(ctx, sb.ID, "cat /work/f; md5sum < /work/data | cmp - /tmp/sum && echo same; echo on-b >> /work/f && tail -1 /work/f"); got != "at-hibernation\nsame\non-b" {
+		t.Fatalf("the sandbox moved to node B sees %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "volumes", "pool", vol+".img")); err != nil {
+		t.Fatalf("node B has no image of the volume under its own ID: %v", err)
+	}
 	for _, e := range []struct {
 		e  *env
 		id string
-	}{{a, sb.ID}, {b, c.ID}} {
+	}{{a, sb.ID}, {b, c.ID}, {b, sb.ID}} {
 		if err := e.e.n.Engine.Kill(ctx, e.id); err != nil {
 			t.Fatal(err)
 		}

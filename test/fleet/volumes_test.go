@@ -122,6 +122,41 @@ func TestVolumesOnAFleet(t *testing.T) {
 	if got := strings.TrimSpace(h.run(api, moved.SandboxID, "cat /work/f")); got != "at-the-snapshot" {
 		t.Fatalf("the sandbox made on the other node sees %q", got)
 	}
+
+	// The sandbox holding it moves with it: its node drained, it is
+	// hibernated with the volume's content; a connect resumes it on the
+	// other node, which makes the volume from the hibernation's copy; the
+	// volume's row names that node, and the home node's old image goes
+	// once it has dropped its copy of the sandbox (its reconcile).
+	if code, b := h.rest(api, "POST", "/nodes/"+home.ID+"/drain", ""); code != 200 {
+		t.Fatalf("drain the home node: %d %s", code, b)
+	}
+	if !waitFor(2*time.Minute, func() bool {
+		_, b := h.rest(api, "GET", "/sandboxes/"+ex.SandboxID, "")
+		return strings.Contains(string(b), `"sporeHibernation":"durable"`)
+	}) {
+		_, b := h.rest(api, "GET", "/sandboxes/"+ex.SandboxID, "")
+		t.Fatalf("the drained sandbox's hibernation never durable: %s", b)
+	}
+	code, b = h.rest(api, "POST", "/sandboxes/"+ex.SandboxID+"/connect", `{"timeout":600}`)
+	var back sandbox
+	if json.Unmarshal(b, &back); code != 201 || back.ClientID != other.ID {
+		t.Fatalf("connect to the drained sandbox: %d %s (want it on %s)", code, b, other.ID)
+	}
+	if got := strings.TrimSpace(h.run(api, ex.SandboxID, "cat /work/f; echo on-the-other-node >> /work/f")); got != "changed-after" {
+		t.Fatalf("the sandbox moved with its volume sees %q", got)
+	}
+	_, b = h.rest(api, "GET", "/volumes/fleet-ex", "")
+	if !strings.Contains(string(b), `"sporeNodeID":"`+other.ID+`"`) {
+		t.Fatalf("the moved volume's info: %s", b)
+	}
+	oldImg := filepath.Join(home.DataDir, "volumes", "pool", volumeID(t, h, api, "fleet-ex")+".img")
+	if !waitFor(2*time.Minute, func() bool { _, err := os.Stat(oldImg); return os.IsNotExist(err) }) {
+		t.Fatalf("the moved volume's old image is still on the home node: %s", oldImg)
+	}
+	if code, b := h.rest(api, "POST", "/nodes/"+home.ID+"/undrain", ""); code != 204 {
+		t.Fatalf("undrain the home node: %d %s", code, b)
+	}
 	for _, id := range []string{ex.SandboxID, moved.SandboxID} {
 		if code, b := h.rest(api, "DELETE", "/sandboxes/"+id, ""); code != 204 {
 			t.Fatalf("kill %s: %d %s", id, code, b)
@@ -154,4 +189,17 @@ func (h *harness) raw(method, url, auth, body string) (int, string) {
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(out)
+}
+
+// volumeID is a volume's ID, by its name.
+func volumeID(t *testing.T, h *harness, api, name string) string {
+	t.Helper()
+	code, b := h.rest(api, "GET", "/volumes/"+name, "")
+	var v struct {
+		VolumeID string `json:"volumeID"`
+	}
+	if json.Unmarshal(b, &v); code != 200 || v.VolumeID == "" {
+		t.Fatalf("volume %s: %d %s", name, code, b)
+	}
+	return v.VolumeID
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/runtime"
 	"github.com/spore-run/spore/internal/snapshot"
+	"github.com/spore-run/spore/internal/snapsync"
 )
 
 // Volumes is the fake node's volume store: a directory per volume, made
@@ -178,3 +179,50 @@ func copyTree(src, dst string) error {
 	}
 	return os.CopyFS(dst, os.DirFS(src))
 }
+
+// Deps is the fake node's side of snapshot dependencies (snapsync.Deps):
+// volume copies travel as the real node's do (a directory each here); the
+// fake nodes share one root filesystem and runtime, so those are always
+// here and publish as empty directories.
+func (v *Volumes) Deps() snapsync.Deps { return volumeDeps{v} }
+
+type volumeDeps struct{ v *Volumes }
+
+func (d volumeDeps) Has(dep snapsync.Dep) bool {
+	if dep.Kind != snapsync.DepVolume {
+		return true
+	}
+	_, err := os.Stat(d.v.Dir(dep.ID))
+	return err == nil
+}
+
+func (d volumeDeps) Dir(dep snapsync.Dep) (string, map[string]string, error) {
+	if dep.Kind != snapsync.DepVolume {
+		dir := filepath.Join(d.v.dir, "deps-empty")
+		return dir, nil, os.MkdirAll(dir, 0o755)
+	}
+	if _, err := os.Stat(d.v.Dir(dep.ID)); err != nil {
+		return "", nil, errdefs.NotFoundf("volume copy %s", dep.ID)
+	}
+	return d.v.Dir(dep.ID), nil, nil
+}
+
+func (d volumeDeps) Install(ctx context.Context, dep snapsync.Dep, _ map[string]string, fill func(dir string) error) error {
+	if dep.Kind != snapsync.DepVolume {
+		return errdefs.Invalidf("the fake node installs no %s", dep.Kind)
+	}
+	tmp := d.v.Dir(dep.ID) + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o755); err != nil {
+		return err
+	}
+	if err := fill(tmp); err != nil { // fill makes it
+		os.RemoveAll(tmp)
+		return err
+	}
+	return os.Rename(tmp, d.v.Dir(dep.ID))
+}
+
+func (d volumeDeps) Hold() func() { return func() {} }
