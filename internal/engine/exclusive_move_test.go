@@ -117,7 +117,7 @@ func TestExclusiveVolumeMovesWithItsHibernation(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := fa.get(c)
-	fb.set(c, v)           // what the node's volume dependency fetch brings (internal/node)
+	fb.set(c, v)            // what the node's volume dependency fetch brings (internal/node)
 	fb.set("vol1", "stale") // an old image of the volume on this node: the hibernation's copy wins
 	adopted, err := b.eng.Adopt(ctx, moving.ID, m.ID, netns.Policy{})
 	if err != nil {
