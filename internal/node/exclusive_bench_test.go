@@ -110,5 +110,22 @@ func BenchmarkExclusiveVolume(b *testing.B) {
 			}
 			quantiles(b, ds, "ms")
 		})
+		b.Run("hibernate+resume/"+c.name, func(b *testing.B) {
+			hs, rs := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
+			for range b.N {
+				dirty(b, c.id)
+				t0 := time.Now()
+				if err := e.n.Engine.Hibernate(ctx, c.id); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := e.n.Engine.Resume(ctx, c.id); err != nil {
+					b.Fatal(err)
+				}
+				hs, rs = append(hs, t1.Sub(t0)), append(rs, time.Since(t1))
+			}
+			quantiles(b, hs, "hibernate-ms")
+			quantiles(b, rs, "resume-ms")
+		})
 	}
 }
