@@ -17,11 +17,13 @@ import (
 	"github.com/spore-run/spore/internal/testenv"
 )
 
-// SIGKILL `spore up` at random moments while a client creates, snapshots,
-// forks, rolls back, hibernates and kills; restart it and check after every
-// round: every listed snapshot restores, every sandbox the store lists as
-// running answers, and nothing on the host is orphaned (runsc sandboxes,
-// instance directories, network namespaces).
+// SIGKILL `spore up` at random moments while a client creates (half of
+// them with an exclusive volume), snapshots, forks, rolls back, hibernates
+// and kills; restart it and check after every round: every listed
+// snapshot restores (with its volume's copy), every sandbox the store
+// lists as running answers, nothing on the host is orphaned (runsc
+// sandboxes, instance directories, network namespaces), and no volume
+// copy or rollback image is left that nothing names.
 func TestCrashRounds(t *testing.T) {
 	s := newServer(t, "--pool", "0") // no background restores racing the checks
 	rng := testenv.Rand(t)           // the kill delays; each round's client has its own source
@@ -60,7 +62,14 @@ func TestCrashRounds(t *testing.T) {
 		s.start()
 		lastSnaps = s.checkConsistent(t, round, restored)
 	}
-	t.Logf("%d rounds, %d operations completed before the kills, %d snapshots at the end", rounds, totalOps, len(lastSnaps))
+	code, body := s.rest("GET", "/volumes?limit=100", "")
+	var vols []json.RawMessage
+	if json.Unmarshal(body, &vols); code != 200 || len(vols) == 0 {
+		t.Fatalf("no volume was made in %d rounds (%d %s): the rounds did not exercise exclusive volumes", rounds, code, body)
+	}
+	imgs, _ := filepath.Glob(filepath.Join(s.data, "volumes", "pool", "c-*.img"))
+	t.Logf("%d rounds, %d operations completed before the kills, %d snapshots at the end; %d volumes, %d volume copies at the end",
+		rounds, totalOps, len(lastSnaps), len(vols), len(imgs))
 }
 
 // workStep does one random operation; it reports whether it succeeded.
@@ -72,7 +81,7 @@ func (s *server) workStep(round int, rng *rand.Rand) bool {
 	var running []sandboxResp
 	json.Unmarshal(body, &running)
 	if len(running) < 2 {
-		code, _ := s.restQuiet("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":600,"metadata":{"round":"%d"}}`, round))
+		code, _ := s.restQuiet("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID":"base","timeout":600,"metadata":{"round":"%d"}%s}`, round, s.exclusiveMount(round, rng)))
 		return code == 201
 	}
 	sb := running[rng.IntN(len(running))].SandboxID
@@ -96,9 +105,77 @@ func (s *server) workStep(round int, rng *rand.Rand) bool {
 	case 4:
 		code, _ = s.restQuiet("DELETE", "/sandboxes/"+sb, "")
 	default:
-		code, _ = s.restQuiet("POST", "/v2/sandboxes", `{"templateID":"base","timeout":600}`)
+		code, _ = s.restQuiet("POST", "/v2/sandboxes", `{"templateID":"base","timeout":600`+s.exclusiveMount(round, rng)+`}`)
 	}
 	return code < 300
+}
+
+// exclusiveMount is, for every other create, the volumeMounts field of a
+// new exclusive volume (made now, written to below by nothing: what is
+// captured with each snapshot, fork, rollback and hibernation is its
+// image); "" otherwise, or when the volume could not be made.
+func (s *server) exclusiveMount(round int, rng *rand.Rand) string {
+	if rng.IntN(2) == 0 {
+		return ""
+	}
+	name := fmt.Sprintf("crash-%d-%d", round, rng.Uint32())
+	if code, _ := s.restQuiet("POST", "/volumes", `{"name":"`+name+`","mode":"exclusive","sizeMB":64}`); code != 201 {
+		return ""
+	}
+	return `,"volumeMounts":[{"name":"` + name + `","path":"/work"}]`
+}
+
+// checkNoHalfCapturedVolumes: every copy of an exclusive volume in the
+// node's pool is a committed snapshot's (its manifest names it), and
+// every rollback image is a sandbox's or a pending cleanup's: a capture,
+// fork or rollback the kill cut short leaves none visible.
+func (s *server) checkNoHalfCapturedVolumes(round int) error {
+	named := map[string]bool{}
+	read := func(pattern string, note func(b []byte)) {
+		files, _ := filepath.Glob(pattern)
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil {
+				note(b)
+			}
+		}
+	}
+	var run struct {
+		Run struct {
+			Volumes []struct {
+				Copy  string `json:"copy"`
+				Image string `json:"image"`
+			} `json:"volumes"`
+		} `json:"run"`
+		Images []struct {
+			Image string `json:"image"`
+		} `json:"images"`
+	}
+	note := func(b []byte) {
+		run.Run.Volumes, run.Images = nil, nil
+		if json.Unmarshal(b, &run) != nil {
+			return
+		}
+		for _, v := range run.Run.Volumes {
+			named[v.Copy], named[v.Image] = true, true
+		}
+		for _, a := range run.Images {
+			named[a.Image] = true
+		}
+	}
+	read(filepath.Join(s.data, "snapshots", "*", "manifest.json"), note)
+	read(filepath.Join(s.data, "engine", "sandboxes", "*.json"), note)
+	read(filepath.Join(s.data, "engine", "cleanup", "*.json"), note)
+	imgs, _ := filepath.Glob(filepath.Join(s.data, "volumes", "pool", "*.img"))
+	for _, img := range imgs {
+		name := strings.TrimSuffix(filepath.Base(img), ".img")
+		if !strings.HasPrefix(name, "c-") && !strings.HasPrefix(name, "r-") {
+			continue
+		}
+		if !named[name] {
+			return fmt.Errorf("round %d: volume image %s is left and nothing names it (a half-captured volume)", round, name)
+		}
+	}
+	return nil
 }
 
 // restQuiet is rest without failing the test (the server may be dying).
@@ -180,6 +257,9 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 	// at most 10 s.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		err := s.checkNoOrphans(t, all)
+		if err == nil {
+			err = s.checkNoHalfCapturedVolumes(round)
+		}
 		if err == nil {
 			break
 		}
@@ -284,10 +364,14 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 	}
 	// Mounts: two namespace mounts per instance and reserved network
 	// (sandbox and gateway), and under the data directory only runsc's
-	// pinned empty namespace and the node's empty volume slot (the
-	// read-only tmpfs behind its templates' unused volume slots).
+	// pinned empty namespace, the node's empty volume slot (the
+	// read-only tmpfs behind its templates' unused volume slots) and its
+	// volumes'.
+	// Volumes: the pool's file system, and each volume image's mount (or
+	// read-only view) while its image is there.
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	nsMounts, dataMounts := 0, 0
+	vols := filepath.Join(s.data, "volumes")
 	for _, line := range strings.Split(string(mi), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 5 {
@@ -296,7 +380,14 @@ func (s *server) checkNoOrphans(t *testing.T, all []sandboxResp) error {
 		if strings.HasPrefix(f[4], "/run/netns/spa-") {
 			nsMounts++
 		}
-		if strings.HasPrefix(f[4], s.data) && f[4] != filepath.Join(s.data, "volumes", "empty") {
+		switch mp := f[4]; {
+		case !strings.HasPrefix(mp, s.data) || mp == filepath.Join(vols, "empty") || mp == filepath.Join(vols, "pool"):
+		case filepath.Dir(mp) == filepath.Join(vols, "mounts"):
+			img := strings.TrimSuffix(filepath.Base(mp), ".ro")
+			if _, err := os.Stat(filepath.Join(vols, "pool", img+".img")); err != nil {
+				return fmt.Errorf("volume mount %s has no image", mp)
+			}
+		default:
 			dataMounts++
 		}
 	}
