@@ -66,7 +66,7 @@ func openVolumes(ctx context.Context, dataDir string, poolSize int64, log *slog.
 	v.poolSize = max(poolSize, pool.MinPool)
 	// A pool made by an earlier run opens now, its volumes mounted, so
 	// its sandboxes restore (rollback, resume) after a restart.
-	if _, err := os.Stat(filepath.Join(v.dir, "pool.img")); err == nil {
+	if pool.Made(v.dir) {
 		if p, err := v.open(ctx); err == nil {
 			// Snapshots' copies stay unmounted: nothing restores from them
 			// in place, and a mount would write to them.
@@ -233,11 +233,7 @@ func (v *volumes) Images(ctx context.Context) ([]string, error) {
 
 // made reports whether this node has a volume pool (made by a volume).
 func (v *volumes) made() bool {
-	if v.err != nil {
-		return false
-	}
-	_, err := os.Stat(filepath.Join(v.dir, "pool.img"))
-	return err == nil
+	return v.err == nil && pool.Made(v.dir)
 }
 
 // imageOf is the image that holds a volume's content here now: the one

@@ -6,12 +6,15 @@
 // and nothing else); a capture is a freeze of the mounted volume, one
 // reflink of its image and a thaw: milliseconds, whatever the number of
 // files; a copy (a fork child's, a rollback's) is one more reflink.
+// Without mkfs.xfs the pool is a plain directory whose copies cost the
+// image's written data (OpenPlain).
 package pool
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -46,6 +49,11 @@ const MinImage = 16 << 20
 type Pool struct {
 	dir string // <data>/volumes: pool.img, pool/ (the XFS), mounts/<name>
 	log *slog.Logger
+	// plain: the images are in a directory of the data directory's own
+	// file system, not in an XFS pool: a capture or copy that cannot
+	// reflink copies the image's data (OpenPlain; docs/volumes.md,
+	// "Fallback").
+	plain bool
 
 	mu      sync.Mutex
 	mounted map[string]string // image name -> its mount point
@@ -53,6 +61,7 @@ type Pool struct {
 }
 
 func (p *Pool) img() string           { return filepath.Join(p.dir, "pool.img") }
+func (p *Pool) plainMark() string     { return filepath.Join(p.dir, "plain") }
 func (p *Pool) fsDir() string         { return filepath.Join(p.dir, "pool") }
 func (p *Pool) image(n string) string { return filepath.Join(p.fsDir(), n+".img") }
 
@@ -62,12 +71,39 @@ func (p *Pool) MountPoint(name string) string { return filepath.Join(p.dir, "mou
 // Open makes (the first time: a sparse image of size bytes, formatted XFS
 // with reflinks) and mounts the pool in dir. It needs root, loop devices
 // and mkfs.xfs (xfsprogs); their absence is ErrUnavailable, saying which.
+// Without mkfs.xfs, a pool made for the first time is a plain one
+// (OpenPlain), logged as such; one made plain stays plain.
 func Open(ctx context.Context, dir string, size int64, log *slog.Logger) (*Pool, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	if size < MinPool {
 		return nil, errdefs.Invalidf("volume pool size %d: at least %d bytes", size, MinPool)
+	}
+	return open(ctx, dir, size, false, log)
+}
+
+// OpenPlain opens the pool in dir as a plain one (made so the first time):
+// its images are files in a directory of dir's own file system, with no
+// XFS pool and its loop device; a capture or a copy reflinks the image
+// where that file system can, and otherwise copies its data (sparse: the
+// holes stay holes), which costs the image's written bytes each time.
+// Each image still needs a loop device to be mounted. A dir holding an
+// XFS pool is ErrConflict.
+func OpenPlain(ctx context.Context, dir string, log *slog.Logger) (*Pool, error) {
+	return open(ctx, dir, 0, true, log)
+}
+
+// Made reports whether dir holds a pool (made by a first volume).
+func Made(dir string) bool {
+	for _, f := range []string{"pool.img", "plain"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func open(ctx context.Context, dir string, size int64, plain bool, log *slog.Logger) (*Pool, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "mounts"), 0o700); err != nil {
 		return nil, fmt.Errorf("volume pool: %w", err)
@@ -85,10 +121,31 @@ func Open(ctx context.Context, dir string, size int64, log *slog.Logger) (*Pool,
 	if err := os.MkdirAll(p.fsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("volume pool: %w", err)
 	}
+	_, markErr := os.Stat(p.plainMark())
+	_, imgErr := os.Stat(p.img())
+	switch {
+	case markErr == nil:
+		p.plain = true
+		return p, nil
+	case plain && imgErr == nil:
+		return nil, errdefs.Conflictf("volume pool %s is an XFS pool: it cannot be opened as a plain one", dir)
+	case !plain && errors.Is(imgErr, fs.ErrNotExist):
+		if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+			log.Warn("volumes without reflinks: no mkfs.xfs (apt-get install xfsprogs; `spore setup` installs it); each capture and copy of a volume copies its data (docs/volumes.md, \"Fallback\")", "dir", dir)
+			plain = true
+		}
+	}
+	if plain {
+		if err := os.WriteFile(p.plainMark(), []byte("images in pool/, copied where they cannot be reflinked\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("volume pool: %w", err)
+		}
+		p.plain = true
+		return p, nil
+	}
 	if isMountPoint(p.fsDir()) {
 		return p, nil // mounted by a previous run of the node
 	}
-	if _, err := os.Stat(p.img()); errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(imgErr, fs.ErrNotExist) {
 		if err := p.format(ctx, size); err != nil {
 			return nil, err
 		}
@@ -420,7 +477,7 @@ func (p *Pool) Copy(ctx context.Context, src, dst string) error {
 }
 
 // clone reflinks src's image to dst's (through a temporary name, renamed
-// once whole).
+// once whole); a plain pool whose file system cannot reflink copies it.
 func (p *Pool) clone(src, dst string) error {
 	if _, err := os.Stat(p.image(dst)); err == nil {
 		return fmt.Errorf("volume image %s: %w", dst, errdefs.ErrAlreadyExists)
@@ -438,10 +495,14 @@ func (p *Pool) clone(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
+	err = unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
+	if err != nil && p.plain && cannotReflink(err) {
+		err = sparseCopy(out, in)
+	}
+	if err != nil {
 		out.Close()
 		os.Remove(tmp)
-		return fmt.Errorf("reflink volume image %s to %s: %w", src, dst, err)
+		return fmt.Errorf("copy volume image %s to %s: %w", src, dst, err)
 	}
 	if err := out.Sync(); err != nil {
 		out.Close()
@@ -634,4 +695,47 @@ func run(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// cannotReflink reports whether a FICLONE failed because the file system
+// has no reflinks (not because of the files).
+func cannotReflink(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EXDEV) ||
+		errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY)
+}
+
+// sparseCopy copies in's data to out, region by region (SEEK_DATA and
+// SEEK_HOLE, copy_file_range): holes stay holes, so a mostly empty image
+// costs what was written to it. out ends at in's size.
+func sparseCopy(out, in *os.File) error {
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	ifd, ofd := int(in.Fd()), int(out.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(ifd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(ifd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		for r, w := data, data; r < hole; {
+			n, err := unix.CopyFileRange(ifd, &r, ofd, &w, int(min(hole-r, 1<<30)), 0)
+			if err != nil {
+				return fmt.Errorf("copy data: %w", err)
+			}
+			if n == 0 {
+				return fmt.Errorf("copy data: %w", io.ErrUnexpectedEOF)
+			}
+		}
+		off = hole
+	}
+	return out.Truncate(size)
 }

@@ -58,11 +58,88 @@ func read(t testing.TB, path string) string {
 	return string(b)
 }
 
+// openPlain is open for a plain pool (no XFS: copies where reflinks are
+// missing).
+func openPlain(t testing.TB) (*pool.Pool, string) {
+	t.Helper()
+	testenv.RealTier(t)
+	dir := t.TempDir()
+	p, err := pool.OpenPlain(context.Background(), dir, nil)
+	if err != nil {
+		t.Fatalf("open a plain pool: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		if out, _ := exec.Command("losetup", "-a").CombinedOutput(); bytes.Contains(out, []byte(dir)) {
+			t.Errorf("loop devices left: %s", out)
+		}
+	})
+	return p, dir
+}
+
 // A capture of a mounted volume holds what was written before it, even
 // unsynced (the freeze writes it to the image), and nothing written
 // after; a copy of the capture is a volume of its own.
 func TestCaptureAndCopy(t *testing.T) {
 	p, _ := open(t)
+	captureAndCopy(t, p)
+}
+
+// The fallback without XFS reflinks (docs/volumes.md): a plain pool keeps
+// the images in a directory of the data directory's file system and
+// copies them where it cannot reflink: the same semantics as the XFS
+// pool's; a copy costs the image's written data only (its holes stay
+// holes); reopened, with or without a size, it stays plain; an XFS pool
+// cannot be opened as a plain one.
+func TestPlainPool(t *testing.T) {
+	p, dir := openPlain(t)
+	captureAndCopy(t, p)
+	ctx := context.Background()
+	mp, err := p.Mount(ctx, "va", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(mp, "data"), strings.Repeat("x", 8<<20))
+	if err := p.Capture(ctx, "va", "s8"); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(dir, "pool", "s8.img"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 64<<20 || st.Blocks*512 < 8<<20 || st.Blocks*512 > 32<<20 {
+		t.Fatalf("the capture of a 64 MiB image holding 8 MiB: %d bytes, %d on disk; want the size, sparse", st.Size, st.Blocks*512)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !pool.Made(dir) {
+		t.Fatal("a plain pool is not seen as made")
+	}
+	q, err := pool.Open(ctx, dir, 2<<30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if _, err := os.Stat(filepath.Join(dir, "pool.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a plain pool reopened made an XFS pool: %v", err)
+	}
+	mp, err = q.Mount(ctx, "s8", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(mp, "data")); len(got) != 8<<20 {
+		t.Fatalf("the capture reopened holds %d bytes", len(got))
+	}
+	_, xfs := open(t)
+	if _, err := pool.OpenPlain(ctx, xfs, nil); !errdefs.IsConflict(err) {
+		t.Fatalf("an XFS pool opened as a plain one: %v", err)
+	}
+}
+
+func captureAndCopy(t *testing.T, p *pool.Pool) {
 	ctx := context.Background()
 	if err := p.Create(ctx, "va", 64<<20, 1000, 1000); err != nil {
 		t.Fatal(err)
@@ -244,13 +321,17 @@ func TestReopen(t *testing.T) {
 // dirty, the freeze writes those 512 MiB back first; written-back (a
 // sync outside the timer), the capture is the freeze and the reflink.
 func BenchmarkCapture(b *testing.B) {
-	for _, synced := range []bool{false, true} {
-		name := "dirty"
-		if synced {
-			name = "written-back"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		synced bool
+		plain  bool
+	}{{"dirty", false, false}, {"written-back", true, false}, {"plain/written-back", true, true}} {
+		synced := c.synced
+		b.Run(c.name, func(b *testing.B) {
 			p, _ := open(b, 64<<30)
+			if c.plain {
+				p, _ = openPlain(b)
+			}
 			ctx := context.Background()
 			if err := p.Create(ctx, "vb", 1<<30, 0, 0); err != nil {
 				b.Fatal(err)
