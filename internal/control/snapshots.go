@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -355,8 +356,11 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 func (s *Service) placeFork(ctx context.Context, parent store.Sandbox, count int) (where []string, short, err error) {
 	req := scheduler.Request{Count: count, Origin: parent.NodeID, Each: sizeOf(parent.MemoryMB, parent.CPUCount),
 		Takes: s.forkTakesMB(ctx, parent), Partial: true}
-	if len(parent.VolumeMounts) > 0 {
-		req.Hint = parent.NodeID // its volumes' content is there
+	if slices.ContainsFunc(parent.VolumeMounts, func(m store.VolumeMount) bool { return !captured(m) }) {
+		// A volume it shares with others: its content is there. (Exclusive
+		// volumes come with the fork's image: a child elsewhere gets its
+		// own from the copy.)
+		req.Hint = parent.NodeID
 	}
 	if nr, err := s.st.GetNode(ctx, parent.NodeID); err == nil {
 		req.RunscBuild, req.CPUFeatures = nr.RunscBuild, nr.CPUFeatures // the children restore the parent's image

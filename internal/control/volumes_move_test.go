@@ -143,3 +143,56 @@ func testExclusiveVolumeMoves(t *testing.T, c controltest.Config) {
 		t.Fatalf("the connect after the undrain: on %q, %v", got.NodeID, err)
 	}
 }
+
+// A fork of a sandbox holding an exclusive volume that spills to another
+// node: the children there get volumes of their own, made from the fork
+// snapshot's copy of the volume (it travels with the snapshot), with the
+// content at the fork; the children on the parent's node too. In process
+// and over the node protocol.
+func TestForkWithAnExclusiveVolumeSpills(t *testing.T) {
+	controltest.Each(t, testForkWithAnExclusiveVolumeSpills)
+}
+
+func testForkWithAnExclusiveVolumeSpills(t *testing.T, c controltest.Config) {
+	// Room for 3 default sandboxes per node.
+	f := newDurableFleetWith(t, c, nodeapi.Resources{MemoryMB: 3 * 1024, VCPUs: 6, Sandboxes: 100}, true)
+	ctx := ctxFor(t)
+	cat := volume.NewCatalog(f.st)
+	ex, err := cat.Create(ctx, volume.CreateOptions{Name: "work", Mode: store.VolumeExclusive, Size: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := f.ctl.Create(ctx, control.CreateRequest{Timeout: time.Hour, NodeID: "na", Volumes: []control.VolumeRequest{{Name: "work", Path: "/work"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.a.Volumes.Dir(ex.ID), "f"), []byte("at-the-fork"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := f.ctl.Fork(ctx, parent.ID, 4, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]*controltest.Node{"na": f.a, "nb": f.b}
+	on := map[string]int{}
+	for i, k := range kids {
+		if k.Err != nil {
+			t.Fatalf("child %d: %v", i, k.Err)
+		}
+		on[k.Sandbox.NodeID]++
+		if len(k.Sandbox.VolumeMounts) != 1 || k.Sandbox.VolumeMounts[0].VolumeID == ex.ID {
+			t.Fatalf("child %d mounts %+v: want a volume of its own", i, k.Sandbox.VolumeMounts)
+		}
+		own := k.Sandbox.VolumeMounts[0].VolumeID
+		v, err := f.st.GetVolume(ctx, "", own)
+		if err != nil || v.NodeID != k.Sandbox.NodeID || v.Holder != k.Sandbox.ID {
+			t.Fatalf("child %d's volume: %+v %v (child on %s)", i, v, err, k.Sandbox.NodeID)
+		}
+		if b, err := os.ReadFile(filepath.Join(nodes[k.Sandbox.NodeID].Volumes.Dir(own), "f")); err != nil || string(b) != "at-the-fork" {
+			t.Fatalf("child %d on %s: its volume holds %q (%v)", i, k.Sandbox.NodeID, b, err)
+		}
+	}
+	if on["na"] != 2 || on["nb"] != 2 {
+		t.Fatalf("children per node: %v, want 2 on the parent's node and 2 spilled", on)
+	}
+}
