@@ -105,7 +105,7 @@ func (s *Server) sandboxesMetrics(w http.ResponseWriter, r *http.Request) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			m, err := s.c.Metrics(r.Context(), id)
+			m, err := s.c.Metrics(r.Context(), id, time.Now().Add(-time.Minute), time.Time{})
 			if err != nil || len(m) == 0 {
 				return // gone or out of reach meanwhile: left out
 			}

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spore-run/spore/internal/envd"
 	"github.com/spore-run/spore/internal/errdefs"
@@ -360,7 +362,23 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	m, err := s.c.Metrics(r.Context(), id)
+	var bounds [2]time.Time
+	for i, k := range []string{"start", "end"} {
+		v := r.URL.Query().Get(k)
+		if v == "" {
+			continue
+		}
+		sec, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || sec < 0 {
+			s.fail(w, r, errdefs.Invalidf("metrics: %s %q must be a time in Unix seconds", k, v))
+			return
+		}
+		bounds[i] = time.Unix(sec, 0)
+	}
+	if !bounds[1].IsZero() {
+		bounds[1] = bounds[1].Add(time.Second - 1) // the whole second named
+	}
+	m, err := s.c.Metrics(r.Context(), id, bounds[0], bounds[1])
 	if err != nil {
 		s.fail(w, r, err)
 		return

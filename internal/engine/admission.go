@@ -72,6 +72,7 @@ type memory struct {
 	pre   map[string]*memHold // admitted with their fork, by child sandbox ID
 
 	act      activity
+	hist     history      // resource samples per sandbox (history.go)
 	stuckLog atomic.Int64 // reliefs that found nothing left to hibernate (pressure.go)
 	// relieved are called after each sandbox the relief hibernated.
 	relievedMu sync.Mutex
@@ -110,6 +111,7 @@ func newMemory(cfg Config) *memory {
 		m.margin = defaultMargin(floor)
 	}
 	m.act.last = map[string]uint64{}
+	m.hist.per = map[string]*ring{}
 	m.act.cpu = map[string]time.Duration{}
 	return m
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"sort"
 	"sync"
 	"time"
@@ -74,22 +75,35 @@ func (e *Engine) launched(h *memHold, sandbox, instance string, ok bool) {
 
 // SampleActivity reads every running sandbox's CPU time from the host side
 // and marks those that used at least activeCPU since the last sample as
-// active now. Runtimes that report no stats leave only the operations as
-// activity.
+// active now; it keeps the samples' resource use as the sandboxes'
+// history too (history.go). Runtimes that report no stats leave only the
+// operations as activity, and no history.
 func (e *Engine) SampleActivity(ctx context.Context) {
 	sr, ok := e.rt.(runtime.StatsReader)
-	if !ok || e.mem.floor.Load() < 0 { // no relief, no use for it
+	if !ok {
 		return
 	}
-	type inst struct{ sandbox, instance string }
+	type inst struct {
+		sandbox, instance string
+		vcpus             float64
+	}
 	var running []inst
 	e.mu.Lock()
 	for _, r := range e.records {
 		if r.State == StateRunning && r.Pending == nil && r.Instance != "" {
-			running = append(running, inst{r.ID, r.Instance})
+			vcpus := r.Run.Limits.VCPUs
+			if vcpus <= 0 {
+				vcpus = float64(goruntime.NumCPU()) // no limit: the host's
+			}
+			running = append(running, inst{r.ID, r.Instance, vcpus})
 		}
 	}
+	ids := make(map[string]bool, len(e.records))
+	for id := range e.records {
+		ids[id] = true
+	}
 	e.mu.Unlock()
+	e.mem.hist.prune(func(id string) bool { return ids[id] })
 	sort.Slice(running, func(i, j int) bool { return running[i].sandbox < running[j].sandbox })
 	a := &e.mem.act
 	now := time.Now()
@@ -110,6 +124,14 @@ func (e *Engine) SampleActivity(ctx context.Context) {
 		a.mu.Unlock()
 		if had && float64(st.CPUUsage-prev) >= activeCPU*float64(since) {
 			e.touch(r.sandbox)
+		}
+		if had && since > 0 {
+			hs := StatsSample{At: st.At, VCPUs: r.vcpus, MemoryBytes: st.MemoryBytes, MemoryLimit: st.MemoryLimit, DiskBytes: st.DiskBytes}
+			if hs.At.IsZero() {
+				hs.At = now
+			}
+			hs.CPUPct = min(100, max(0, 100*float64(st.CPUUsage-prev)/float64(since)/r.vcpus))
+			e.mem.hist.record(r.sandbox, hs)
 		}
 	}
 	a.mu.Lock()

@@ -21,12 +21,10 @@ const activityEvery = 2 * time.Second
 
 // watchMemory runs the node's memory pressure relief every `every` (0:
 // DefaultMemoryPressureEvery; negative: never) and samples the sandboxes'
-// activity it ranks them by, until the returned stop is called; stop
-// waits for a hibernation under way to end.
+// activity it ranks them by (also their resource history, kept whether
+// the relief runs or not), until the returned stop is called; stop waits
+// for a hibernation under way to end.
 func (n *Node) watchMemory(every time.Duration) (stop func()) {
-	if every < 0 {
-		return func() {}
-	}
 	if every == 0 {
 		every = DefaultMemoryPressureEvery
 	}
@@ -45,10 +43,12 @@ func (n *Node) watchMemory(every time.Duration) (stop func()) {
 			}
 		}()
 	}
-	run(func(ctx context.Context) time.Duration {
-		n.Engine.RelievePressure(ctx)
-		return every
-	})
+	if every > 0 {
+		run(func(ctx context.Context) time.Duration {
+			n.Engine.RelievePressure(ctx)
+			return every
+		})
+	}
 	run(func(ctx context.Context) time.Duration {
 		t0 := time.Now()
 		n.Engine.SampleActivity(ctx)

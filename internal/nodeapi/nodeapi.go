@@ -129,6 +129,11 @@ type Node interface {
 	// host side (ErrConflict when it has no instance; ErrUnavailable when
 	// the runtime cannot tell).
 	Stats(ctx context.Context, id string) (Stats, error)
+	// StatsHistory lists the samples of a sandbox's resource use the node
+	// keeps (every 5 s, the last hour, in memory: a sandbox's history starts
+	// again on another node) taken in [start, end] (a zero bound is open),
+	// oldest first. An unknown sandbox is ErrNotFound.
+	StatsHistory(ctx context.Context, id string, start, end time.Time) ([]StatsSample, error)
 	// Events streams what happens on the node by itself or finishes: a
 	// sandbox's instance died, an operation completed. The channel is
 	// closed when ctx ends (or the node goes away). Events are hints
@@ -538,6 +543,17 @@ type Stats struct {
 	MemoryLimit int64 // 0: none
 	DiskBytes   int64
 	DiskLimit   int64 // 0: none
+}
+
+// StatsSample is one sample of a sandbox's resource use over the few
+// seconds before At.
+type StatsSample struct {
+	At          time.Time
+	CPUPct      float64 // of its vCPUs, 0-100
+	VCPUs       float64
+	MemoryBytes int64
+	MemoryLimit int64 // 0: none
+	DiskBytes   int64
 }
 
 // Event is something that happened on a node.

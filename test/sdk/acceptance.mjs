@@ -111,6 +111,16 @@ try {
   assert.equal(await sbxForks[0].files.read('/home/user/before-fork.txt'), 'pre-fork')
   ok('createSnapshot, fork(3): forks see the pre-fork state, their writes stay their own')
 
+  // getMetrics: the node's samples (every 5 s) in the window asked, or one read now
+  const ms = await sbx.getMetrics({ start: new Date(t0 - 60000), end: new Date(Date.now() + 60000) })
+  assert.ok(ms.length >= 1, `metrics: ${JSON.stringify(ms)}`)
+  for (const m of ms) {
+    assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp) && m.timestamp.getTime() >= t0 - 60000, `metric timestamp ${m.timestamp}`)
+    assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+  }
+  assert.deepEqual(await sbx.getMetrics({ start: new Date(t0 - 3600000), end: new Date(t0 - 1800000) }), [])
+  ok(`getMetrics: ${ms.length} samples in the window, none before the sandbox`)
+
   // create from the snapshot
   const fromSnap = track(await Sandbox.create(snap.snapshotId, { metadata: { suite: tag, role: 'from-snapshot' } }))
   assert.equal(await fromSnap.files.exists('/home/user/dir/b.bin'), true)

@@ -210,7 +210,7 @@ func TestStockSDKs(t *testing.T) {
 		for sc.Scan() {
 			t.Log(sc.Text())
 		}
-		if !strings.Contains(out, "12 passed, 0 failed") {
+		if !strings.Contains(out, "13 passed, 0 failed") {
 			t.Fatalf("%s: acceptance did not pass", pkg)
 		}
 	}

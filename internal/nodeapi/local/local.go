@@ -454,6 +454,25 @@ func (n *Node) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
 		DiskBytes: st.DiskBytes, DiskLimit: st.DiskLimit}, nil
 }
 
+// StatsHistory lists the samples of a sandbox's resource use the engine
+// keeps.
+func (n *Node) StatsHistory(ctx context.Context, id string, start, end time.Time) ([]nodeapi.StatsSample, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	h, err := n.eng.StatsHistory(id, start, end)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nodeapi.StatsSample, 0, len(h))
+	for _, s := range h {
+		out = append(out, nodeapi.StatsSample{At: s.At, CPUPct: s.CPUPct, VCPUs: s.VCPUs, MemoryBytes: s.MemoryBytes,
+			MemoryLimit: s.MemoryLimit, DiskBytes: s.DiskBytes})
+	}
+	return out, nil
+}
+
 // eventBuffer is how many events a slow subscriber may lag before it
 // misses some (events are hints: it then reconciles with List).
 const eventBuffer = 1024

@@ -39,6 +39,10 @@ type Target struct {
 	// Images); without it the suite checks BuildImage refuses malformed
 	// requests and answers Conflict to the rest.
 	Images *Images
+	// Sample takes a sample of every running sandbox's resource use now,
+	// as the node's own sampler does every few seconds (the history
+	// StatsHistory lists).
+	Sample func(ctx context.Context)
 }
 
 // Timeout bounds each check (real sandboxes restore in about a second;
@@ -564,6 +568,34 @@ func testStats(t *testing.T, s *suite) {
 	if st.At.IsZero() || st.MemoryBytes <= 0 {
 		t.Errorf("stats of a running sandbox: %+v", st)
 	}
+	// Its history: the samples taken since it runs (the first sample of
+	// an instance only reads its CPU time), in the bounds asked.
+	t0 := time.Now()
+	s.Sample(s.ctx)
+	time.Sleep(10 * time.Millisecond)
+	s.Sample(s.ctx)
+	h, err := s.n.StatsHistory(s.ctx, sb.ID, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) == 0 {
+		t.Fatal("no history after two samples")
+	}
+	last := h[len(h)-1]
+	if last.At.Before(t0) || last.MemoryBytes <= 0 || last.VCPUs <= 0 || last.CPUPct < 0 || last.CPUPct > 100 {
+		t.Errorf("the last sample of the history: %+v", last)
+	}
+	for i := 1; i < len(h); i++ {
+		if h[i].At.Before(h[i-1].At) {
+			t.Errorf("history out of order: %v before %v", h[i].At, h[i-1].At)
+		}
+	}
+	if later, err := s.n.StatsHistory(s.ctx, sb.ID, last.At.Add(time.Millisecond), time.Time{}); err != nil || len(later) != 0 {
+		t.Errorf("history after its last sample: %+v %v", later, err)
+	}
+	if upTo, err := s.n.StatsHistory(s.ctx, sb.ID, time.Time{}, last.At); err != nil || len(upTo) != len(h) {
+		t.Errorf("history up to its last sample: %d samples (%v), want %d", len(upTo), err, len(h))
+	}
 	if err := s.n.Hibernate(s.ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -607,12 +639,16 @@ func testUnknownIDs(t *testing.T, s *suite) {
 	ctx := s.ctx
 	n := s.n
 	ops := map[string]func(id string) error{
-		"get":         func(id string) error { _, err := n.Get(ctx, id); return err },
-		"kill":        func(id string) error { return n.Kill(ctx, id) },
-		"pause":       func(id string) error { return n.Pause(ctx, id) },
-		"resume":      func(id string) error { _, err := n.Resume(ctx, id); return err },
-		"hibernate":   func(id string) error { return n.Hibernate(ctx, id) },
-		"stats":       func(id string) error { _, err := n.Stats(ctx, id); return err },
+		"get":       func(id string) error { _, err := n.Get(ctx, id); return err },
+		"kill":      func(id string) error { return n.Kill(ctx, id) },
+		"pause":     func(id string) error { return n.Pause(ctx, id) },
+		"resume":    func(id string) error { _, err := n.Resume(ctx, id); return err },
+		"hibernate": func(id string) error { return n.Hibernate(ctx, id) },
+		"stats":     func(id string) error { _, err := n.Stats(ctx, id); return err },
+		"history": func(id string) error {
+			_, err := n.StatsHistory(ctx, id, time.Time{}, time.Time{})
+			return err
+		},
 		"set policy":  func(id string) error { return n.SetPolicy(ctx, id, nodeapi.Policy{Internet: true}) },
 		"reconfigure": func(id string) error { _, err := n.Reconfigure(ctx, id, []string{"A=1"}, nil); return err },
 		"snapshot": func(id string) error {

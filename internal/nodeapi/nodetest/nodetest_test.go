@@ -42,7 +42,7 @@ import (
 
 func fakeTarget(t *testing.T) nodetest.Target {
 	n := controltest.New(t)
-	return nodetest.Target{Node: n.Local, Template: controltest.Templates[0], Die: func(ctx context.Context, id string) error {
+	return nodetest.Target{Node: n.Local, Template: controltest.Templates[0], Sample: n.Engine.SampleActivity, Die: func(ctx context.Context, id string) error {
 		sb, err := n.Engine.Get(ctx, id)
 		if err != nil {
 			return err
@@ -74,7 +74,7 @@ func durableTarget(t *testing.T, wrap func(*testing.T, nodeapi.Node) nodeapi.Nod
 	}
 	a, na := mk("na")
 	_, nb := mk("nb")
-	return nodetest.Target{Node: na, Peer: nb, Template: controltest.Templates[0], Die: func(ctx context.Context, id string) error {
+	return nodetest.Target{Node: na, Peer: nb, Template: controltest.Templates[0], Sample: a.Engine.SampleActivity, Die: func(ctx context.Context, id string) error {
 		sb, err := a.Engine.Get(ctx, id)
 		if err != nil {
 			return err
@@ -187,7 +187,7 @@ func (r *realNode) die(ctx context.Context, id string) error {
 }
 
 func (r *realNode) target(n nodeapi.Node) nodetest.Target {
-	return nodetest.Target{Node: n, Template: node.TemplateBase, Die: r.die, Images: r.images}
+	return nodetest.Target{Node: n, Template: node.TemplateBase, Die: r.die, Images: r.images, Sample: r.n.Engine.SampleActivity}
 }
 
 func TestConformanceLocalReal(t *testing.T) {

@@ -350,6 +350,15 @@ func (c *Client) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
 	return stats(res), nil
 }
 
+// StatsHistory lists the samples of a sandbox's resource use the node keeps.
+func (c *Client) StatsHistory(ctx context.Context, id string, start, end time.Time) ([]nodeapi.StatsSample, error) {
+	res, err := call(ctx, c.c.StatsHistory, &nodev1.StatsHistoryRequest{Id: id, Start: ts(start), End: ts(end)})
+	if err != nil {
+		return nil, err
+	}
+	return statsSamples(res), nil
+}
+
 // eventBuffer is how far the caller may lag before the stream waits (and
 // the node, its own buffer full, drops events for this subscriber).
 const eventBuffer = 256

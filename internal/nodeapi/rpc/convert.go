@@ -201,6 +201,24 @@ func stats(s *nodev1.StatsResponse) nodeapi.Stats {
 		MemoryLimit: s.GetMemoryLimit(), DiskBytes: s.GetDiskBytes(), DiskLimit: s.GetDiskLimit()}
 }
 
+func statsSamplesPB(in []nodeapi.StatsSample) *nodev1.StatsHistoryResponse {
+	out := &nodev1.StatsHistoryResponse{Samples: make([]*nodev1.StatsSample, 0, len(in))}
+	for _, s := range in {
+		out.Samples = append(out.Samples, &nodev1.StatsSample{At: ts(s.At), CpuPct: s.CPUPct, Vcpus: s.VCPUs,
+			MemoryBytes: s.MemoryBytes, MemoryLimit: s.MemoryLimit, DiskBytes: s.DiskBytes})
+	}
+	return out
+}
+
+func statsSamples(in *nodev1.StatsHistoryResponse) []nodeapi.StatsSample {
+	out := make([]nodeapi.StatsSample, 0, len(in.GetSamples()))
+	for _, s := range in.GetSamples() {
+		out = append(out, nodeapi.StatsSample{At: fromTS(s.GetAt()), CPUPct: s.GetCpuPct(), VCPUs: s.GetVcpus(),
+			MemoryBytes: s.GetMemoryBytes(), MemoryLimit: s.GetMemoryLimit(), DiskBytes: s.GetDiskBytes()})
+	}
+	return out
+}
+
 func eventPB(e nodeapi.Event) *nodev1.Event {
 	return &nodev1.Event{Kind: e.Kind, SandboxId: e.SandboxID, Op: e.Op, Reason: e.Reason, Detail: e.Detail, Err: e.Err, At: ts(e.At)}
 }

@@ -464,6 +464,14 @@ func (s *server) Stats(ctx context.Context, req *connect.Request[nodev1.StatsReq
 	return ok(statsPB(st))
 }
 
+func (s *server) StatsHistory(ctx context.Context, req *connect.Request[nodev1.StatsHistoryRequest]) (*connect.Response[nodev1.StatsHistoryResponse], error) {
+	h, err := s.node.StatsHistory(ctx, req.Msg.GetId(), fromTS(req.Msg.GetStart()), fromTS(req.Msg.GetEnd()))
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(statsSamplesPB(h))
+}
+
 // Events subscribes first, then says so (an empty message), then streams
 // until the caller hangs up or the node's stream ends.
 func (s *server) Events(ctx context.Context, _ *connect.Request[nodev1.EventsRequest], stream *connect.ServerStream[nodev1.EventsResponse]) error {

@@ -44,6 +44,9 @@ func (s *stubNode) SetPolicy(context.Context, string, nodeapi.Policy) error   { 
 func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 	return nodeapi.Stats{}, s.hit()
 }
+func (s *stubNode) StatsHistory(context.Context, string, time.Time, time.Time) ([]nodeapi.StatsSample, error) {
+	return nil, s.hit()
+}
 func (s *stubNode) Adopt(context.Context, nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
 	return nodeapi.Sandbox{}, s.hit()
 }

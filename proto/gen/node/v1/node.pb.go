@@ -3592,6 +3592,194 @@ func (x *StatsResponse) GetDiskLimit() int64 {
 	return 0
 }
 
+type StatsHistoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Start         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsHistoryRequest) Reset() {
+	*x = StatsHistoryRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsHistoryRequest) ProtoMessage() {}
+
+func (x *StatsHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsHistoryRequest.ProtoReflect.Descriptor instead.
+func (*StatsHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *StatsHistoryRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StatsHistoryRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *StatsHistoryRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+type StatsSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	CpuPct        float64                `protobuf:"fixed64,2,opt,name=cpu_pct,json=cpuPct,proto3" json:"cpu_pct,omitempty"`
+	Vcpus         float64                `protobuf:"fixed64,3,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	MemoryBytes   int64                  `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryLimit   int64                  `protobuf:"varint,5,opt,name=memory_limit,json=memoryLimit,proto3" json:"memory_limit,omitempty"`
+	DiskBytes     int64                  `protobuf:"varint,6,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsSample) Reset() {
+	*x = StatsSample{}
+	mi := &file_node_v1_node_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsSample) ProtoMessage() {}
+
+func (x *StatsSample) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsSample.ProtoReflect.Descriptor instead.
+func (*StatsSample) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *StatsSample) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *StatsSample) GetCpuPct() float64 {
+	if x != nil {
+		return x.CpuPct
+	}
+	return 0
+}
+
+func (x *StatsSample) GetVcpus() float64 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *StatsSample) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *StatsSample) GetMemoryLimit() int64 {
+	if x != nil {
+		return x.MemoryLimit
+	}
+	return 0
+}
+
+func (x *StatsSample) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+type StatsHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Samples       []*StatsSample         `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsHistoryResponse) Reset() {
+	*x = StatsHistoryResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsHistoryResponse) ProtoMessage() {}
+
+func (x *StatsHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsHistoryResponse.ProtoReflect.Descriptor instead.
+func (*StatsHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *StatsHistoryResponse) GetSamples() []*StatsSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
 type EventsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3600,7 +3788,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3800,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[63]
+	mi := &file_node_v1_node_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +3813,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{63}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{66}
 }
 
 type Event struct {
@@ -3643,7 +3831,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_v1_node_proto_msgTypes[64]
+	mi := &file_node_v1_node_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3843,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[64]
+	mi := &file_node_v1_node_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3856,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{64}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Event) GetKind() string {
@@ -3730,7 +3918,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[65]
+	mi := &file_node_v1_node_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3930,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[65]
+	mi := &file_node_v1_node_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3943,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{65}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EventsResponse) GetEvent() *Event {
@@ -3776,7 +3964,7 @@ type EgressAuditRequest struct {
 
 func (x *EgressAuditRequest) Reset() {
 	*x = EgressAuditRequest{}
-	mi := &file_node_v1_node_proto_msgTypes[66]
+	mi := &file_node_v1_node_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3788,7 +3976,7 @@ func (x *EgressAuditRequest) String() string {
 func (*EgressAuditRequest) ProtoMessage() {}
 
 func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[66]
+	mi := &file_node_v1_node_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3801,7 +3989,7 @@ func (x *EgressAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditRequest.ProtoReflect.Descriptor instead.
 func (*EgressAuditRequest) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{66}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EgressAuditRequest) GetSandboxId() string {
@@ -3844,7 +4032,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_node_v1_node_proto_msgTypes[67]
+	mi := &file_node_v1_node_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3856,7 +4044,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[67]
+	mi := &file_node_v1_node_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3869,7 +4057,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{67}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EgressEntry) GetAt() *timestamppb.Timestamp {
@@ -3958,7 +4146,7 @@ type EgressAuditResponse struct {
 
 func (x *EgressAuditResponse) Reset() {
 	*x = EgressAuditResponse{}
-	mi := &file_node_v1_node_proto_msgTypes[68]
+	mi := &file_node_v1_node_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3970,7 +4158,7 @@ func (x *EgressAuditResponse) String() string {
 func (*EgressAuditResponse) ProtoMessage() {}
 
 func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_v1_node_proto_msgTypes[68]
+	mi := &file_node_v1_node_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3983,7 +4171,7 @@ func (x *EgressAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressAuditResponse.ProtoReflect.Descriptor instead.
 func (*EgressAuditResponse) Descriptor() ([]byte, []int) {
-	return file_node_v1_node_proto_rawDescGZIP(), []int{68}
+	return file_node_v1_node_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
@@ -4246,7 +4434,21 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"disk_bytes\x18\x05 \x01(\x03R\tdiskBytes\x12\x1d\n" +
 	"\n" +
-	"disk_limit\x18\x06 \x01(\x03R\tdiskLimit\"\x0f\n" +
+	"disk_limit\x18\x06 \x01(\x03R\tdiskLimit\"\x85\x01\n" +
+	"\x13StatsHistoryRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"\xcd\x01\n" +
+	"\vStatsSample\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x17\n" +
+	"\acpu_pct\x18\x02 \x01(\x01R\x06cpuPct\x12\x14\n" +
+	"\x05vcpus\x18\x03 \x01(\x01R\x05vcpus\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x03R\vmemoryBytes\x12!\n" +
+	"\fmemory_limit\x18\x05 \x01(\x03R\vmemoryLimit\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x06 \x01(\x03R\tdiskBytes\"L\n" +
+	"\x14StatsHistoryResponse\x124\n" +
+	"\asamples\x18\x01 \x03(\v2\x1a.spore.node.v1.StatsSampleR\asamples\"\x0f\n" +
 	"\rEventsRequest\"\xb8\x01\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
@@ -4278,7 +4480,7 @@ const file_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\abytesIn\x12\x12\n" +
 	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
 	"\x13EgressAuditResponse\x124\n" +
-	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\x8f\x10\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xe8\x10\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -4299,7 +4501,8 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\tSnapshots\x12\x1f.spore.node.v1.SnapshotsRequest\x1a .spore.node.v1.SnapshotsResponse\x12N\n" +
 	"\tSetPolicy\x12\x1f.spore.node.v1.SetPolicyRequest\x1a .spore.node.v1.SetPolicyResponse\x12T\n" +
 	"\vReconfigure\x12!.spore.node.v1.ReconfigureRequest\x1a\".spore.node.v1.ReconfigureResponse\x12B\n" +
-	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12E\n" +
+	"\x05Stats\x12\x1b.spore.node.v1.StatsRequest\x1a\x1c.spore.node.v1.StatsResponse\x12W\n" +
+	"\fStatsHistory\x12\".spore.node.v1.StatsHistoryRequest\x1a#.spore.node.v1.StatsHistoryResponse\x12E\n" +
 	"\x06Upload\x12\x1c.spore.node.v1.UploadRequest\x1a\x1d.spore.node.v1.UploadResponse\x12B\n" +
 	"\x05Adopt\x12\x1b.spore.node.v1.AdoptRequest\x1a\x1c.spore.node.v1.AdoptResponse\x12]\n" +
 	"\x0eCollectGarbage\x12$.spore.node.v1.CollectGarbageRequest\x1a%.spore.node.v1.CollectGarbageResponse\x12Q\n" +
@@ -4321,7 +4524,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -4386,29 +4589,32 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*ReconfigureResponse)(nil),    // 60: spore.node.v1.ReconfigureResponse
 	(*StatsRequest)(nil),           // 61: spore.node.v1.StatsRequest
 	(*StatsResponse)(nil),          // 62: spore.node.v1.StatsResponse
-	(*EventsRequest)(nil),          // 63: spore.node.v1.EventsRequest
-	(*Event)(nil),                  // 64: spore.node.v1.Event
-	(*EventsResponse)(nil),         // 65: spore.node.v1.EventsResponse
-	(*EgressAuditRequest)(nil),     // 66: spore.node.v1.EgressAuditRequest
-	(*EgressEntry)(nil),            // 67: spore.node.v1.EgressEntry
-	(*EgressAuditResponse)(nil),    // 68: spore.node.v1.EgressAuditResponse
-	nil,                            // 69: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 70: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 71: google.protobuf.Duration
+	(*StatsHistoryRequest)(nil),    // 63: spore.node.v1.StatsHistoryRequest
+	(*StatsSample)(nil),            // 64: spore.node.v1.StatsSample
+	(*StatsHistoryResponse)(nil),   // 65: spore.node.v1.StatsHistoryResponse
+	(*EventsRequest)(nil),          // 66: spore.node.v1.EventsRequest
+	(*Event)(nil),                  // 67: spore.node.v1.Event
+	(*EventsResponse)(nil),         // 68: spore.node.v1.EventsResponse
+	(*EgressAuditRequest)(nil),     // 69: spore.node.v1.EgressAuditRequest
+	(*EgressEntry)(nil),            // 70: spore.node.v1.EgressEntry
+	(*EgressAuditResponse)(nil),    // 71: spore.node.v1.EgressAuditResponse
+	nil,                            // 72: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 73: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 74: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
 	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
-	70, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	73, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	70, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	73, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	70, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	73, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	69, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	72, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	14, // 14: spore.node.v1.CreateRequest.volumes:type_name -> spore.node.v1.VolumeMount
@@ -4426,78 +4632,84 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	7,  // 26: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 27: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 28: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	71, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	74, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	7,  // 30: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 31: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 32: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 33: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	70, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	71, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	70, // 36: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
-	64, // 37: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	70, // 38: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	70, // 39: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	70, // 40: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
-	67, // 41: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
-	9,  // 42: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	12, // 43: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	15, // 44: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	17, // 45: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	19, // 46: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	21, // 47: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	23, // 48: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	25, // 49: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	31, // 50: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
-	27, // 51: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
-	29, // 52: spore.node.v1.Node.VolumeUsage:input_type -> spore.node.v1.VolumeUsageRequest
-	33, // 53: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	36, // 54: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	39, // 55: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	41, // 56: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	43, // 57: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	55, // 58: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	57, // 59: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	59, // 60: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	61, // 61: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	51, // 62: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	49, // 63: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	53, // 64: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	45, // 65: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	47, // 66: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	66, // 67: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	63, // 68: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	10, // 69: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	13, // 70: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	16, // 71: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	18, // 72: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	20, // 73: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	22, // 74: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	24, // 75: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	26, // 76: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	32, // 77: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
-	28, // 78: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
-	30, // 79: spore.node.v1.Node.VolumeUsage:output_type -> spore.node.v1.VolumeUsageResponse
-	34, // 80: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	38, // 81: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	40, // 82: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	42, // 83: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	44, // 84: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	56, // 85: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	58, // 86: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	60, // 87: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	62, // 88: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	52, // 89: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	50, // 90: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	54, // 91: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	46, // 92: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	48, // 93: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	68, // 94: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	65, // 95: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	69, // [69:96] is the sub-list for method output_type
-	42, // [42:69] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	73, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	74, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	73, // 36: spore.node.v1.StatsHistoryRequest.start:type_name -> google.protobuf.Timestamp
+	73, // 37: spore.node.v1.StatsHistoryRequest.end:type_name -> google.protobuf.Timestamp
+	73, // 38: spore.node.v1.StatsSample.at:type_name -> google.protobuf.Timestamp
+	64, // 39: spore.node.v1.StatsHistoryResponse.samples:type_name -> spore.node.v1.StatsSample
+	73, // 40: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	67, // 41: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
+	73, // 42: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	73, // 43: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	73, // 44: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	70, // 45: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
+	9,  // 46: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	12, // 47: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	15, // 48: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	17, // 49: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	19, // 50: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	21, // 51: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	23, // 52: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	25, // 53: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	31, // 54: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
+	27, // 55: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
+	29, // 56: spore.node.v1.Node.VolumeUsage:input_type -> spore.node.v1.VolumeUsageRequest
+	33, // 57: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	36, // 58: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	39, // 59: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	41, // 60: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	43, // 61: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	55, // 62: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	57, // 63: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	59, // 64: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	61, // 65: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	63, // 66: spore.node.v1.Node.StatsHistory:input_type -> spore.node.v1.StatsHistoryRequest
+	51, // 67: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	49, // 68: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	53, // 69: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	45, // 70: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	47, // 71: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	69, // 72: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	66, // 73: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 74: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 75: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	16, // 76: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	18, // 77: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	20, // 78: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	22, // 79: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	24, // 80: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	26, // 81: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	32, // 82: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
+	28, // 83: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
+	30, // 84: spore.node.v1.Node.VolumeUsage:output_type -> spore.node.v1.VolumeUsageResponse
+	34, // 85: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	38, // 86: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	40, // 87: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	42, // 88: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	44, // 89: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	56, // 90: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	58, // 91: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	60, // 92: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	62, // 93: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	65, // 94: spore.node.v1.Node.StatsHistory:output_type -> spore.node.v1.StatsHistoryResponse
+	52, // 95: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	50, // 96: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	54, // 97: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	46, // 98: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	48, // 99: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	71, // 100: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	68, // 101: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	74, // [74:102] is the sub-list for method output_type
+	46, // [46:74] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4512,7 +4724,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   70,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

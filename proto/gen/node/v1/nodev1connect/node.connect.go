@@ -82,6 +82,8 @@ const (
 	NodeReconfigureProcedure = "/spore.node.v1.Node/Reconfigure"
 	// NodeStatsProcedure is the fully-qualified name of the Node's Stats RPC.
 	NodeStatsProcedure = "/spore.node.v1.Node/Stats"
+	// NodeStatsHistoryProcedure is the fully-qualified name of the Node's StatsHistory RPC.
+	NodeStatsHistoryProcedure = "/spore.node.v1.Node/StatsHistory"
 	// NodeUploadProcedure is the fully-qualified name of the Node's Upload RPC.
 	NodeUploadProcedure = "/spore.node.v1.Node/Upload"
 	// NodeAdoptProcedure is the fully-qualified name of the Node's Adopt RPC.
@@ -127,6 +129,10 @@ type NodeClient interface {
 	SetPolicy(context.Context, *connect.Request[v1.SetPolicyRequest]) (*connect.Response[v1.SetPolicyResponse], error)
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
+	// StatsHistory lists the samples of a sandbox's resource use the node
+	// keeps (every 5 s, the last hour) taken between start and end (unset:
+	// open).
+	StatsHistory(context.Context, *connect.Request[v1.StatsHistoryRequest]) (*connect.Response[v1.StatsHistoryResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
@@ -278,6 +284,12 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("Stats")),
 			connect.WithClientOptions(opts...),
 		),
+		statsHistory: connect.NewClient[v1.StatsHistoryRequest, v1.StatsHistoryResponse](
+			httpClient,
+			baseURL+NodeStatsHistoryProcedure,
+			connect.WithSchema(nodeMethods.ByName("StatsHistory")),
+			connect.WithClientOptions(opts...),
+		),
 		upload: connect.NewClient[v1.UploadRequest, v1.UploadResponse](
 			httpClient,
 			baseURL+NodeUploadProcedure,
@@ -345,6 +357,7 @@ type nodeClient struct {
 	setPolicy      *connect.Client[v1.SetPolicyRequest, v1.SetPolicyResponse]
 	reconfigure    *connect.Client[v1.ReconfigureRequest, v1.ReconfigureResponse]
 	stats          *connect.Client[v1.StatsRequest, v1.StatsResponse]
+	statsHistory   *connect.Client[v1.StatsHistoryRequest, v1.StatsHistoryResponse]
 	upload         *connect.Client[v1.UploadRequest, v1.UploadResponse]
 	adopt          *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	collectGarbage *connect.Client[v1.CollectGarbageRequest, v1.CollectGarbageResponse]
@@ -454,6 +467,11 @@ func (c *nodeClient) Stats(ctx context.Context, req *connect.Request[v1.StatsReq
 	return c.stats.CallUnary(ctx, req)
 }
 
+// StatsHistory calls spore.node.v1.Node.StatsHistory.
+func (c *nodeClient) StatsHistory(ctx context.Context, req *connect.Request[v1.StatsHistoryRequest]) (*connect.Response[v1.StatsHistoryResponse], error) {
+	return c.statsHistory.CallUnary(ctx, req)
+}
+
 // Upload calls spore.node.v1.Node.Upload.
 func (c *nodeClient) Upload(ctx context.Context, req *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
 	return c.upload.CallUnary(ctx, req)
@@ -518,6 +536,10 @@ type NodeHandler interface {
 	SetPolicy(context.Context, *connect.Request[v1.SetPolicyRequest]) (*connect.Response[v1.SetPolicyResponse], error)
 	Reconfigure(context.Context, *connect.Request[v1.ReconfigureRequest]) (*connect.Response[v1.ReconfigureResponse], error)
 	Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error)
+	// StatsHistory lists the samples of a sandbox's resource use the node
+	// keeps (every 5 s, the last hour) taken between start and end (unset:
+	// open).
+	StatsHistory(context.Context, *connect.Request[v1.StatsHistoryRequest]) (*connect.Response[v1.StatsHistoryResponse], error)
 	Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error)
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	CollectGarbage(context.Context, *connect.Request[v1.CollectGarbageRequest]) (*connect.Response[v1.CollectGarbageResponse], error)
@@ -665,6 +687,12 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("Stats")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeStatsHistoryHandler := connect.NewUnaryHandler(
+		NodeStatsHistoryProcedure,
+		svc.StatsHistory,
+		connect.WithSchema(nodeMethods.ByName("StatsHistory")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeUploadHandler := connect.NewUnaryHandler(
 		NodeUploadProcedure,
 		svc.Upload,
@@ -749,6 +777,8 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeReconfigureHandler.ServeHTTP(w, r)
 		case NodeStatsProcedure:
 			nodeStatsHandler.ServeHTTP(w, r)
+		case NodeStatsHistoryProcedure:
+			nodeStatsHistoryHandler.ServeHTTP(w, r)
 		case NodeUploadProcedure:
 			nodeUploadHandler.ServeHTTP(w, r)
 		case NodeAdoptProcedure:
@@ -850,6 +880,10 @@ func (UnimplementedNodeHandler) Reconfigure(context.Context, *connect.Request[v1
 
 func (UnimplementedNodeHandler) Stats(context.Context, *connect.Request[v1.StatsRequest]) (*connect.Response[v1.StatsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.Stats is not implemented"))
+}
+
+func (UnimplementedNodeHandler) StatsHistory(context.Context, *connect.Request[v1.StatsHistoryRequest]) (*connect.Response[v1.StatsHistoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.StatsHistory is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Upload(context.Context, *connect.Request[v1.UploadRequest]) (*connect.Response[v1.UploadResponse], error) {
