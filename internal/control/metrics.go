@@ -55,7 +55,9 @@ func (s *Service) Metrics(ctx context.Context, id string, start, end time.Time) 
 	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
 	defer cancel()
 	h, err := n.StatsHistory(ctx, id, start, end)
-	if err != nil {
+	if errdefs.IsUnavailable(err) && ctx.Err() == nil {
+		h = nil // a node that keeps none (an older release): a sample now
+	} else if err != nil {
 		return nil, fmt.Errorf("metrics of %s: %w", id, err)
 	}
 	out := make([]Metric, 0, len(h)+1)

@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -353,6 +354,11 @@ func (c *Client) Stats(ctx context.Context, id string) (nodeapi.Stats, error) {
 // StatsHistory lists the samples of a sandbox's resource use the node keeps.
 func (c *Client) StatsHistory(ctx context.Context, id string, start, end time.Time) ([]nodeapi.StatsSample, error) {
 	res, err := call(ctx, c.c.StatsHistory, &nodev1.StatsHistoryRequest{Id: id, Start: ts(start), End: ts(end)})
+	if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeUnimplemented {
+		// A node of a release before histories (an upgrade under way):
+		// the caller reads a sample now instead.
+		return nil, fmt.Errorf("%w: the node keeps no resource history (an older release)", errdefs.ErrUnavailable)
+	}
 	if err != nil {
 		return nil, err
 	}
