@@ -413,10 +413,10 @@ func TestFleet(t *testing.T) {
 	// 1. The stock E2B SDK's whole flow through either replica.
 	for _, base := range []string{api1, api2} {
 		out, err := h.node("acceptance.mjs", base)
-		if err != nil || !strings.Contains(out, "12 passed, 0 failed") {
+		if err != nil || !strings.Contains(out, "13 passed, 0 failed") {
 			t.Fatalf("acceptance via %s: %v\n%s", base, err, out)
 		}
-		t.Logf("acceptance via %s: 12 passed", base)
+		t.Logf("acceptance via %s: 13 passed", base)
 	}
 
 	// 1a. Prometheus: each node serves its host's metrics on its metrics
