@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	blobstore "github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/blob/local"
 	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/engine"
@@ -24,18 +25,7 @@ func TestAdoptHibernatedFromAnotherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syncer := func(f *fenv) *snapsync.Syncer {
-		cache, err := chunk.OpenCache(filepath.Join(f.dir, "cache"), 64<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := snapsync.New(snapsync.Config{Repo: f.eng.Snapshots(), Store: blobs, Cache: cache, Runtime: f.eng.Runtime().Name(), Log: logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	sa, sb := syncer(a), syncer(b)
+	sa, sb := newSyncer(t, a, blobs), newSyncer(t, b, blobs)
 	src, err := a.eng.Create(ctx, engine.CreateOptions{ID: "imoving", Template: "tpl", AccessToken: "tok-moving"})
 	if err != nil {
 		t.Fatal(err)
@@ -88,4 +78,18 @@ func TestAdoptHibernatedFromAnotherNode(t *testing.T) {
 	if again, err := b.eng.Adopt(ctx, src.ID, hib.Hibernation, netns.Policy{Internet: true}); err != nil || again.State != engine.StateRunning {
 		t.Fatalf("adopt replayed after the wake: %+v %v", again, err)
 	}
+}
+
+// newSyncer is f's engine's snapshot syncer over the blob store blobs.
+func newSyncer(t *testing.T, f *fenv, blobs blobstore.Store) *snapsync.Syncer {
+	t.Helper()
+	cache, err := chunk.OpenCache(filepath.Join(f.dir, "cache"), 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapsync.New(snapsync.Config{Repo: f.eng.Snapshots(), Store: blobs, Cache: cache, Runtime: f.eng.Runtime().Name(), Log: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

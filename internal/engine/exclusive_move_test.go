@@ -1,16 +1,13 @@
 package engine_test
 
 import (
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/spore-run/spore/internal/blob/local"
-	"github.com/spore-run/spore/internal/chunk"
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/netns"
 	"github.com/spore-run/spore/internal/snapshot"
-	"github.com/spore-run/spore/internal/snapsync"
 )
 
 // A hibernation captures the sandbox's exclusive volumes with it, as a
@@ -99,21 +96,10 @@ func TestExclusiveVolumeMovesWithItsHibernation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syncer := func(f *fenv) *snapsync.Syncer {
-		cache, err := chunk.OpenCache(filepath.Join(f.dir, "cache"), 64<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := snapsync.New(snapsync.Config{Repo: f.eng.Snapshots(), Store: blobs, Cache: cache, Runtime: f.eng.Runtime().Name(), Log: logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	if _, err := syncer(a).Upload(ctx, m.ID); err != nil {
+	if _, err := newSyncer(t, a, blobs).Upload(ctx, m.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := syncer(b).Ensure(ctx, m.ID, nil); err != nil {
+	if _, err := newSyncer(t, b, blobs).Ensure(ctx, m.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	v, _ := fa.get(c)
