@@ -48,14 +48,7 @@ func TestExclusiveVolumeMovesWithItsHibernation(t *testing.T) {
 		t.Fatalf("the hibernation's copy holds %q", got)
 	}
 	fa.set("vol1", "still-here") // its node keeps the image: the wake runs on it, not on the copy
-	if err := a.eng.Resume(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	a.eng.Settle()
-	back := got(t, a, sb.ID)
-	if src := slotSource(t, back); src != fa.mountOf("vol1") {
-		t.Fatalf("woken on its node with the slot on %s, want the volume's image %s", src, fa.mountOf("vol1"))
-	}
+	wakeOnVol1(t, a, fa, sb.ID)
 	if v, _ := fa.get("vol1"); v != "still-here" {
 		t.Fatalf("the volume after the wake on its node: %q", v)
 	}
@@ -112,14 +105,7 @@ func TestExclusiveVolumeMovesWithItsHibernation(t *testing.T) {
 	if vm := adopted.Run.Volumes; len(vm) != 1 || vm[0].Copy != "" || vm[0].Image != "" || vm[0].Volume != "vol1" {
 		t.Fatalf("adopted with volumes %+v: want vol1 under its own ID, no copy", vm)
 	}
-	if err := b.eng.Resume(ctx, moving.ID); err != nil {
-		t.Fatal(err)
-	}
-	b.eng.Settle()
-	woke := got(t, b, moving.ID)
-	if src := slotSource(t, woke); src != fb.mountOf("vol1") {
-		t.Fatalf("woken on the new node with the slot on %s, want %s", src, fb.mountOf("vol1"))
-	}
+	wakeOnVol1(t, b, fb, moving.ID)
 	if v, _ := fb.get("vol1"); v != "moved-content" {
 		t.Fatalf("the volume on the new node holds %q, want the content at the hibernation", v)
 	}
@@ -132,5 +118,18 @@ func TestExclusiveVolumeMovesWithItsHibernation(t *testing.T) {
 	imgs, _ := fb.Images(ctx)
 	if !slices.Equal(imgs, []string{"vol1"}) {
 		t.Fatalf("images on the new node: %v, want the volume's only", imgs)
+	}
+}
+
+// wakeOnVol1 resumes hibernated sandbox id on f and checks that it runs
+// with its volume slot on the image of vol1 in fi (the volume's own).
+func wakeOnVol1(t *testing.T, f *fenv, fi *fakeImages, id string) {
+	t.Helper()
+	if err := f.eng.Resume(fctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	f.eng.Settle()
+	if src := slotSource(t, got(t, f, id)); src != fi.mountOf("vol1") {
+		t.Fatalf("woken with the slot on %s, want the volume's image %s", src, fi.mountOf("vol1"))
 	}
 }
