@@ -70,7 +70,7 @@ func newSnapshotCmd(f *cliFlags) *cobra.Command {
 		}
 		return c.DeleteTemplate(cmd.Context(), id)
 	})
-	cmd.AddCommand(create, ls, rm, newExportCmd(f))
+	cmd.AddCommand(create, ls, rm, newExportCmd(f), newSnapshotDiffCmd(f))
 	return cmd
 }
 

@@ -262,7 +262,11 @@ func (s *Server) table() []route {
 		{"GET /debug/pprof/trace", pprof.Trace, admin},
 		{"GET /debug/pprof/symbol", pprof.Symbol, admin},
 	}
-	return append(append(append(append(append(append(append(routes, s.buildRoutes()...), s.exportRoutes()...), s.secretRoutes()...), s.keyRoutes()...), s.volumeRoutes()...), s.teamRoutes()...), s.auditRoutes()...)
+	for _, more := range [][]route{s.buildRoutes(), s.exportRoutes(), s.diffRoutes(), s.secretRoutes(), s.keyRoutes(), s.volumeRoutes(),
+		s.teamRoutes(), s.auditRoutes()} {
+		routes = append(routes, more...)
+	}
+	return routes
 }
 
 // serveMetrics is Prometheus's scrape (docs/metrics.md), for operator keys

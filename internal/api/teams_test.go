@@ -44,6 +44,7 @@ var crossTeamRoutes = []teamRoute{
 	{"GET", "/snapshots/{snapshotID}", ""},
 	{"GET", "/snapshots/{snapshotName}", ""},
 	{"POST", "/snapshots/{snapshotID}/export", `{"format":"oci-layout"}`},
+	{"GET", "/snapshots/{snapshotID}/diff/{snapshotID}", ""},
 	{"DELETE", "/templates/{snapshotID}", ""},
 	{"DELETE", "/templates/{snapshotName}", ""},
 	{"DELETE", "/templates/{templateName}", ""},

@@ -235,6 +235,14 @@ func (c *Client) Snapshot(ctx context.Context, id, name string, template bool) (
 	return out, err
 }
 
+// DiffSnapshots compares the filesystems of two snapshots (IDs or
+// names): what changed from the first to the second.
+func (c *Client) DiffSnapshots(ctx context.Context, from, to string) (api.SnapshotDiff, error) {
+	var out api.SnapshotDiff
+	_, err := c.do(ctx, "GET", "/snapshots/"+url.PathEscape(from)+"/diff/"+url.PathEscape(to), nil, &out)
+	return out, err
+}
+
 // Snapshots lists snapshots (all pages).
 func (c *Client) Snapshots(ctx context.Context, sandboxID string) ([]api.SnapshotInfo, error) {
 	var all []api.SnapshotInfo

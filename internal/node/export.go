@@ -149,8 +149,7 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 		return ExportResult{}, err
 	}
 	start := time.Now()
-	d := &daemon{pc: processpbconnect.NewProcessClient(&http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
-		envdclient.URL(sb.Addr, envd.Port)), token: sb.Run.AccessToken}
+	d := daemonOf(sb)
 
 	// The defaults: a command started without options gets them.
 	var defaults struct {
@@ -167,19 +166,7 @@ func (n *Node) Export(ctx context.Context, spec ExportSpec) (ExportResult, error
 	}
 
 	// What the sandbox sees, against the lower layer.
-	var upper []export.Entry
-	pr, pw := io.Pipe()
-	parsed := make(chan error, 1)
-	go func() {
-		err := export.ReadManifest(pr, func(e export.Entry) error { upper = append(upper, e); return nil })
-		pr.CloseWithError(err)
-		parsed <- err
-	}()
-	err = d.run(ctx, true, []string{"-manifest"}, nil, pw)
-	pw.CloseWithError(err)
-	if perr := <-parsed; err == nil && perr != nil {
-		err = fmt.Errorf("%w: manifest: %v", errdefs.ErrInternal, perr)
-	}
+	upper, err := d.manifest(ctx, 0)
 	if err != nil {
 		return ExportResult{}, fmt.Errorf("export %s: %w", sb.ID, err)
 	}
@@ -463,6 +450,50 @@ func copyChecked(tr *tar.Reader, tw *tar.Writer, want map[string]bool) error {
 type daemon struct {
 	pc    processpbconnect.ProcessClient
 	token string
+}
+
+// daemonOf reaches running sandbox sb's daemon.
+func daemonOf(sb engine.Sandbox) *daemon {
+	return &daemon{pc: processpbconnect.NewProcessClient(&http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		envdclient.URL(sb.Addr, envd.Port)), token: sb.Run.AccessToken}
+}
+
+// errTooManyEntries ends a manifest read past its limit.
+var errTooManyEntries = errors.New("too many entries")
+
+// manifest reads the sandbox's filesystem as it sees it (spore-envd
+// -manifest, as root): at most limit entries (0: no limit; more is
+// ErrConflict).
+func (d *daemon) manifest(ctx context.Context, limit int) ([]export.Entry, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var out []export.Entry
+	pr, pw := io.Pipe()
+	parsed := make(chan error, 1)
+	go func() {
+		err := export.ReadManifest(pr, func(e export.Entry) error {
+			if limit > 0 && len(out) == limit {
+				cancel() // the daemon's command is ended with the stream
+				return errTooManyEntries
+			}
+			out = append(out, e)
+			return nil
+		})
+		pr.CloseWithError(err)
+		parsed <- err
+	}()
+	err := d.run(ctx, true, []string{"-manifest"}, nil, pw)
+	pw.CloseWithError(err)
+	perr := <-parsed
+	switch {
+	case errors.Is(perr, errTooManyEntries):
+		return nil, errdefs.Conflictf("the sandbox's filesystem has more than %d entries", limit)
+	case err == nil && perr != nil:
+		return nil, fmt.Errorf("%w: manifest: %v", errdefs.ErrInternal, perr)
+	case err != nil:
+		return nil, err
+	}
+	return out, nil
 }
 
 // run runs /opt/spore/bin/spore-envd with args (as root when root, else

@@ -190,6 +190,59 @@ type Node interface {
 	// ErrNotFound (nothing recorded here), ErrConflict (a node that does
 	// not audit egress).
 	EgressAudit(ctx context.Context, id string, since time.Time, limit int) ([]EgressEntry, error)
+	// FileTree lists a running sandbox's filesystem as its daemon sees it
+	// now: every entry of the root overlay, parents first, in lexical
+	// order, without the files Spore writes per sandbox and what is under
+	// /proc, /sys, /dev and the daemon's mount; another filesystem's
+	// mount point (a volume) is one entry of type "mount", not entered.
+	// At most MaxTreeEntries entries (more is ErrConflict). Errors:
+	// ErrInvalidArgument (malformed ID), ErrNotFound, ErrConflict (not
+	// running, or a node that does not read sandboxes' files).
+	FileTree(ctx context.Context, id string) ([]FileEntry, error)
+	// ReadFiles reads regular files of a running sandbox as root, at
+	// most MaxReadFiles paths (absolute, clean) a call; a file larger
+	// than MaxReadBytes comes back with its size and no data, one that is
+	// not there or not a regular file with Missing. Errors as FileTree's,
+	// and ErrInvalidArgument for a malformed or too long list of paths.
+	ReadFiles(ctx context.Context, id string, paths []string) ([]FileData, error)
+}
+
+// Limits of FileTree and ReadFiles.
+const (
+	MaxTreeEntries = 250_000
+	MaxReadFiles   = 256
+	MaxReadBytes   = 64 << 10
+)
+
+// File types of a FileEntry.
+const (
+	FileRegular = "file"
+	FileDir     = "dir"
+	FileSymlink = "symlink"
+	FileChar    = "char"
+	FileBlock   = "block"
+	FileFIFO    = "fifo"
+	FileSocket  = "socket"
+	FileMount   = "mount" // another filesystem's mount point (not entered)
+)
+
+// FileEntry is one entry of a sandbox's filesystem.
+type FileEntry struct {
+	Path     string // absolute, clean ("/etc/passwd")
+	Type     string // FileRegular, FileDir, ...
+	Mode     uint32 // permission bits with setuid, setgid, sticky (07777)
+	UID, GID uint32
+	Size     int64 // regular files only
+	Mtime    time.Time
+	Link     string // a symlink's target
+}
+
+// FileData is a file read from a sandbox.
+type FileData struct {
+	Path    string
+	Size    int64  // the file's size
+	Data    []byte // its content; nil when Size > MaxReadBytes or Missing
+	Missing bool   // not there, or not a regular file
 }
 
 // ExportRequest asks for a sandbox's filesystem as an OCI image.

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/spore-run/spore/internal/api"
 )
 
 // cli runs the spore binary against the test's server.
@@ -86,6 +89,44 @@ func TestCLI(t *testing.T) {
 	if got := s.ok("exec", id, "--", "test -f /home/user/up/in.bin && echo back"); got != "back" {
 		t.Fatalf("after rollback: %q", got)
 	}
+	// snapshot diff: what changed between two snapshots, text diffs of
+	// small text files, the sandboxes it starts gone after.
+	s.ok("exec", id, "--", "printf 'a=1\\nb=2\\n' > /home/user/app.conf; echo old > /home/user/gone.txt")
+	before := s.ok("snapshot", "create", id)
+	s.ok("exec", id, "--", "printf 'a=1\\nb=3\\n' > /home/user/app.conf; rm /home/user/gone.txt; echo hi > /home/user/new.txt; "+
+		"head -c 100 /dev/zero > /home/user/up/in.bin; chmod 600 /home/user/up/in.bin")
+	after := s.ok("snapshot", "create", id)
+	running := len(s.listed())
+	var d api.SnapshotDiff
+	if err := json.Unmarshal([]byte(s.ok("snapshot", "diff", before, after, "--json")), &d); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range d.Changes {
+		got[c.Path] = c.Change
+	}
+	want := map[string]string{"/home/user/app.conf": "changed", "/home/user/gone.txt": "removed", "/home/user/new.txt": "added", "/home/user/up/in.bin": "changed"}
+	if len(got) != len(want) || d.Added != 1 || d.Removed != 1 || d.Changed != 2 {
+		t.Fatalf("snapshot diff: %v (%d/%d/%d), want %v", got, d.Added, d.Removed, d.Changed, want)
+	}
+	for p, k := range want {
+		if got[p] != k {
+			t.Fatalf("snapshot diff: %s %s, want %s", p, got[p], k)
+		}
+	}
+	began := time.Now()
+	text := s.ok("snapshot", "diff", before, after)
+	t.Logf("spore snapshot diff (two sandboxes started, listed, read, killed): %v", time.Since(began))
+	for _, l := range []string{"M /home/user/app.conf\n", "D /home/user/gone.txt (4 bytes)", "A /home/user/new.txt (3 bytes)",
+		"M /home/user/up/in.bin (mode 0644 -> 0600, 1500000 -> 100 bytes)", "--- a/home/user/app.conf", "-b=2\n+b=3", "+hi", "-old",
+		"1 added, 1 removed, 2 changed"} {
+		if !strings.Contains(text, l) {
+			t.Fatalf("snapshot diff lacks %q:\n%s", l, text)
+		}
+	}
+	if n := len(s.listed()); n != running {
+		t.Fatalf("%d sandboxes after a diff, %d before", n, running)
+	}
 	// pause, info, resume, timeout.
 	s.ok("pause", id)
 	var info struct {
@@ -129,6 +170,8 @@ func TestCLI(t *testing.T) {
 		{"exec", "../etc", "--", "true"},
 		{"timeout", id, "-5s"},
 		{"cp", "/nope", id + ":/x"},
+		{"snapshot", "diff", before, "no-such-snapshot"},
+		{"snapshot", "diff", "bad!ref", before},
 	} {
 		_, errs, code := s.cli("", bad...)
 		if code == 0 || !strings.HasPrefix(errs, "spore: ") {
@@ -136,18 +179,30 @@ func TestCLI(t *testing.T) {
 		}
 	}
 	// Kill everything this test made.
-	var all []struct {
-		SandboxID string `json:"sandboxID"`
-	}
-	json.Unmarshal([]byte(s.ok("ls", "--json")), &all)
-	for _, sb := range all {
-		s.ok("kill", sb.SandboxID)
+	for _, sb := range s.listed() {
+		s.ok("kill", sb)
 	}
 	s.ok("template", "rm", "cli-tpl")
-	s.ok("snapshot", "rm", snap)
+	s.ok("snapshot", "rm", snap, before, after)
 	if got := s.ok("ls", "--json"); got != "null" && got != "[]" {
 		t.Fatalf("left after kill: %s", got)
 	}
+}
+
+// listed is the sandboxes spore ls shows.
+func (s *server) listed() []string {
+	s.t.Helper()
+	var all []struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if err := json.Unmarshal([]byte(s.ok("ls", "--json")), &all); err != nil {
+		s.t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range all {
+		ids = append(ids, sb.SandboxID)
+	}
+	return ids
 }
 
 type childResult struct {

@@ -87,6 +87,14 @@ type EgressAuditor interface {
 	EgressAudit(ctx context.Context, sandboxID string, since time.Time, limit int) ([]netaudit.Entry, error)
 }
 
+// FileReader reads a running sandbox's files through its daemon
+// (node.Node.FileTree, ReadFiles). The node's Images, when it implements
+// it, does (a *node.Node does).
+type FileReader interface {
+	FileTree(ctx context.Context, id string) ([]nodeapi.FileEntry, error)
+	ReadFiles(ctx context.Context, id string, paths []string) ([]nodeapi.FileData, error)
+}
+
 // Node is a nodeapi.Node over an engine in this process.
 type Node struct {
 	eng *engine.Engine
@@ -753,4 +761,35 @@ func (n *Node) prepareVolumes(ctx context.Context, mounts []nodeapi.VolumeMount)
 		return nil, fmt.Errorf("%w: node %s cannot mount volumes", errdefs.ErrConflict, n.cfg.ID)
 	}
 	return vp.PrepareVolumes(ctx, mounts)
+}
+
+// FileTree lists a running sandbox's filesystem.
+func (n *Node) FileTree(ctx context.Context, id string) ([]nodeapi.FileEntry, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	fr, ok := n.cfg.Images.(FileReader)
+	if !ok {
+		return nil, errdefs.Conflictf("node %s does not read sandboxes' files", n.cfg.ID)
+	}
+	return fr.FileTree(ctx, id)
+}
+
+// ReadFiles reads regular files of a running sandbox. The request is
+// checked here first, so a malformed one is ErrInvalidArgument on any
+// node.
+func (n *Node) ReadFiles(ctx context.Context, id string, paths []string) ([]nodeapi.FileData, error) {
+	defer timing.Track(ctx, "node")()
+	if err := ids.Validate("sandbox ID", id); err != nil {
+		return nil, err
+	}
+	if err := node.CheckReadPaths(paths); err != nil {
+		return nil, err
+	}
+	fr, ok := n.cfg.Images.(FileReader)
+	if !ok {
+		return nil, errdefs.Conflictf("node %s does not read sandboxes' files", n.cfg.ID)
+	}
+	return fr.ReadFiles(ctx, id, paths)
 }

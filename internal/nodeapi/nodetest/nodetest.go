@@ -74,6 +74,7 @@ func Run(t *testing.T, newTarget func(t *testing.T) Target) {
 		{"BlobStore", testBlobStore},
 		{"BuildImage", testBuildImage},
 		{"Export", testExport},
+		{"Files", testFiles},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), Timeout)

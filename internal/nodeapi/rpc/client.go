@@ -365,6 +365,33 @@ func (c *Client) StatsHistory(ctx context.Context, id string, start, end time.Ti
 	return statsSamples(res), nil
 }
 
+// FileTree lists a running sandbox's filesystem.
+func (c *Client) FileTree(ctx context.Context, id string) ([]nodeapi.FileEntry, error) {
+	res, err := call(ctx, c.c.FileTree, &nodev1.FileTreeRequest{Id: id})
+	if err != nil {
+		return nil, olderNode(err, "list a sandbox's files")
+	}
+	return fileEntries(res), nil
+}
+
+// ReadFiles reads small regular files of a running sandbox.
+func (c *Client) ReadFiles(ctx context.Context, id string, paths []string) ([]nodeapi.FileData, error) {
+	res, err := call(ctx, c.c.ReadFiles, &nodev1.ReadFilesRequest{Id: id, Paths: paths})
+	if err != nil {
+		return nil, olderNode(err, "read a sandbox's files")
+	}
+	return fileData(res), nil
+}
+
+// olderNode is err, or, for a node of a release without the call (an
+// upgrade under way), ErrConflict saying so.
+func olderNode(err error, what string) error {
+	if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeUnimplemented {
+		return fmt.Errorf("%w: the node cannot %s (an older release)", errdefs.ErrConflict, what)
+	}
+	return err
+}
+
 // eventBuffer is how far the caller may lag before the stream waits (and
 // the node, its own buffer full, drops events for this subscriber).
 const eventBuffer = 256

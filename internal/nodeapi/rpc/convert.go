@@ -227,3 +227,39 @@ func event(e *nodev1.Event) nodeapi.Event {
 	return nodeapi.Event{Kind: e.GetKind(), SandboxID: e.GetSandboxId(), Op: e.GetOp(), Reason: e.GetReason(), Detail: e.GetDetail(),
 		Err: e.GetErr(), At: fromTS(e.GetAt())}
 }
+
+func fileEntriesPB(in []nodeapi.FileEntry) *nodev1.FileTreeResponse {
+	out := &nodev1.FileTreeResponse{Entries: make([]*nodev1.FileEntry, len(in))}
+	for i, e := range in {
+		out.Entries[i] = &nodev1.FileEntry{Path: e.Path, Type: e.Type, Mode: e.Mode, Uid: e.UID, Gid: e.GID, Size: e.Size, Mtime: ts(e.Mtime), Link: e.Link}
+	}
+	return out
+}
+
+func fileEntries(in *nodev1.FileTreeResponse) []nodeapi.FileEntry {
+	out := make([]nodeapi.FileEntry, len(in.GetEntries()))
+	for i, e := range in.GetEntries() {
+		out[i] = nodeapi.FileEntry{Path: e.GetPath(), Type: e.GetType(), Mode: e.GetMode(), UID: e.GetUid(), GID: e.GetGid(), Size: e.GetSize(),
+			Mtime: fromTS(e.GetMtime()), Link: e.GetLink()}
+	}
+	return out
+}
+
+func fileDataPB(in []nodeapi.FileData) *nodev1.ReadFilesResponse {
+	out := &nodev1.ReadFilesResponse{Files: make([]*nodev1.FileData, len(in))}
+	for i, f := range in {
+		out.Files[i] = &nodev1.FileData{Path: f.Path, Size: f.Size, Data: f.Data, Missing: f.Missing, HasData: f.Data != nil}
+	}
+	return out
+}
+
+func fileData(in *nodev1.ReadFilesResponse) []nodeapi.FileData {
+	out := make([]nodeapi.FileData, len(in.GetFiles()))
+	for i, f := range in.GetFiles() {
+		out[i] = nodeapi.FileData{Path: f.GetPath(), Size: f.GetSize(), Missing: f.GetMissing()}
+		if f.GetHasData() {
+			out[i].Data = append([]byte{}, f.GetData()...)
+		}
+	}
+	return out
+}

@@ -472,6 +472,22 @@ func (s *server) StatsHistory(ctx context.Context, req *connect.Request[nodev1.S
 	return ok(statsSamplesPB(h))
 }
 
+func (s *server) FileTree(ctx context.Context, req *connect.Request[nodev1.FileTreeRequest]) (*connect.Response[nodev1.FileTreeResponse], error) {
+	ents, err := s.node.FileTree(ctx, req.Msg.GetId())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(fileEntriesPB(ents))
+}
+
+func (s *server) ReadFiles(ctx context.Context, req *connect.Request[nodev1.ReadFilesRequest]) (*connect.Response[nodev1.ReadFilesResponse], error) {
+	files, err := s.node.ReadFiles(ctx, req.Msg.GetId(), req.Msg.GetPaths())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return ok(fileDataPB(files))
+}
+
 // Events subscribes first, then says so (an empty message), then streams
 // until the caller hangs up or the node's stream ends.
 func (s *server) Events(ctx context.Context, _ *connect.Request[nodev1.EventsRequest], stream *connect.ServerStream[nodev1.EventsResponse]) error {

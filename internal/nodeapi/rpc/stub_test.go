@@ -47,6 +47,12 @@ func (s *stubNode) Stats(context.Context, string) (nodeapi.Stats, error) {
 func (s *stubNode) StatsHistory(context.Context, string, time.Time, time.Time) ([]nodeapi.StatsSample, error) {
 	return nil, s.hit()
 }
+func (s *stubNode) FileTree(context.Context, string) ([]nodeapi.FileEntry, error) {
+	return nil, s.hit()
+}
+func (s *stubNode) ReadFiles(context.Context, string, []string) ([]nodeapi.FileData, error) {
+	return nil, s.hit()
+}
 func (s *stubNode) Adopt(context.Context, nodeapi.AdoptRequest) (nodeapi.Sandbox, error) {
 	return nodeapi.Sandbox{}, s.hit()
 }

@@ -4181,6 +4181,367 @@ func (x *EgressAuditResponse) GetEntries() []*EgressEntry {
 	return nil
 }
 
+type FileTreeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileTreeRequest) Reset() {
+	*x = FileTreeRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileTreeRequest) ProtoMessage() {}
+
+func (x *FileTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileTreeRequest.ProtoReflect.Descriptor instead.
+func (*FileTreeRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *FileTreeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type FileEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Type          string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32                 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32                 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	Size          int64                  `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	Mtime         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=mtime,proto3" json:"mtime,omitempty"`
+	Link          string                 `protobuf:"bytes,8,opt,name=link,proto3" json:"link,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEntry) Reset() {
+	*x = FileEntry{}
+	mi := &file_node_v1_node_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEntry) ProtoMessage() {}
+
+func (x *FileEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
+func (*FileEntry) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *FileEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileEntry) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *FileEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *FileEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *FileEntry) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *FileEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileEntry) GetMtime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Mtime
+	}
+	return nil
+}
+
+func (x *FileEntry) GetLink() string {
+	if x != nil {
+		return x.Link
+	}
+	return ""
+}
+
+type FileTreeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*FileEntry           `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileTreeResponse) Reset() {
+	*x = FileTreeResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileTreeResponse) ProtoMessage() {}
+
+func (x *FileTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileTreeResponse.ProtoReflect.Descriptor instead.
+func (*FileTreeResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *FileTreeResponse) GetEntries() []*FileEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type ReadFilesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Paths         []string               `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFilesRequest) Reset() {
+	*x = ReadFilesRequest{}
+	mi := &file_node_v1_node_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFilesRequest) ProtoMessage() {}
+
+func (x *ReadFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFilesRequest.ProtoReflect.Descriptor instead.
+func (*ReadFilesRequest) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ReadFilesRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReadFilesRequest) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+type FileData struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Path    string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size    int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Data    []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Missing bool                   `protobuf:"varint,4,opt,name=missing,proto3" json:"missing,omitempty"`
+	// has_data tells an empty file (data empty, has_data) from one not read.
+	HasData       bool `protobuf:"varint,5,opt,name=has_data,json=hasData,proto3" json:"has_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileData) Reset() {
+	*x = FileData{}
+	mi := &file_node_v1_node_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileData) ProtoMessage() {}
+
+func (x *FileData) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileData.ProtoReflect.Descriptor instead.
+func (*FileData) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *FileData) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileData) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileData) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *FileData) GetMissing() bool {
+	if x != nil {
+		return x.Missing
+	}
+	return false
+}
+
+func (x *FileData) GetHasData() bool {
+	if x != nil {
+		return x.HasData
+	}
+	return false
+}
+
+type ReadFilesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Files         []*FileData            `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFilesResponse) Reset() {
+	*x = ReadFilesResponse{}
+	mi := &file_node_v1_node_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFilesResponse) ProtoMessage() {}
+
+func (x *ReadFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_v1_node_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFilesResponse.ProtoReflect.Descriptor instead.
+func (*ReadFilesResponse) Descriptor() ([]byte, []int) {
+	return file_node_v1_node_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *ReadFilesResponse) GetFiles() []*FileData {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
 var File_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_node_v1_node_proto_rawDesc = "" +
@@ -4480,7 +4841,31 @@ const file_node_v1_node_proto_rawDesc = "" +
 	" \x01(\x03R\abytesIn\x12\x12\n" +
 	"\x04open\x18\v \x01(\bR\x04open\"K\n" +
 	"\x13EgressAuditResponse\x124\n" +
-	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries2\xe8\x10\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.spore.node.v1.EgressEntryR\aentries\"!\n" +
+	"\x0fFileTreeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc5\x01\n" +
+	"\tFileEntry\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x03R\x04size\x120\n" +
+	"\x05mtime\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05mtime\x12\x12\n" +
+	"\x04link\x18\b \x01(\tR\x04link\"F\n" +
+	"\x10FileTreeResponse\x122\n" +
+	"\aentries\x18\x01 \x03(\v2\x18.spore.node.v1.FileEntryR\aentries\"8\n" +
+	"\x10ReadFilesRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05paths\x18\x02 \x03(\tR\x05paths\"{\n" +
+	"\bFileData\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x18\n" +
+	"\amissing\x18\x04 \x01(\bR\amissing\x12\x19\n" +
+	"\bhas_data\x18\x05 \x01(\bR\ahasData\"B\n" +
+	"\x11ReadFilesResponse\x12-\n" +
+	"\x05files\x18\x01 \x03(\v2\x17.spore.node.v1.FileDataR\x05files2\x85\x12\n" +
 	"\x04Node\x12?\n" +
 	"\x04Info\x12\x1a.spore.node.v1.InfoRequest\x1a\x1b.spore.node.v1.InfoResponse\x12E\n" +
 	"\x06Create\x12\x1c.spore.node.v1.CreateRequest\x1a\x1d.spore.node.v1.CreateResponse\x12<\n" +
@@ -4509,7 +4894,9 @@ const file_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"BuildImage\x12 .spore.node.v1.BuildImageRequest\x1a!.spore.node.v1.BuildImageResponse\x12E\n" +
 	"\x06Export\x12\x1c.spore.node.v1.ExportRequest\x1a\x1d.spore.node.v1.ExportResponse\x12T\n" +
-	"\vEgressAudit\x12!.spore.node.v1.EgressAuditRequest\x1a\".spore.node.v1.EgressAuditResponse\x12G\n" +
+	"\vEgressAudit\x12!.spore.node.v1.EgressAuditRequest\x1a\".spore.node.v1.EgressAuditResponse\x12K\n" +
+	"\bFileTree\x12\x1e.spore.node.v1.FileTreeRequest\x1a\x1f.spore.node.v1.FileTreeResponse\x12N\n" +
+	"\tReadFiles\x12\x1f.spore.node.v1.ReadFilesRequest\x1a .spore.node.v1.ReadFilesResponse\x12G\n" +
 	"\x06Events\x12\x1c.spore.node.v1.EventsRequest\x1a\x1d.spore.node.v1.EventsResponse0\x01B5Z3github.com/spore-run/spore/proto/gen/node/v1;nodev1b\x06proto3"
 
 var (
@@ -4524,7 +4911,7 @@ func file_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_node_v1_node_proto_rawDescData
 }
 
-var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
 var file_node_v1_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 0: spore.node.v1.Resources
 	(*Limits)(nil),                 // 1: spore.node.v1.Limits
@@ -4598,23 +4985,29 @@ var file_node_v1_node_proto_goTypes = []any{
 	(*EgressAuditRequest)(nil),     // 69: spore.node.v1.EgressAuditRequest
 	(*EgressEntry)(nil),            // 70: spore.node.v1.EgressEntry
 	(*EgressAuditResponse)(nil),    // 71: spore.node.v1.EgressAuditResponse
-	nil,                            // 72: spore.node.v1.InfoResponse.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 73: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 74: google.protobuf.Duration
+	(*FileTreeRequest)(nil),        // 72: spore.node.v1.FileTreeRequest
+	(*FileEntry)(nil),              // 73: spore.node.v1.FileEntry
+	(*FileTreeResponse)(nil),       // 74: spore.node.v1.FileTreeResponse
+	(*ReadFilesRequest)(nil),       // 75: spore.node.v1.ReadFilesRequest
+	(*FileData)(nil),               // 76: spore.node.v1.FileData
+	(*ReadFilesResponse)(nil),      // 77: spore.node.v1.ReadFilesResponse
+	nil,                            // 78: spore.node.v1.InfoResponse.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 79: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 80: google.protobuf.Duration
 }
 var file_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: spore.node.v1.Policy.inject:type_name -> spore.node.v1.Injection
 	4,  // 1: spore.node.v1.Injection.headers:type_name -> spore.node.v1.Header
-	73, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
+	79, // 2: spore.node.v1.Death.at:type_name -> google.protobuf.Timestamp
 	1,  // 3: spore.node.v1.Sandbox.limits:type_name -> spore.node.v1.Limits
 	2,  // 4: spore.node.v1.Sandbox.policy:type_name -> spore.node.v1.Policy
-	73, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	79, // 5: spore.node.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: spore.node.v1.Sandbox.death:type_name -> spore.node.v1.Death
-	73, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	79, // 7: spore.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 8: spore.node.v1.SnapshotInfo.limits:type_name -> spore.node.v1.Limits
 	0,  // 9: spore.node.v1.InfoResponse.capacity:type_name -> spore.node.v1.Resources
 	0,  // 10: spore.node.v1.InfoResponse.reserved:type_name -> spore.node.v1.Resources
-	72, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
+	78, // 11: spore.node.v1.InfoResponse.labels:type_name -> spore.node.v1.InfoResponse.LabelsEntry
 	11, // 12: spore.node.v1.InfoResponse.overcommit:type_name -> spore.node.v1.Overcommit
 	2,  // 13: spore.node.v1.CreateRequest.policy:type_name -> spore.node.v1.Policy
 	14, // 14: spore.node.v1.CreateRequest.volumes:type_name -> spore.node.v1.VolumeMount
@@ -4632,84 +5025,91 @@ var file_node_v1_node_proto_depIdxs = []int32{
 	7,  // 26: spore.node.v1.BuildImageResponse.snapshot:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 27: spore.node.v1.AdoptRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 28: spore.node.v1.AdoptResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	74, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
+	80, // 29: spore.node.v1.CollectGarbageRequest.grace:type_name -> google.protobuf.Duration
 	7,  // 30: spore.node.v1.SnapshotsResponse.snapshots:type_name -> spore.node.v1.SnapshotInfo
 	2,  // 31: spore.node.v1.SetPolicyRequest.policy:type_name -> spore.node.v1.Policy
 	2,  // 32: spore.node.v1.ReconfigureRequest.policy:type_name -> spore.node.v1.Policy
 	6,  // 33: spore.node.v1.ReconfigureResponse.sandbox:type_name -> spore.node.v1.Sandbox
-	73, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
-	74, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
-	73, // 36: spore.node.v1.StatsHistoryRequest.start:type_name -> google.protobuf.Timestamp
-	73, // 37: spore.node.v1.StatsHistoryRequest.end:type_name -> google.protobuf.Timestamp
-	73, // 38: spore.node.v1.StatsSample.at:type_name -> google.protobuf.Timestamp
+	79, // 34: spore.node.v1.StatsResponse.at:type_name -> google.protobuf.Timestamp
+	80, // 35: spore.node.v1.StatsResponse.cpu_usage:type_name -> google.protobuf.Duration
+	79, // 36: spore.node.v1.StatsHistoryRequest.start:type_name -> google.protobuf.Timestamp
+	79, // 37: spore.node.v1.StatsHistoryRequest.end:type_name -> google.protobuf.Timestamp
+	79, // 38: spore.node.v1.StatsSample.at:type_name -> google.protobuf.Timestamp
 	64, // 39: spore.node.v1.StatsHistoryResponse.samples:type_name -> spore.node.v1.StatsSample
-	73, // 40: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
+	79, // 40: spore.node.v1.Event.at:type_name -> google.protobuf.Timestamp
 	67, // 41: spore.node.v1.EventsResponse.event:type_name -> spore.node.v1.Event
-	73, // 42: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
-	73, // 43: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
-	73, // 44: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
+	79, // 42: spore.node.v1.EgressAuditRequest.since:type_name -> google.protobuf.Timestamp
+	79, // 43: spore.node.v1.EgressEntry.at:type_name -> google.protobuf.Timestamp
+	79, // 44: spore.node.v1.EgressEntry.end:type_name -> google.protobuf.Timestamp
 	70, // 45: spore.node.v1.EgressAuditResponse.entries:type_name -> spore.node.v1.EgressEntry
-	9,  // 46: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
-	12, // 47: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
-	15, // 48: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
-	17, // 49: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
-	19, // 50: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
-	21, // 51: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
-	23, // 52: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
-	25, // 53: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
-	31, // 54: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
-	27, // 55: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
-	29, // 56: spore.node.v1.Node.VolumeUsage:input_type -> spore.node.v1.VolumeUsageRequest
-	33, // 57: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
-	36, // 58: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
-	39, // 59: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
-	41, // 60: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
-	43, // 61: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
-	55, // 62: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
-	57, // 63: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
-	59, // 64: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
-	61, // 65: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
-	63, // 66: spore.node.v1.Node.StatsHistory:input_type -> spore.node.v1.StatsHistoryRequest
-	51, // 67: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
-	49, // 68: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
-	53, // 69: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
-	45, // 70: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
-	47, // 71: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
-	69, // 72: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
-	66, // 73: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
-	10, // 74: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
-	13, // 75: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
-	16, // 76: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
-	18, // 77: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
-	20, // 78: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
-	22, // 79: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
-	24, // 80: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
-	26, // 81: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
-	32, // 82: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
-	28, // 83: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
-	30, // 84: spore.node.v1.Node.VolumeUsage:output_type -> spore.node.v1.VolumeUsageResponse
-	34, // 85: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
-	38, // 86: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
-	40, // 87: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
-	42, // 88: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
-	44, // 89: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
-	56, // 90: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
-	58, // 91: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
-	60, // 92: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
-	62, // 93: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
-	65, // 94: spore.node.v1.Node.StatsHistory:output_type -> spore.node.v1.StatsHistoryResponse
-	52, // 95: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
-	50, // 96: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
-	54, // 97: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
-	46, // 98: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
-	48, // 99: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
-	71, // 100: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
-	68, // 101: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
-	74, // [74:102] is the sub-list for method output_type
-	46, // [46:74] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	79, // 46: spore.node.v1.FileEntry.mtime:type_name -> google.protobuf.Timestamp
+	73, // 47: spore.node.v1.FileTreeResponse.entries:type_name -> spore.node.v1.FileEntry
+	76, // 48: spore.node.v1.ReadFilesResponse.files:type_name -> spore.node.v1.FileData
+	9,  // 49: spore.node.v1.Node.Info:input_type -> spore.node.v1.InfoRequest
+	12, // 50: spore.node.v1.Node.Create:input_type -> spore.node.v1.CreateRequest
+	15, // 51: spore.node.v1.Node.Get:input_type -> spore.node.v1.GetRequest
+	17, // 52: spore.node.v1.Node.List:input_type -> spore.node.v1.ListRequest
+	19, // 53: spore.node.v1.Node.Kill:input_type -> spore.node.v1.KillRequest
+	21, // 54: spore.node.v1.Node.Pause:input_type -> spore.node.v1.PauseRequest
+	23, // 55: spore.node.v1.Node.Resume:input_type -> spore.node.v1.ResumeRequest
+	25, // 56: spore.node.v1.Node.Hibernate:input_type -> spore.node.v1.HibernateRequest
+	31, // 57: spore.node.v1.Node.Quiesce:input_type -> spore.node.v1.QuiesceRequest
+	27, // 58: spore.node.v1.Node.DeleteVolume:input_type -> spore.node.v1.DeleteVolumeRequest
+	29, // 59: spore.node.v1.Node.VolumeUsage:input_type -> spore.node.v1.VolumeUsageRequest
+	33, // 60: spore.node.v1.Node.Snapshot:input_type -> spore.node.v1.SnapshotRequest
+	36, // 61: spore.node.v1.Node.Fork:input_type -> spore.node.v1.ForkRequest
+	39, // 62: spore.node.v1.Node.Rollback:input_type -> spore.node.v1.RollbackRequest
+	41, // 63: spore.node.v1.Node.GetSnapshot:input_type -> spore.node.v1.GetSnapshotRequest
+	43, // 64: spore.node.v1.Node.DeleteSnapshot:input_type -> spore.node.v1.DeleteSnapshotRequest
+	55, // 65: spore.node.v1.Node.Snapshots:input_type -> spore.node.v1.SnapshotsRequest
+	57, // 66: spore.node.v1.Node.SetPolicy:input_type -> spore.node.v1.SetPolicyRequest
+	59, // 67: spore.node.v1.Node.Reconfigure:input_type -> spore.node.v1.ReconfigureRequest
+	61, // 68: spore.node.v1.Node.Stats:input_type -> spore.node.v1.StatsRequest
+	63, // 69: spore.node.v1.Node.StatsHistory:input_type -> spore.node.v1.StatsHistoryRequest
+	51, // 70: spore.node.v1.Node.Upload:input_type -> spore.node.v1.UploadRequest
+	49, // 71: spore.node.v1.Node.Adopt:input_type -> spore.node.v1.AdoptRequest
+	53, // 72: spore.node.v1.Node.CollectGarbage:input_type -> spore.node.v1.CollectGarbageRequest
+	45, // 73: spore.node.v1.Node.BuildImage:input_type -> spore.node.v1.BuildImageRequest
+	47, // 74: spore.node.v1.Node.Export:input_type -> spore.node.v1.ExportRequest
+	69, // 75: spore.node.v1.Node.EgressAudit:input_type -> spore.node.v1.EgressAuditRequest
+	72, // 76: spore.node.v1.Node.FileTree:input_type -> spore.node.v1.FileTreeRequest
+	75, // 77: spore.node.v1.Node.ReadFiles:input_type -> spore.node.v1.ReadFilesRequest
+	66, // 78: spore.node.v1.Node.Events:input_type -> spore.node.v1.EventsRequest
+	10, // 79: spore.node.v1.Node.Info:output_type -> spore.node.v1.InfoResponse
+	13, // 80: spore.node.v1.Node.Create:output_type -> spore.node.v1.CreateResponse
+	16, // 81: spore.node.v1.Node.Get:output_type -> spore.node.v1.GetResponse
+	18, // 82: spore.node.v1.Node.List:output_type -> spore.node.v1.ListResponse
+	20, // 83: spore.node.v1.Node.Kill:output_type -> spore.node.v1.KillResponse
+	22, // 84: spore.node.v1.Node.Pause:output_type -> spore.node.v1.PauseResponse
+	24, // 85: spore.node.v1.Node.Resume:output_type -> spore.node.v1.ResumeResponse
+	26, // 86: spore.node.v1.Node.Hibernate:output_type -> spore.node.v1.HibernateResponse
+	32, // 87: spore.node.v1.Node.Quiesce:output_type -> spore.node.v1.QuiesceResponse
+	28, // 88: spore.node.v1.Node.DeleteVolume:output_type -> spore.node.v1.DeleteVolumeResponse
+	30, // 89: spore.node.v1.Node.VolumeUsage:output_type -> spore.node.v1.VolumeUsageResponse
+	34, // 90: spore.node.v1.Node.Snapshot:output_type -> spore.node.v1.SnapshotResponse
+	38, // 91: spore.node.v1.Node.Fork:output_type -> spore.node.v1.ForkResponse
+	40, // 92: spore.node.v1.Node.Rollback:output_type -> spore.node.v1.RollbackResponse
+	42, // 93: spore.node.v1.Node.GetSnapshot:output_type -> spore.node.v1.GetSnapshotResponse
+	44, // 94: spore.node.v1.Node.DeleteSnapshot:output_type -> spore.node.v1.DeleteSnapshotResponse
+	56, // 95: spore.node.v1.Node.Snapshots:output_type -> spore.node.v1.SnapshotsResponse
+	58, // 96: spore.node.v1.Node.SetPolicy:output_type -> spore.node.v1.SetPolicyResponse
+	60, // 97: spore.node.v1.Node.Reconfigure:output_type -> spore.node.v1.ReconfigureResponse
+	62, // 98: spore.node.v1.Node.Stats:output_type -> spore.node.v1.StatsResponse
+	65, // 99: spore.node.v1.Node.StatsHistory:output_type -> spore.node.v1.StatsHistoryResponse
+	52, // 100: spore.node.v1.Node.Upload:output_type -> spore.node.v1.UploadResponse
+	50, // 101: spore.node.v1.Node.Adopt:output_type -> spore.node.v1.AdoptResponse
+	54, // 102: spore.node.v1.Node.CollectGarbage:output_type -> spore.node.v1.CollectGarbageResponse
+	46, // 103: spore.node.v1.Node.BuildImage:output_type -> spore.node.v1.BuildImageResponse
+	48, // 104: spore.node.v1.Node.Export:output_type -> spore.node.v1.ExportResponse
+	71, // 105: spore.node.v1.Node.EgressAudit:output_type -> spore.node.v1.EgressAuditResponse
+	74, // 106: spore.node.v1.Node.FileTree:output_type -> spore.node.v1.FileTreeResponse
+	77, // 107: spore.node.v1.Node.ReadFiles:output_type -> spore.node.v1.ReadFilesResponse
+	68, // 108: spore.node.v1.Node.Events:output_type -> spore.node.v1.EventsResponse
+	79, // [79:109] is the sub-list for method output_type
+	49, // [49:79] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_node_v1_node_proto_init() }
@@ -4724,7 +5124,7 @@ func file_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_v1_node_proto_rawDesc), len(file_node_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   73,
+			NumMessages:   79,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

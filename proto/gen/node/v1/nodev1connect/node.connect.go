@@ -96,6 +96,10 @@ const (
 	NodeExportProcedure = "/spore.node.v1.Node/Export"
 	// NodeEgressAuditProcedure is the fully-qualified name of the Node's EgressAudit RPC.
 	NodeEgressAuditProcedure = "/spore.node.v1.Node/EgressAudit"
+	// NodeFileTreeProcedure is the fully-qualified name of the Node's FileTree RPC.
+	NodeFileTreeProcedure = "/spore.node.v1.Node/FileTree"
+	// NodeReadFilesProcedure is the fully-qualified name of the Node's ReadFiles RPC.
+	NodeReadFilesProcedure = "/spore.node.v1.Node/ReadFiles"
 	// NodeEventsProcedure is the fully-qualified name of the Node's Events RPC.
 	NodeEventsProcedure = "/spore.node.v1.Node/Events"
 )
@@ -147,6 +151,10 @@ type NodeClient interface {
 	// on this node (kept after the sandbox is gone, for the node's
 	// retention).
 	EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error)
+	// FileTree lists a running sandbox's filesystem as its daemon sees it.
+	FileTree(context.Context, *connect.Request[v1.FileTreeRequest]) (*connect.Response[v1.FileTreeResponse], error)
+	// ReadFiles reads small regular files of a running sandbox.
+	ReadFiles(context.Context, *connect.Request[v1.ReadFilesRequest]) (*connect.Response[v1.ReadFilesResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -326,6 +334,18 @@ func NewNodeClient(httpClient connect.HTTPClient, baseURL string, opts ...connec
 			connect.WithSchema(nodeMethods.ByName("EgressAudit")),
 			connect.WithClientOptions(opts...),
 		),
+		fileTree: connect.NewClient[v1.FileTreeRequest, v1.FileTreeResponse](
+			httpClient,
+			baseURL+NodeFileTreeProcedure,
+			connect.WithSchema(nodeMethods.ByName("FileTree")),
+			connect.WithClientOptions(opts...),
+		),
+		readFiles: connect.NewClient[v1.ReadFilesRequest, v1.ReadFilesResponse](
+			httpClient,
+			baseURL+NodeReadFilesProcedure,
+			connect.WithSchema(nodeMethods.ByName("ReadFiles")),
+			connect.WithClientOptions(opts...),
+		),
 		events: connect.NewClient[v1.EventsRequest, v1.EventsResponse](
 			httpClient,
 			baseURL+NodeEventsProcedure,
@@ -364,6 +384,8 @@ type nodeClient struct {
 	buildImage     *connect.Client[v1.BuildImageRequest, v1.BuildImageResponse]
 	export         *connect.Client[v1.ExportRequest, v1.ExportResponse]
 	egressAudit    *connect.Client[v1.EgressAuditRequest, v1.EgressAuditResponse]
+	fileTree       *connect.Client[v1.FileTreeRequest, v1.FileTreeResponse]
+	readFiles      *connect.Client[v1.ReadFilesRequest, v1.ReadFilesResponse]
 	events         *connect.Client[v1.EventsRequest, v1.EventsResponse]
 }
 
@@ -502,6 +524,16 @@ func (c *nodeClient) EgressAudit(ctx context.Context, req *connect.Request[v1.Eg
 	return c.egressAudit.CallUnary(ctx, req)
 }
 
+// FileTree calls spore.node.v1.Node.FileTree.
+func (c *nodeClient) FileTree(ctx context.Context, req *connect.Request[v1.FileTreeRequest]) (*connect.Response[v1.FileTreeResponse], error) {
+	return c.fileTree.CallUnary(ctx, req)
+}
+
+// ReadFiles calls spore.node.v1.Node.ReadFiles.
+func (c *nodeClient) ReadFiles(ctx context.Context, req *connect.Request[v1.ReadFilesRequest]) (*connect.Response[v1.ReadFilesResponse], error) {
+	return c.readFiles.CallUnary(ctx, req)
+}
+
 // Events calls spore.node.v1.Node.Events.
 func (c *nodeClient) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.ServerStreamForClient[v1.EventsResponse], error) {
 	return c.events.CallServerStream(ctx, req)
@@ -554,6 +586,10 @@ type NodeHandler interface {
 	// on this node (kept after the sandbox is gone, for the node's
 	// retention).
 	EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error)
+	// FileTree lists a running sandbox's filesystem as its daemon sees it.
+	FileTree(context.Context, *connect.Request[v1.FileTreeRequest]) (*connect.Response[v1.FileTreeResponse], error)
+	// ReadFiles reads small regular files of a running sandbox.
+	ReadFiles(context.Context, *connect.Request[v1.ReadFilesRequest]) (*connect.Response[v1.ReadFilesResponse], error)
 	// Events: the first message carries no event and says the subscription
 	// is in place (a caller that got it misses nothing after); then one
 	// message per event until the caller hangs up.
@@ -729,6 +765,18 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 		connect.WithSchema(nodeMethods.ByName("EgressAudit")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeFileTreeHandler := connect.NewUnaryHandler(
+		NodeFileTreeProcedure,
+		svc.FileTree,
+		connect.WithSchema(nodeMethods.ByName("FileTree")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeReadFilesHandler := connect.NewUnaryHandler(
+		NodeReadFilesProcedure,
+		svc.ReadFiles,
+		connect.WithSchema(nodeMethods.ByName("ReadFiles")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeEventsHandler := connect.NewServerStreamHandler(
 		NodeEventsProcedure,
 		svc.Events,
@@ -791,6 +839,10 @@ func NewNodeHandler(svc NodeHandler, opts ...connect.HandlerOption) (string, htt
 			nodeExportHandler.ServeHTTP(w, r)
 		case NodeEgressAuditProcedure:
 			nodeEgressAuditHandler.ServeHTTP(w, r)
+		case NodeFileTreeProcedure:
+			nodeFileTreeHandler.ServeHTTP(w, r)
+		case NodeReadFilesProcedure:
+			nodeReadFilesHandler.ServeHTTP(w, r)
 		case NodeEventsProcedure:
 			nodeEventsHandler.ServeHTTP(w, r)
 		default:
@@ -908,6 +960,14 @@ func (UnimplementedNodeHandler) Export(context.Context, *connect.Request[v1.Expo
 
 func (UnimplementedNodeHandler) EgressAudit(context.Context, *connect.Request[v1.EgressAuditRequest]) (*connect.Response[v1.EgressAuditResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.EgressAudit is not implemented"))
+}
+
+func (UnimplementedNodeHandler) FileTree(context.Context, *connect.Request[v1.FileTreeRequest]) (*connect.Response[v1.FileTreeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.FileTree is not implemented"))
+}
+
+func (UnimplementedNodeHandler) ReadFiles(context.Context, *connect.Request[v1.ReadFilesRequest]) (*connect.Response[v1.ReadFilesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("spore.node.v1.Node.ReadFiles is not implemented"))
 }
 
 func (UnimplementedNodeHandler) Events(context.Context, *connect.Request[v1.EventsRequest], *connect.ServerStream[v1.EventsResponse]) error {
