@@ -327,15 +327,26 @@ func TestBackgroundStdinConnectSignal(t *testing.T) {
 			}
 			st2.Receive()
 			pid2 := st2.Msg().GetEvent().GetStart().GetPid()
-			time.Sleep(500 * time.Millisecond)
+			// The kill comes once a keepalive did (read for, not a fixed
+			// 500 ms, in which a loaded host may send none; the sleep's
+			// end ends the stream if none ever comes).
+			keepalives := 0
+			for keepalives == 0 && st2.Receive() {
+				if st2.Msg().GetEvent().GetKeepalive() != nil {
+					keepalives++
+				}
+			}
+			if keepalives == 0 {
+				t.Fatalf("no keepalive on a quiet stream: %v", st2.Err())
+			}
 			if _, err := d.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{
 				Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid2}}, Signal: processpb.Signal_SIGNAL_SIGKILL,
 			})); err != nil {
 				t.Fatal(err)
 			}
 			r = collect(t, st2.Receive, func() *processpb.ProcessEvent { return st2.Msg().GetEvent() }, st2.Err)
-			if r.end.GetStatus() != "signal: killed" || r.keepalives == 0 {
-				t.Fatalf("after SIGKILL: %+v, %d keepalives", r.end, r.keepalives)
+			if r.end.GetStatus() != "signal: killed" || keepalives+r.keepalives == 0 {
+				t.Fatalf("after SIGKILL: %+v, %d keepalives", r.end, keepalives+r.keepalives)
 			}
 			if _, err := d.proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: 999999}}, Signal: processpb.Signal_SIGNAL_SIGKILL})); connect.CodeOf(err) != connect.CodeNotFound {
 				t.Fatalf("signal to unknown pid = %v", err)
@@ -463,12 +474,8 @@ func TestWatchDir(t *testing.T) {
 	if !st.Receive() || st.Msg().GetStart() == nil {
 		t.Fatalf("first event not start: %v %v", st.Msg(), st.Err())
 	}
-	os.Mkdir(dir+"/sub", 0o755)
-	time.Sleep(100 * time.Millisecond) // let the watcher add sub
-	os.WriteFile(dir+"/sub/new.txt", []byte("x"), 0o644)
-	os.Remove(dir + "/sub/new.txt")
 	want := map[string]bool{"CREATE sub": false, "CREATE sub/new.txt": false, "WRITE sub/new.txt": false, "REMOVE sub/new.txt": false}
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	missing := func() int {
 		n := 0
 		for _, ok := range want {
@@ -485,19 +492,29 @@ func TestWatchDir(t *testing.T) {
 		}
 		close(events)
 	}()
-	for missing() > 0 {
-		select {
-		case m, ok := <-events:
-			if !ok {
-				t.Fatalf("stream ended: %v", st.Err())
+	until := func(done func() bool) {
+		t.Helper()
+		for !done() {
+			select {
+			case m, ok := <-events:
+				if !ok {
+					t.Fatalf("stream ended: %v", st.Err())
+				}
+				if fe := m.GetFilesystem(); fe != nil {
+					want[strings.TrimPrefix(fe.GetType().String(), "EVENT_TYPE_")+" "+fe.GetName()] = true
+				}
+			case <-deadline:
+				t.Fatalf("events seen: %v", want)
 			}
-			if fe := m.GetFilesystem(); fe != nil {
-				want[strings.TrimPrefix(fe.GetType().String(), "EVENT_TYPE_")+" "+fe.GetName()] = true
-			}
-		case <-deadline:
-			t.Fatalf("events seen: %v", want)
 		}
 	}
+	os.Mkdir(dir+"/sub", 0o755)
+	// The watcher adds sub before it sends sub's create: once that came,
+	// sub is watched (a fixed 100 ms could pass first on a loaded host).
+	until(func() bool { return want["CREATE sub"] })
+	os.WriteFile(dir+"/sub/new.txt", []byte("x"), 0o644)
+	os.Remove(dir + "/sub/new.txt")
+	until(func() bool { return missing() == 0 })
 	// Polling watchers.
 	w, err := d.fs.CreateWatcher(ctx, connect.NewRequest(&fspb.CreateWatcherRequest{Path: dir}))
 	if err != nil {
@@ -505,7 +522,7 @@ func TestWatchDir(t *testing.T) {
 	}
 	os.WriteFile(dir+"/polled", []byte("x"), 0o644)
 	var got []string
-	for i := 0; i < 50 && len(got) == 0; i++ {
+	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); { // a loaded host can be slow
 		time.Sleep(50 * time.Millisecond)
 		r, err := d.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: w.Msg.GetWatcherId()}))
 		if err != nil {

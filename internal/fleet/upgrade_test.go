@@ -289,7 +289,11 @@ func waitLines(t *testing.T, path string, n int) []string {
 	}
 }
 
-var testTimeouts = upgradeTimeouts{drain: 3 * time.Second, durable: 5 * time.Second, ready: 5 * time.Second, poll: 20 * time.Millisecond}
+// testTimeouts: short polls; the drain's 3 s is what a failing drain
+// waits. The waits for a process to come up and for the uploads end as
+// soon as that happens (or the process exits): 30 s, not 5, as a loaded
+// host starts processes slowly.
+var testTimeouts = upgradeTimeouts{drain: 3 * time.Second, durable: 30 * time.Second, ready: 30 * time.Second, poll: 20 * time.Millisecond}
 
 // The rolling upgrade's order: each node drained (again while it still
 // holds a sandbox), what it held durable, stopped, started on the new

@@ -127,10 +127,11 @@ func TestEgressAudit(t *testing.T) {
 	if err := e.n.Engine.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	// (The network may go just after the kill answers: wait for it.)
+	// (The network may go just after the kill answers: wait for it, up
+	// to 30 s, as a teardown on a loaded host takes seconds.)
 	var err error
 	held, open := 0, 0
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		got, err = e.n.EgressAudit(ctx, sb.ID, time.Time{}, 0)
 		if err != nil {
 			t.Fatalf("after the kill: %v", err)

@@ -59,11 +59,17 @@ func TestExclusiveVolumeFollowsSnapshots(t *testing.T) {
 	// past it. (A process runsc exec started does not outlive a restore:
 	// the writer is started again where a capture needs it running, and
 	// goes on from the log's length: from the count it would write again
-	// the line a capture between its append and its count held.)
+	// the line a capture between its append and its count held.) It
+	// returns once the writer has counted (waited for, up to 30 s: after a
+	// fixed 0.2 s a loaded host may not have started it, and a capture
+	// then has no count), and 0.2 s more.
 	writer := func(id string) {
 		t.Helper()
-		e.sh(ctx, id, `nohup sh -c 'i=$(cat /work/log 2>/dev/null | wc -l); while :; do i=$((i+1)); echo $i >> /work/log; echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.005; done' </dev/null >/dev/null 2>&1 &
-			echo $! > /tmp/writer; sleep 0.2`)
+		e.sh(ctx, id, `was=$(cat /tmp/count 2>/dev/null)
+			nohup sh -c 'i=$(cat /work/log 2>/dev/null | wc -l); while :; do i=$((i+1)); echo $i >> /work/log; echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.005; done' </dev/null >/dev/null 2>&1 &
+			echo $! > /tmp/writer
+			n=0; while [ "$(cat /tmp/count 2>/dev/null)" = "$was" ] && [ $n -lt 3000 ]; do n=$((n+1)); sleep 0.01; done
+			sleep 0.2`)
 	}
 	e.sh(ctx, a.ID, "echo v1 > /work/f && mkdir /work/dir && echo kept > /work/dir/g")
 	writer(a.ID)

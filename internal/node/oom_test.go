@@ -26,8 +26,16 @@ func TestMemoryHogKillsOnlyTheHog(t *testing.T) {
 	pid := strings.TrimSpace(c.sh(ctx, `nohup python3 -c "
 import time
 x = bytearray(100 << 20)
+open('/tmp/held', 'w').close()
 time.sleep(10**6)" >/dev/null 2>&1 & echo $!`))
-	time.Sleep(time.Second) // the bystander holds its 100 MiB
+	// The bystander holds its 100 MiB before the hog starts: waited for,
+	// not a fixed second (on a loaded host python3 may not have allocated
+	// by then, and its allocation would race the hog's).
+	for deadline := time.Now().Add(30 * time.Second); c.sh(ctx, "test -f /tmp/held && echo held || true") != "held\n"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the bystander did not hold its memory within 30 s")
+		}
+	}
 	start := time.Now()
 	r, err := c.run(ctx, `python3 -c "x = bytearray(64 * 1024**3)"`)
 	took := time.Since(start)

@@ -152,16 +152,21 @@ func largestOf(t *testing.T, files []string) string {
 
 // startCounter writes mark into the sandbox's /home/user/kept.txt and
 // starts a process counting in its memory (written to /tmp/count every
-// 50 ms); it returns the count 2 s later.
+// 50 ms); it returns the count once the counter has run 2 s (its start
+// waited for, up to 30 s: python3 starts slowly on a loaded host).
 func (h *harness) startCounter(api, id, mark string) int {
 	h.t.Helper()
 	h.run(api, id, "echo "+mark+" > /home/user/kept.txt; "+
-		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & sleep 2; echo started")
+		"nohup python3 -c 'import time,os\nn=0\nwhile True:\n n+=1\n open(\"/tmp/count.tmp\",\"w\").write(str(n))\n os.rename(\"/tmp/count.tmp\",\"/tmp/count\")\n time.sleep(0.05)' >/dev/null 2>&1 & "+
+		"for i in $(seq 300); do [ -s /tmp/count ] && break; sleep 0.1; done; sleep 2; echo started")
 	before, _ := h.counter(api, id)
 	return before
 }
 
-// counter reads the sandbox's counter file twice, 1 s apart.
+// counter reads the sandbox's counter file, then again until it counted
+// on (or 30 s passed): how fast it counts depends on the host (a fixed
+// second may see no count on a loaded host, in a sandbox whose memory is
+// still being fetched); a stopped counter never counts on.
 func (h *harness) counter(base, id string) (int, int) {
 	h.t.Helper()
 	read := func() int {
@@ -173,8 +178,12 @@ func (h *harness) counter(base, id string) (int, int) {
 		return n
 	}
 	a := read()
-	time.Sleep(time.Second)
-	return a, read()
+	b := a
+	for deadline := time.Now().Add(30 * time.Second); b <= a && time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond)
+		b = read()
+	}
+	return a, b
 }
 
 // A snapshot is usable on every node of a fleet whose nodes share an S3

@@ -254,8 +254,8 @@ func (s *server) checkConsistent(t *testing.T, round int, restored map[string]bo
 	}
 	// Nothing orphaned once the background work is done (the warm pool's
 	// refills, restore targets being made): checked until it holds, for
-	// at most 10 s.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	// at most 30 s (sandboxes boot slowly on a loaded host).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		err := s.checkNoOrphans(t, all)
 		if err == nil {
 			err = s.checkNoHalfCapturedVolumes(round)

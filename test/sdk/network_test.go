@@ -69,8 +69,8 @@ while True:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	for _, a := range addrs { // the host reaches them on its end of the link
-		deadline := time.Now().Add(10 * time.Second)
+	for _, a := range addrs { // the host reaches them on its end of the link (once python3 is up: slow on a loaded host)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			c, err := net.DialTimeout("tcp", net.JoinHostPort(a, strconv.Itoa(port)), time.Second)
 			if err == nil {
