@@ -135,6 +135,9 @@ func TestDashboardNamesAreServed(t *testing.T) {
 	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "i1", TeamID: store.DefaultTeam, TemplateID: "base", State: store.StateRunning, NodeID: "n1"}); err != nil {
 		t.Fatal(err)
 	}
+	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "i2", TemplateID: "base", State: store.StatePooled, NodeID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := st.PutSnapshot(ctx, store.Snapshot{ID: "s1", TeamID: store.DefaultTeam, NodeID: "n1", Kind: "snapshot", SizeBytes: 10}); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +145,12 @@ func TestDashboardNamesAreServed(t *testing.T) {
 	hostFree := int64(1 << 30)
 	reg.MustRegister(metrics.NewHost(func(context.Context) metrics.HostFigures {
 		return metrics.HostFigures{Launch: metrics.LaunchLoad{Slots: 4}, Sandboxes: map[string]int{"running": 1}, MemoryFree: &hostFree,
-			Cache: &metrics.CacheFigures{}, Fetch: &metrics.FetchFigures{}}
+			Cache: &metrics.CacheFigures{}, Fetch: &metrics.FetchFigures{}, Egress: &metrics.EgressFigures{}}
+	}))
+	// The sandbox traffic proxy's figures (spore up and each replica;
+	// a node agent's listener with side "node").
+	reg.MustRegister(metrics.NewProxy("replica", func() metrics.ProxyFigures {
+		return metrics.ProxyFigures{Requests: map[int]int64{200: 1}}
 	}))
 	srv := httptest.NewServer(api.New(api.Config{Store: st, Metrics: reg}))
 	defer srv.Close()

@@ -72,6 +72,65 @@ type Proxy struct {
 	// origDst finds where a redirected connection was headed
 	// (OriginalDst; tests without a gateway's redirect replace it).
 	origDst func(*net.TCPConn) (netip.AddrPort, error)
+
+	totals totals
+}
+
+// totals are what every sandbox's connections through the proxy came to
+// since it started (Totals).
+type totals struct {
+	mu sync.Mutex
+	t  Totals
+}
+
+// Totals are a proxy's connections since it started, once each was final
+// (refused, failed or ended), for metrics.
+type Totals struct {
+	// Connections by outcome: "allowed", or the refusal's reason
+	// ("deny", "floor", "limit", "resolve", "dial", "internet off", ...).
+	Connections map[string]int64
+	// Injected counts the allowed connections whose requests got an
+	// injection's headers; HostMismatch those refused a request naming
+	// another host than the TLS server name.
+	Injected, HostMismatch int64
+	BytesOut, BytesIn      int64 // sandbox -> upstream, upstream -> sandbox
+}
+
+// Totals returns the proxy's totals now (a copy).
+func (p *Proxy) Totals() Totals {
+	p.totals.mu.Lock()
+	defer p.totals.mu.Unlock()
+	t := p.totals.t
+	t.Connections = make(map[string]int64, len(p.totals.t.Connections))
+	for k, v := range p.totals.t.Connections {
+		t.Connections[k] = v
+	}
+	return t
+}
+
+// count adds a final record to the totals.
+func (t *totals) count(r Record) {
+	outcome := "allowed"
+	if !r.Allowed {
+		outcome = r.Reason
+		if outcome == "" {
+			outcome = "deny"
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.t.Connections == nil {
+		t.t.Connections = map[string]int64{}
+	}
+	t.t.Connections[outcome]++
+	if r.Injected && r.Allowed {
+		t.t.Injected++
+	}
+	if r.Reason == "host-mismatch" {
+		t.t.HostMismatch++
+	}
+	t.t.BytesOut += r.BytesOut
+	t.t.BytesIn += r.BytesIn
 }
 
 type cached struct {
@@ -422,6 +481,7 @@ func (p *Proxy) refuse(sb *sandbox, c *net.TCPConn, rec Record) {
 }
 
 func (p *Proxy) audit(sb *sandbox, r Record) {
+	p.totals.count(r)
 	if p.cfg.Audit != nil {
 		p.cfg.Audit(sb.instance, r)
 	}

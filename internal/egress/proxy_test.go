@@ -196,6 +196,34 @@ func TestResolvedFloorAddressesNeverDialled(t *testing.T) {
 	if n := public.accepts.Load(); n != 1 {
 		t.Fatalf("the public address was dialled %d times, want 1", n)
 	}
+	// The totals (metrics) count both, and the relayed bytes.
+	tot := tp.Totals()
+	if tot.Connections["resolve"] != 1 || tot.Connections["allowed"] != 1 || tot.BytesOut != int64(len(hello)) || tot.BytesIn != int64(len(hello)) {
+		t.Fatalf("totals = %+v, want 1 refused (resolve), 1 allowed, %d bytes each way", tot, len(hello))
+	}
+}
+
+// Totals count each final record once: allowed or by the refusal's
+// reason, injections and host mismatches, bytes both ways.
+func TestTotalsCount(t *testing.T) {
+	p := &Proxy{}
+	for _, r := range []Record{
+		{Allowed: true, BytesOut: 10, BytesIn: 100},
+		{Allowed: true, Injected: true, BytesOut: 5, BytesIn: 7},
+		{Allowed: true, Injected: true, Reason: "host-mismatch", BytesOut: 1},
+		{Reason: "deny"}, {Reason: "deny"}, {Reason: "floor"}, {},
+	} {
+		p.totals.count(r)
+	}
+	got := p.Totals()
+	want := map[string]int64{"allowed": 3, "deny": 3, "floor": 1}
+	if fmt.Sprint(got.Connections) != fmt.Sprint(want) || got.Injected != 2 || got.HostMismatch != 1 || got.BytesOut != 16 || got.BytesIn != 107 {
+		t.Fatalf("totals = %+v", got)
+	}
+	got.Connections["deny"] = 0 // a copy: the proxy's stay
+	if p.Totals().Connections["deny"] != 3 {
+		t.Fatal("Totals returned the proxy's own map")
+	}
 }
 
 // A sandbox holds at most MaxConnsPerSandbox connections through the

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -33,6 +34,17 @@ type HostFigures struct {
 	// Fetch is what its fetches of snapshots did; nil without a blob
 	// store.
 	Fetch *FetchFigures
+	// Egress is what its egress proxy's connections came to; nil
+	// without one.
+	Egress *EgressFigures
+}
+
+// EgressFigures are a host's egress proxy connections since it started
+// (egress.Totals).
+type EgressFigures struct {
+	Connections            map[string]int64 // by outcome: allowed, or the refusal's reason
+	Injected, HostMismatch int64
+	BytesOut, BytesIn      int64
 }
 
 // CacheFigures are a chunk cache's size now.
@@ -57,6 +69,10 @@ var (
 	dHostFree      = desc("host_memory_free_bytes", "Memory this host has for new sandboxes: MemAvailable less its floor and what launches in flight hold.")
 	dHostTargets   = desc("host_restore_targets", "Idle instances this host keeps ready for restores.")
 	dHostCleanups  = desc("host_pending_cleanups", "Instances and snapshots this host has yet to free (retried; normally 0).")
+	dEgressConns   = desc("egress_connections_total", "Connections from this host's sandboxes through its egress proxy (domain rules, injections), by outcome: allowed, or why refused.", "outcome")
+	dEgressBytes   = desc("egress_bytes_total", "Bytes relayed by this host's egress proxy, by direction (out: sandbox to upstream).", "direction")
+	dEgressInject  = desc("egress_injected_connections_total", "Allowed connections whose requests got injected credentials.")
+	dEgressMismat  = desc("egress_host_mismatch_total", "Intercepted connections refused for a request naming another host than the TLS server name.")
 	dHostQuarantn  = desc("host_quarantined_records", "Sandbox records this host set aside at start, unreadable.")
 	dHostRefused   = desc("host_admission_refusals_total", "Launches (creates, restores, fork children, restore targets) this host's admission refused since it started, by what it lacked.", "reason")
 	dCacheBytes    = desc("host_chunk_cache_bytes", "Bytes in this host's chunk cache.")
@@ -79,7 +95,8 @@ func NewHost(read func(context.Context) HostFigures) *Host { return &Host{read: 
 // Describe implements prometheus.Collector.
 func (h *Host) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dLaunchSlots, dLaunchRunning, dLaunchQueued, dHostSandboxes, dHostFree, dHostTargets,
-		dHostCleanups, dHostQuarantn, dHostRefused, dCacheBytes, dCacheMax, dCacheChunks, dFetches, dFetchChunks, dFetchBytes, dFetchCorrupt} {
+		dHostCleanups, dHostQuarantn, dHostRefused, dCacheBytes, dCacheMax, dCacheChunks, dFetches, dFetchChunks, dFetchBytes, dFetchCorrupt,
+		dEgressConns, dEgressBytes, dEgressInject, dEgressMismat} {
 		ch <- d
 	}
 }
@@ -125,4 +142,63 @@ func (h *Host) Collect(ch chan<- prometheus.Metric) {
 		counter(dFetchBytes, x.StoreBytes, "store")
 		counter(dFetchCorrupt, x.Corrupt)
 	}
+	if e := f.Egress; e != nil {
+		// allowed is always shown, so the series exists before the first
+		// connection.
+		counter(dEgressConns, e.Connections["allowed"], "allowed")
+		for outcome, n := range e.Connections {
+			if outcome != "allowed" {
+				counter(dEgressConns, n, outcome)
+			}
+		}
+		counter(dEgressBytes, e.BytesOut, "out")
+		counter(dEgressBytes, e.BytesIn, "in")
+		counter(dEgressInject, e.Injected)
+		counter(dEgressMismat, e.HostMismatch)
+	}
+}
+
+// ProxyFigures are a sandbox traffic proxy's requests since it started
+// (proxy.Totals).
+type ProxyFigures struct {
+	Requests          map[int]int64 // by status code (0: none written)
+	Forwarded         int64
+	BytesIn, BytesOut int64 // request and response body bytes
+}
+
+var (
+	dProxyReqs  = desc("proxy_requests_total", "Requests to sandboxes' ports this proxy answered, by side (replica: in front; node: behind a replica) and status code.", "side", "code")
+	dProxyFwd   = desc("proxy_forwarded_total", "Requests this proxy sent on to a sandbox (the rest it answered itself).", "side")
+	dProxyBytes = desc("proxy_bytes_total", "Body bytes through this proxy, by direction (in: request bodies from clients; out: responses to them).", "side", "direction")
+)
+
+// Proxy collects a sandbox traffic proxy's figures at each scrape.
+type Proxy struct {
+	side string
+	read func() ProxyFigures
+}
+
+// NewProxy returns the collector of what read reports, labelled with
+// side ("replica" or "node").
+func NewProxy(side string, read func() ProxyFigures) *Proxy { return &Proxy{side: side, read: read} }
+
+// Describe implements prometheus.Collector.
+func (p *Proxy) Describe(ch chan<- *prometheus.Desc) {
+	ch <- dProxyReqs
+	ch <- dProxyFwd
+	ch <- dProxyBytes
+}
+
+// Collect implements prometheus.Collector.
+func (p *Proxy) Collect(ch chan<- prometheus.Metric) {
+	f := p.read()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for code, n := range f.Requests {
+		counter(dProxyReqs, n, p.side, strconv.Itoa(code))
+	}
+	counter(dProxyFwd, f.Forwarded, p.side)
+	counter(dProxyBytes, f.BytesIn, p.side, "in")
+	counter(dProxyBytes, f.BytesOut, p.side, "out")
 }

@@ -80,6 +80,7 @@ var (
 	dSandboxes      = desc("sandboxes", "Sandboxes the store lists, by node and state.", "node", "state")
 	dSnapshots      = desc("snapshots", "Snapshots the store lists, by kind (snapshot, template, hibernation) and storage state.", "kind", "storage")
 	dSnapshotBytes  = desc("snapshot_bytes", "Sum of the sizes of the snapshots the store lists, by kind and storage state.", "kind", "storage")
+	dWarmPool       = desc("warm_pool_sandboxes", "Sandboxes the warm pool holds restored ahead of time, by template.", "template")
 	dTeamLive       = desc("team_live_sandboxes", "A team's sandboxes holding a host (creating, running, paused in memory).", "team")
 	dNode           = desc("node_info", "A node the fleet knows: 1, with its state and whether it drains.", "node", "state", "draining")
 	dNodeMemory     = desc("node_memory_capacity_bytes", "A node's host memory.", "node")
@@ -105,7 +106,7 @@ func NewFleet(st FleetStore, log *slog.Logger) *Fleet {
 
 // Describe implements prometheus.Collector.
 func (f *Fleet) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dSandboxes, dSnapshots, dSnapshotBytes, dTeamLive, dNode, dNodeMemory, dNodeCPUs,
+	for _, d := range []*prometheus.Desc{dSandboxes, dSnapshots, dSnapshotBytes, dWarmPool, dTeamLive, dNode, dNodeMemory, dNodeCPUs,
 		dNodeSlots, dNodeFree, dNodeQueued, dNodeHeartbeat, dScrapeDuration} {
 		ch <- d
 	}
@@ -135,6 +136,9 @@ func (f *Fleet) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(dSnapshots, prometheus.GaugeValue, float64(x.N), x.Kind, storage)
 			ch <- prometheus.MustNewConstMetric(dSnapshotBytes, prometheus.GaugeValue, float64(x.Bytes), x.Kind, storage)
+		}
+		for _, x := range c.Pooled {
+			ch <- prometheus.MustNewConstMetric(dWarmPool, prometheus.GaugeValue, float64(x.N), x.TemplateID)
 		}
 	}
 	if live, err := f.st.LiveSandboxes(ctx); err != nil {

@@ -103,3 +103,12 @@ func (n *Node) sweepAudit(stop <-chan struct{}) {
 		}
 	}
 }
+
+// EgressTotals are the node's egress proxy connections since it started
+// (false without an egress proxy).
+func (n *Node) EgressTotals() (egress.Totals, bool) {
+	if n.egress == nil {
+		return egress.Totals{}, false
+	}
+	return n.egress.Totals(), true
+}

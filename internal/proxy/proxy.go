@@ -109,6 +109,8 @@ type Proxy struct {
 	// viaGoneGrace: how long an exchange through a node's proxy outlives
 	// its instance (forward).
 	viaGoneGrace time.Duration
+
+	totals totals
 }
 
 type ctxKey struct{}
@@ -364,27 +366,43 @@ func (p *Proxy) transport(addr netip.Addr, gone <-chan struct{}) *http.Transport
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cw := &countingWriter{ResponseWriter: w}
+	var body *countingBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &countingBody{ReadCloser: r.Body}
+		r.Body = body
+	}
+	forwarded := p.serve(cw, r)
+	var in int64
+	if body != nil {
+		in = body.n.Load()
+	}
+	p.totals.add(cw.status, forwarded, in, cw.n)
+}
+
+// serve is ServeHTTP's work; it reports whether the request was sent on.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (forwarded bool) {
 	id, port, ok := p.route(w, r)
 	if !ok {
-		return
+		return false
 	}
 	t, ref := p.resolve(r.Context(), id, port)
 	if ref != nil {
 		ref.write(p, w)
-		return
+		return false
 	}
 	if p.nodeSide {
 		if !p.admit(id) {
 			// A drain readies its hibernation (Quiesce): nothing new.
 			(&refusal{id: id, port: port, status: http.StatusServiceUnavailable, transition: true,
 				msg: "sandbox " + id + " is being hibernated: retry"}).write(p, w)
-			return
+			return false
 		}
 		defer p.release(id)
 	}
 	if !p.portOpen(r, id, port) {
 		writeError(w, http.StatusForbidden, "sandbox "+id+"'s ports take requests only with its traffic access token (header E2B-Traffic-Access-Token)")
-		return
+		return false
 	}
 	// The request body belongs to the transport forwarding it. Without
 	// full duplex, net/http's server, when the response headers go out on a
@@ -402,14 +420,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body, ok, err := replayable(r)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
-			return
+			return false
 		}
 		if ok {
 			p.forwardReplaying(w, r, t, body)
-			return
+			return true
 		}
 	}
 	p.forward(w, r, t)
+	return true
 }
 
 // route finds the sandbox and port a request is for (a presigned /files

@@ -18,6 +18,7 @@ import (
 	"github.com/spore-run/spore/internal/engine"
 	"github.com/spore-run/spore/internal/metrics"
 	"github.com/spore-run/spore/internal/node"
+	"github.com/spore-run/spore/internal/proxy"
 )
 
 // hostFigures reads what a host's metrics show (metrics.Host) from its
@@ -48,7 +49,19 @@ func hostFigures(ctx context.Context, n *node.Node) metrics.HostFigures {
 		f.Fetch = &metrics.FetchFigures{Fetched: t.Fetched, Failed: t.Failed, FromCache: t.FromCache, FromPeer: t.FromPeer,
 			FromStore: t.FromStore, Zero: t.Zero, PeerBytes: t.PeerBytes, StoreBytes: t.StoreBytes, Corrupt: t.Corrupt}
 	}
+	if t, ok := n.EgressTotals(); ok {
+		f.Egress = &metrics.EgressFigures{Connections: t.Connections, Injected: t.Injected, HostMismatch: t.HostMismatch,
+			BytesOut: t.BytesOut, BytesIn: t.BytesIn}
+	}
 	return f
+}
+
+// proxyFigures reads a sandbox traffic proxy's totals for its metrics.
+func proxyFigures(p *proxy.Proxy) func() metrics.ProxyFigures {
+	return func() metrics.ProxyFigures {
+		t := p.Totals()
+		return metrics.ProxyFigures{Requests: t.Requests, Forwarded: t.Forwarded, BytesIn: t.BytesIn, BytesOut: t.BytesOut}
+	}
 }
 
 // ReadMetricsToken reads the bearer token a metrics scrape must present

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/spore-run/spore/internal/api"
 	"github.com/spore-run/spore/internal/apikey"
 	"github.com/spore-run/spore/internal/audit"
@@ -222,7 +224,9 @@ func RunAPI(ctx context.Context, cfg APIConfig) error {
 	defer bs.Close()
 	keys := apikey.NewChecker(st).WithLogger(log)
 	px := proxy.New(ctl, keys.Check, log).WithHop(reg.hopTransport, fleet.Scheme())
-	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
+	mreg := metrics.NewRegistry()
+	mreg.MustRegister(metrics.NewProxy("replica", proxyFigures(px)))
+	apiH := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Metrics: mreg, Logger: log, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
 		DefaultTeamQuotas: cfg.DefaultTeamQuotas, MetricsToken: cfg.MetricsToken, VolumeForward: volumeForwarder(st, reg, fleet, log)})
 	mux := http.NewServeMux()
 	register := registerHandler(ctl, st, reg, fleet, log)
@@ -418,16 +422,19 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	defer n.Close()
 	ln0 := local.New(n.Engine, local.Config{ID: id, Addr: cfg.AdvertiseAddr, Labels: cfg.Labels, Reserved: reserveOf(hc.MemoryReserve), Overcommit: hc.Overcommit,
 		Sync: n.Sync, CPUFeatures: n.CPUFeatures, Images: n, PeerScheme: fleet.Scheme()})
-	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, n, log)
-	if err != nil {
-		return err
-	}
+	var reg *prometheus.Registry
 	if cfg.MetricsListen != "" {
 		if cfg.MetricsToken == "" {
 			return fmt.Errorf("--metrics-listen needs --metrics-token-file: a scrape presents that token")
 		}
-		reg := metrics.NewRegistry()
+		reg = metrics.NewRegistry()
 		reg.MustRegister(metrics.NewHost(func(ctx context.Context) metrics.HostFigures { return hostFigures(ctx, n) }))
+	}
+	h, err := NodeHandler(ctx, ln0, fleet, n.Sync, n, reg, log)
+	if err != nil {
+		return err
+	}
+	if reg != nil {
 		serve, err := listenMetrics(ctx, cfg.MetricsListen, MetricsHandler(reg, cfg.MetricsToken, log), log)
 		if err != nil {
 			return err
@@ -445,6 +452,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 }
 
 // NodeHandler is what a node agent serves, each part to whom it is for:
+// (its proxy's figures registered with reg, when given)
 // the node RPC and, for requests naming a sandbox (E2b-Sandbox-Id), the
 // node's proxy to that sandbox's local address, to API replicas; its
 // cached chunks and its snapshots' manifests (sync, when given) to peer
@@ -459,8 +467,11 @@ type VolumeRooter interface {
 	VolumeRoot(ctx context.Context, volumeID string, size int64) (*os.Root, error)
 }
 
-func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, vols VolumeRooter, log *slog.Logger) (http.Handler, error) {
+func NodeHandler(ctx context.Context, n nodeapi.Node, fleet *fleetauth.Fleet, sync *snapsync.Syncer, vols VolumeRooter, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
 	nodePx := proxy.New(newNodeResolver(ctx, n, log), func(context.Context, string) bool { return false }, log).AsNodeSide()
+	if reg != nil {
+		reg.MustRegister(metrics.NewProxy("node", proxyFigures(nodePx)))
+	}
 	rpcPath, rpcH, err := rpc.NewFleetHandler(gatedNode{n, nodePx}, fleet)
 	if err != nil {
 		return nil, err

@@ -81,7 +81,7 @@ func nodeServerIn(t *testing.T, p pair) (*controltest.Node, *httptest.Server) {
 	t.Helper()
 	n := controltest.New(t)
 	ln := local.New(n.Engine, local.Config{ID: "na"})
-	nh, err := NodeHandler(testCtx(t), ln, p.node, nil, nil, slog.New(slog.DiscardHandler))
+	nh, err := NodeHandler(testCtx(t), ln, p.node, nil, nil, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

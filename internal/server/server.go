@@ -179,7 +179,9 @@ func Run(ctx context.Context, cfg Config) error {
 	keys := apikey.NewChecker(st).WithLogger(log)
 	reg := metrics.NewRegistry()
 	reg.MustRegister(metrics.NewHost(func(ctx context.Context) metrics.HostFigures { return hostFigures(ctx, n) }))
-	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: proxy.New(ctl, keys.Check, log), Logger: log, Metrics: reg,
+	px := proxy.New(ctl, keys.Check, log)
+	reg.MustRegister(metrics.NewProxy("replica", proxyFigures(px)))
+	handler := api.New(api.Config{Control: ctl, Store: st, Proxy: px, Logger: log, Metrics: reg,
 		Node: func() api.NodeReport { return nodeReport(n) }, Domain: cfg.Domain, Keys: keys, Builds: bs.Service, Blobs: bs.Blobs, Audit: aw,
 		DefaultTeamQuotas: cfg.DefaultTeamQuotas, MetricsToken: cfg.MetricsToken,
 		VolumeContent: func(ctx context.Context, v store.Volume) (*os.Root, error) {

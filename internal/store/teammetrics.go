@@ -95,6 +95,14 @@ func TopTeamSampleQuery(team string, since, until time.Time, figure string) (str
 type Census struct {
 	Sandboxes []SandboxCount
 	Snapshots []SnapshotCount
+	// Pooled are the warm pool's sandboxes by template.
+	Pooled []PooledCount
+}
+
+// PooledCount is how many warm-pool sandboxes of a template there are.
+type PooledCount struct {
+	TemplateID string
+	N          int
 }
 
 // SandboxCount is how many sandboxes a node has in a state.
@@ -114,4 +122,5 @@ type SnapshotCount struct {
 // CensusSQL are the two grouped counts of Census, for both stores.
 const (
 	CensusSandboxesSQL = `SELECT node_id, state, COUNT(*) FROM sandboxes GROUP BY node_id, state ORDER BY node_id, state`
+	CensusPooledSQL    = `SELECT template_id, COUNT(*) FROM sandboxes WHERE state = 'pooled' GROUP BY template_id ORDER BY template_id`
 )

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -178,6 +179,14 @@ func TestCLI(t *testing.T) {
 			t.Errorf("spore %v: exit %d, stderr %q; want a message and a non-zero exit", bad, code, errs)
 		}
 	}
+	// spore up's /metrics shows the sandbox traffic its proxy carried
+	// (exec and cp went through it) and its egress proxy's counts.
+	code, body := s.rest("GET", "/metrics", "")
+	if code != 200 || !regexp.MustCompile(`(?m)^spore_proxy_requests_total\{code="200",side="replica"\} [1-9]`).Match(body) ||
+		!regexp.MustCompile(`(?m)^spore_proxy_bytes_total\{direction="out",side="replica"\} [1-9]`).Match(body) ||
+		!strings.Contains(string(body), `spore_egress_connections_total{outcome="allowed"}`) {
+		t.Fatalf("metrics: %d, no proxied requests or egress counts in:\n%s", code, grepLines(string(body), "spore_proxy_", "spore_egress_"))
+	}
 	// Kill everything this test made.
 	for _, sb := range s.listed() {
 		s.ok("kill", sb)
@@ -187,6 +196,20 @@ func TestCLI(t *testing.T) {
 	if got := s.ok("ls", "--json"); got != "null" && got != "[]" {
 		t.Fatalf("left after kill: %s", got)
 	}
+}
+
+// grepLines is the lines of s that start with one of prefixes.
+func grepLines(s string, prefixes ...string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // listed is the sandboxes spore ls shows.

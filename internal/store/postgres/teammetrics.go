@@ -140,6 +140,24 @@ func (s *DB) Census(ctx context.Context) (store.Census, error) {
 	if err := rows.Err(); err != nil {
 		return c, fmt.Errorf("census: %w", err)
 	}
+	rows, err = s.pool.Query(ctx, store.CensusPooledSQL)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	for rows.Next() {
+		var x store.PooledCount
+		var n int64
+		if err := rows.Scan(&x.TemplateID, &n); err != nil {
+			rows.Close()
+			return c, fmt.Errorf("census: %w", err)
+		}
+		x.N = int(n)
+		c.Pooled = append(c.Pooled, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
 	rows, err = s.pool.Query(ctx, `SELECT COALESCE(data->>'kind', ''), COALESCE(data->>'storage', ''),
 		COUNT(*), COALESCE(SUM((data->>'sizeBytes')::bigint), 0) FROM snapshots GROUP BY 1, 2 ORDER BY 1, 2`)
 	if err != nil {

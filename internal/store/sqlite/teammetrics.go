@@ -145,6 +145,22 @@ func (s *DB) Census(ctx context.Context) (store.Census, error) {
 	if err := rows.Err(); err != nil {
 		return c, fmt.Errorf("census: %w", err)
 	}
+	rows, err = s.db.QueryContext(ctx, store.CensusPooledSQL)
+	if err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
+	for rows.Next() {
+		var x store.PooledCount
+		if err := rows.Scan(&x.TemplateID, &x.N); err != nil {
+			rows.Close()
+			return c, fmt.Errorf("census: %w", err)
+		}
+		c.Pooled = append(c.Pooled, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return c, fmt.Errorf("census: %w", err)
+	}
 	rows, err = s.db.QueryContext(ctx, `SELECT COALESCE(json_extract(data, '$.kind'), ''), COALESCE(json_extract(data, '$.storage'), ''),
 		COUNT(*), COALESCE(SUM(json_extract(data, '$.sizeBytes')), 0) FROM snapshots GROUP BY 1, 2 ORDER BY 1, 2`)
 	if err != nil {

@@ -10,7 +10,9 @@ import (
 	"github.com/spore-run/spore/internal/store"
 )
 
-// testTeamMetrics: live sandboxes are counted per team (creating,
+// testTeamMetrics: the census counts sandboxes by node and state, the
+// warm pool by template, snapshots by kind and storage; live sandboxes
+// are counted per team (creating,
 // running, paused; not hibernated, not pooled); audit actions are
 // counted per team within [since, until); samples merge by the larger
 // value per figure, read back oldest first within [since, until), and
@@ -25,13 +27,18 @@ func testTeamMetrics(t *testing.T, s store.Store) {
 	boxes := []struct {
 		id, team string
 		state    string
+		template string
 	}{
-		{"m1", teamA, store.StateRunning}, {"m2", teamA, store.StatePaused}, {"m3", teamA, store.StateCreating},
-		{"m4", teamA, store.StateHibernated}, {"m5", teamB, store.StateRunning}, {"m6", "", store.StateRunning},
+		{"m1", teamA, store.StateRunning, ""}, {"m2", teamA, store.StatePaused, ""}, {"m3", teamA, store.StateCreating, ""},
+		{"m4", teamA, store.StateHibernated, ""}, {"m5", teamB, store.StateRunning, ""}, {"m6", "", store.StateRunning, ""},
+		{"m7", "", store.StatePooled, "base"}, {"m8", "", store.StatePooled, "code-interpreter-v1"}, {"m9", "", store.StatePooled, "base"},
 	}
 	for _, b := range boxes {
 		x := sb(b.id, nil)
 		x.TeamID, x.State = b.team, b.state
+		if b.template != "" {
+			x.TemplateID = b.template
+		}
 		if err := s.CreateSandbox(ctx, x); err != nil {
 			t.Fatalf("%s: %v", b.id, err)
 		}
@@ -57,9 +64,13 @@ func testTeamMetrics(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	wantBoxes := []store.SandboxCount{{NodeID: "local", State: store.StateCreating, N: 1}, {NodeID: "local", State: store.StateHibernated, N: 1},
-		{NodeID: "local", State: store.StatePaused, N: 1}, {NodeID: "local", State: store.StateRunning, N: 3}}
+		{NodeID: "local", State: store.StatePaused, N: 1}, {NodeID: "local", State: store.StatePooled, N: 3}, {NodeID: "local", State: store.StateRunning, N: 3}}
 	if fmt.Sprint(c.Sandboxes) != fmt.Sprint(wantBoxes) {
 		t.Fatalf("census of sandboxes %v, want %v", c.Sandboxes, wantBoxes)
+	}
+	wantPooled := []store.PooledCount{{TemplateID: "base", N: 2}, {TemplateID: "code-interpreter-v1", N: 1}}
+	if fmt.Sprint(c.Pooled) != fmt.Sprint(wantPooled) {
+		t.Fatalf("census of the warm pool %v, want %v", c.Pooled, wantPooled)
 	}
 	wantSnaps := []store.SnapshotCount{{Kind: "snapshot", N: 1, Bytes: 100}, {Kind: "snapshot", Storage: store.StorageDurable, N: 2, Bytes: 75}}
 	if fmt.Sprint(c.Snapshots) != fmt.Sprint(wantSnaps) {
