@@ -29,6 +29,7 @@ import (
 	"github.com/spore-run/spore/internal/audit"
 	"github.com/spore-run/spore/internal/blob"
 	"github.com/spore-run/spore/internal/build"
+	"github.com/spore-run/spore/internal/console"
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/metrics"
@@ -214,12 +215,15 @@ const (
 
 // muxPattern is the pattern registered for a route whose own one overlaps
 // another's for ServeMux (see templateSub).
-var muxPattern = map[string]string{"GET /templates/aliases/{alias}": "GET /templates/{templateID}/{sub}"}
+var muxPattern = map[string]string{"GET /templates/aliases/{alias}": "GET /templates/{templateID}/{sub}",
+	"GET /": "GET /{$}"} // the console's page: / alone, not every path
 
 // table is every route of the API.
 func (s *Server) table() []route {
 	routes := []route{
 		{"GET /health", s.health, public},
+		{"GET /", console.Index, public},
+		{"GET /console/{file}", console.Asset, public},
 		{"GET /openapi.yaml", s.openapi, public},
 		{"POST /sandboxes", s.create, user},
 		{"POST /v2/sandboxes", s.create, user},

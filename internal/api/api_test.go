@@ -87,7 +87,7 @@ func TestAuthOnEveryRoute(t *testing.T) {
 	defer srv.Close()
 	for r, needsKey := range api.Routes() {
 		method, path, _ := strings.Cut(r, " ")
-		path = strings.NewReplacer("{sandboxID}", "i0000000000000000000", "{templateID}", "base").Replace(path)
+		path = strings.NewReplacer("{sandboxID}", "i0000000000000000000", "{templateID}", "base", "{file}", "app.js").Replace(path)
 		for _, k := range []string{"", "wrong-key"} {
 			req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader("{}"))
 			if k != "" {

@@ -59,7 +59,9 @@ type SandboxDetail struct {
 	SporeReasonDetail string `json:"sporeReasonDetail,omitempty"`
 	// SporeHibernation says where a hibernated sandbox's image is: local
 	// (it resumes on its node) or durable (on any node).
-	SporeHibernation    string            `json:"sporeHibernation,omitempty"`
+	SporeHibernation string `json:"sporeHibernation,omitempty"`
+	// SporeForkedFrom: the sandbox this one was forked from.
+	SporeForkedFrom     string            `json:"sporeForkedFrom,omitempty"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
 	DiskSizeMB          int               `json:"diskSizeMB"`
@@ -106,7 +108,7 @@ func detail(sb store.Sandbox, token string) SandboxDetail {
 	d := SandboxDetail{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, ClientID: sb.NodeID, Alias: sb.Alias,
 		StartedAt: rfc3339(sb.StartedAt), EndAt: rfc3339(sb.EndAt), State: apiState(sb.State), SporeState: sb.State,
-		SporeReason: sb.Reason, SporeReasonDetail: sb.ReasonDetail,
+		SporeReason: sb.Reason, SporeReasonDetail: sb.ReasonDetail, SporeForkedFrom: sb.ForkedFrom,
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB, Metadata: md,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, AllowInternetAccess: sb.AllowInternet,
 		Lifecycle: Lifecycle{OnTimeout: "kill"}, VolumeMounts: []VolumeMount{},

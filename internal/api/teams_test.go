@@ -77,6 +77,7 @@ var notTeamScoped = map[string]bool{
 	"POST /nodes/{nodeID}/drain": true, "POST /nodes/{nodeID}/undrain": true, // operator routes
 	"DELETE /teams/{teamID}": true, "PATCH /teams/{teamID}": true, // operator routes
 	api.SignedUploadRoute: true, // its signature is its credential
+	"GET /console/{file}": true, // the console's static assets
 }
 
 var pathParam = regexp.MustCompile(`\{[A-Za-z]+\}`)

@@ -315,6 +315,7 @@ func (s *Service) forkRows(ctx context.Context, parent store.Sandbox, count int,
 		rec.ID, rec.State, rec.StartedAt, rec.EndAt = ids.New('i'), store.StateCreating, now, now.Add(timeout)
 		rec.EnvdAccessToken, rec.Addr, rec.NodeID, rec.Reason, rec.ReasonDetail = newToken(), "", where[i], "", ""
 		rec.Hibernation, rec.HibernationDurable = "", false
+		rec.ForkedFrom = parent.ID
 		rec.Version = 0 // a new row (not the parent's version): CreateSandbox writes 1
 		// Its parent's exclusive volumes come as volumes of its own.
 		if rec.VolumeMounts, err = s.ownVolumes(ctx, rec.TeamID, rec.ID, rec.NodeID, parent.VolumeMounts); err == nil {
