@@ -34,8 +34,9 @@ k8s-tools:
 s3-tools:
 	CACHE_DIR=$(CACHE_DIR) GO=$(GO) scripts/s3-tools.sh
 
-## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout)
+## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout), and Debian's chromium for the console's test
 sdk-deps:
+	command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,7 +55,18 @@ func testSandboxLogs(t *testing.T, _ controltest.Config) {
 		}
 		return out
 	}
+	// The API records a call once its answer is sent: the connect's
+	// record may come a moment after the client has the answer (a CI run
+	// read the logs before it and saw a newer entry after). Read until it
+	// is there.
 	got := v1("")
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if slices.ContainsFunc(got.LogEntries, func(e api.SandboxLogEntry) bool { return strings.Contains(e.Message, "/connect 201") }) {
+			break
+		}
+		flush()
+		got = v1("")
+	}
 	var msgs []string
 	for i, e := range got.LogEntries {
 		msgs = append(msgs, e.Fields["logger"]+": "+e.Message)

@@ -162,3 +162,20 @@ func EnvdBinary(t testing.TB) string {
 	}
 	return envdPath
 }
+
+// Chromium is the headless browser the console tests drive (Debian's
+// chromium, which `make sdk-deps` installs); missing, the test fails.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	RealTier(t)
+	for _, p := range []string{os.Getenv("SPORE_CHROMIUM"), "/usr/bin/chromium"} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("chromium not found at /usr/bin/chromium (`make sdk-deps` installs Debian's chromium; SPORE_CHROMIUM names another)")
+	return ""
+}

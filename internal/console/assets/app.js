@@ -243,7 +243,7 @@ async function snapshotTable(id, box, diffOut) {
     el("td", {}, el("input", { type: "radio", name: "to", "aria-label": `diff to ${s.snapshotID}`, onchange: () => { pick.to = s.snapshotID; diffBtn.disabled = !(pick.from && pick.to); } })),
     el("td", {}, s.snapshotID), el("td", {}, (s.names || []).join(", ")), el("td", { class: "opt" }, ago(s.createdAt)),
     el("td", { class: "opt" }, mib(s.sizeBytes)), el("td", { class: "opt" }, s.storage),
-    el("td", {}, el("button", { type: "button", class: "rollback", onclick: (ev) => act(ev.target, async () => {
+    el("td", { class: "actions" }, el("button", { type: "button", class: "rollback", onclick: (ev) => act(ev.target, async () => {
       await api("POST", `/sandboxes/${id}/rollback`, { snapshotID: s.snapshotID });
       await route();
     }) }, "Roll back here"), " ",
@@ -260,7 +260,7 @@ function showDiff(box, d) {
   const lines = [];
   for (const c of d.changes) lines.push(el("li", {}, `${{ added: "A", removed: "D" }[c.change] || "M"} ${c.path}${c.binary ? " (binary)" : ""}`));
   const texts = d.changes.filter((c) => c.diff).map((c) => el("pre", {}, ...c.diff.split("\n").map((l) =>
-    el("span", { class: l.startsWith("@@") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : null }, l + "\n"))));
+    el("span", { class: l.startsWith("@@") || l.startsWith("--- ") || l.startsWith("+++ ") ? "hunk" : l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : null }, l + "\n"))));
   box.replaceChildren(el("h2", {}, `Diff ${d.from} → ${d.to}`),
     el("p", {}, `${d.added} added, ${d.removed} removed, ${d.changed} changed${d.truncated ? " (list truncated)" : ""}`),
     el("ul", { id: "diff-list" }, lines), ...texts);
