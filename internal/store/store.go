@@ -41,11 +41,11 @@ type Sandbox struct {
 	ID string `json:"id"`
 	// TeamID is the team that owns it ("" while it is pooled: nobody's
 	// until a create claims it for its team).
-	TeamID     string            `json:"teamID,omitempty"`
-	TemplateID string            `json:"templateID"` // as asked: a template name or a snapshot ID
+	TeamID     string `json:"teamID,omitempty"`
+	TemplateID string `json:"templateID"` // as asked: a template name or a snapshot ID
 	// ForkedFrom is the sandbox a fork child was forked from (its
 	// lineage; "" for any other sandbox).
-	ForkedFrom string `json:"forkedFrom,omitempty"`
+	ForkedFrom string            `json:"forkedFrom,omitempty"`
 	Alias      string            `json:"alias,omitempty"`
 	State      string            `json:"state"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
