@@ -94,6 +94,23 @@ try {
   });
   check(true, "the rollback took the sandbox back");
 
+  // Its files: the list shows notes.txt (as rolled back), a download
+  // gives its content, an upload lands in the sandbox.
+  await page.goto(base + `/#/snapshots`);
+  await page.goto(base + `/#/sandboxes/${id}`);
+  await eventually("the file list", async () => {
+    if (await page.$('#files tr[data-path="/home/user/notes.txt"]')) return true;
+    throw new Error(`the page: ${(await page.evaluate(() => document.body.innerText)).slice(0, 2000)}`);
+  });
+  const [download] = await Promise.all([page.waitForEvent("download"),
+    page.click('#files tr[data-path="/home/user/notes.txt"] button.download')]);
+  const chunks = [];
+  for await (const c of await download.createReadStream()) chunks.push(c);
+  check(Buffer.concat(chunks).toString() === "one\n", `the downloaded file: ${JSON.stringify(Buffer.concat(chunks).toString())}`);
+  await page.setInputFiles("#upload", { name: "up.txt", mimeType: "text/plain", buffer: Buffer.from("uploaded\n") });
+  await page.waitForSelector('#files tr[data-path="/home/user/up.txt"]');
+  check((await sbx.files.read("/home/user/up.txt")) === "uploaded\n", "the uploaded file is in the sandbox");
+
   // Bulk kill of the forks from the list.
   const kids = (await api("GET", "/v2/sandboxes")).filter((s) => s.sporeForkedFrom === id).map((s) => s.sandboxID);
   check(kids.length === 2, `2 forks recorded, got ${kids.length}`);

@@ -54,6 +54,28 @@ async function api(method, path, body) {
   return { data, headers: resp.headers };
 }
 
+// envd calls a running sandbox's daemon through the API's proxy, with the
+// sandbox's envd access token (never the API key: sandbox traffic carries
+// the sandbox's own credentials).
+async function envd(sb, path, init = {}) {
+  const headers = { "E2b-Sandbox-Id": sb.sandboxID, ...(init.headers || {}) }; // envd: the default port
+  if (sb.envdAccessToken) headers["X-Access-Token"] = sb.envdAccessToken;
+  const resp = await fetch(path, { ...init, headers });
+  if (!resp.ok) {
+    let msg = `${resp.status}`;
+    try { const b = await resp.json(); msg = b.message || msg; } catch { /* not JSON */ }
+    throw new APIError(resp.status, `the sandbox's daemon: ${msg}`);
+  }
+  return resp;
+}
+
+// rpc calls an envd Connect method with JSON.
+async function rpc(sb, method, body) {
+  const resp = await envd(sb, `/${method}`, { method: "POST", headers: { "Content-Type": "application/json", "Connect-Protocol-Version": "1" },
+    body: JSON.stringify(body) });
+  return resp.json();
+}
+
 // all follows X-Next-Token pages of a list.
 async function all(path) {
   let out = [], token = "";
@@ -85,7 +107,13 @@ function mib(bytes) { return `${(bytes / 1048576).toFixed(1)} MiB`; }
 
 function stateOf(sb) { return sb.sporeState || sb.state; }
 
-function page(title, ...children) {
+// routeGen counts navigations: a page whose data came after the user
+// moved on must not replace the newer one (page throws Stale instead).
+let routeGen = 0;
+class Stale extends Error {}
+
+function page(gen, title, ...children) {
+  if (gen !== routeGen) throw new Stale();
   main.replaceChildren(el("h1", {}, title), ...children);
   document.title = `${title} · Spore`;
 }
@@ -110,13 +138,13 @@ function signIn() {
     });
   } }, el("label", { for: "apikey" }, "API key"), input, go,
   el("p", { class: "muted" }, "The key stays in this browser tab's session storage and goes only to this server, in a header."));
-  page("Sign in", form);
+  page(routeGen, "Sign in", form);
   input.focus();
 }
 
 // --- sandboxes -------------------------------------------------------
 
-async function sandboxes() {
+async function sandboxes(gen) {
   const filters = { state: el("select", { id: "f-state", "aria-label": "State" },
       el("option", { value: "" }, "running and paused"), el("option", { value: "running" }, "running"), el("option", { value: "paused" }, "paused or hibernated")),
     template: el("input", { id: "f-template", placeholder: "template", "aria-label": "Template" }),
@@ -150,7 +178,7 @@ async function sandboxes() {
     if (!list.length) body.replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No sandboxes.")));
   }
   for (const f of Object.values(filters)) f.addEventListener("change", () => load().catch((e) => showError(e.message)));
-  page("Sandboxes",
+  page(gen, "Sandboxes",
     el("div", { class: "bar" }, filters.state, filters.template, filters.metadata, filters.node,
       bulk("Pause selected", (id) => api("POST", `/sandboxes/${id}/pause`)),
       bulk("Kill selected", (id) => api("DELETE", `/sandboxes/${id}`), "danger")),
@@ -158,13 +186,14 @@ async function sandboxes() {
       el("th", {}, "State"), el("th", { class: "opt" }, "Node"), el("th", { class: "opt" }, "Size"), el("th", { class: "opt" }, "Started"),
       el("th", { class: "opt" }, "Metadata"))), body)));
   await load();
+  if (gen !== routeGen) return;
   // Live: the list is read again every 2 s while it is shown.
   refreshTimer = setInterval(() => { if (!document.hidden) load().catch(() => {}); }, 2000);
 }
 
 // --- one sandbox -----------------------------------------------------
 
-async function sandbox(id) {
+async function sandbox(id, gen) {
   const { data: sb } = await api("GET", `/sandboxes/${id}`);
   const st = stateOf(sb);
   const forkN = el("input", { type: "number", min: 1, max: 100, value: 2, id: "fork-n", class: "narrow", "aria-label": "Copies" });
@@ -196,14 +225,53 @@ async function sandbox(id) {
   const diffOut = el("div", { id: "diff" });
   const lineage = el("div", { id: "lineage" });
   const events = el("div", { id: "events" });
-  page(`Sandbox ${id}`, actions, info, el("h2", {}, "Resources"), chart, el("h2", {}, "Snapshots"), snaps, diffOut,
+  const files = el("div", { id: "files" });
+  page(gen, `Sandbox ${id}`, actions, info, el("h2", {}, "Resources"), chart, el("h2", {}, "Files"), files, el("h2", {}, "Snapshots"), snaps, diffOut,
     el("h2", {}, "Lineage"), lineage, el("h2", {}, "Events"), events);
+  if (st === "running") fileBrowser(sb, files, "/home/user").catch((e) => files.replaceChildren(el("p", { class: "muted" }, e.message)));
+  else files.replaceChildren(el("p", { class: "muted" }, "Resume the sandbox to browse its files."));
   await Promise.all([
     metricsChart(id, chart).catch((e) => chart.replaceChildren(el("p", { class: "muted" }, e.message))),
     snapshotTable(id, snaps, diffOut),
     lineageTree(id, lineage),
     lifecycle(id, events).catch((e) => events.replaceChildren(el("p", { class: "muted" }, e.message))),
   ]);
+}
+
+// fileBrowser lists a directory of a running sandbox (envd's ListDir),
+// opens directories, downloads files and uploads into the directory.
+async function fileBrowser(sb, box, dir) {
+  const { entries = [] } = await rpc(sb, "filesystem.Filesystem/ListDir", { path: dir, depth: 1 });
+  entries.sort((a, b) => (a.type === b.type ? a.name.localeCompare(b.name) : a.type === "FILE_TYPE_DIRECTORY" ? -1 : 1));
+  const open = (p) => fileBrowser(sb, box, p).catch((e) => showError(e.message));
+  const parent = dir === "/" ? null : dir.replace(/\/[^/]+\/?$/, "") || "/";
+  const upload = el("input", { type: "file", id: "upload", "aria-label": `Upload into ${dir}`, onchange: (ev) => act(ev.target, async () => {
+    for (const f of ev.target.files) {
+      const form = new FormData();
+      form.append("file", f, f.name);
+      await envd(sb, `/files?path=${encodeURIComponent(`${dir.replace(/\/$/, "")}/${f.name}`)}&username=user`, { method: "POST", body: form });
+    }
+    await open(dir);
+  }) });
+  const rows = entries.map((e) => {
+    const isDir = e.type === "FILE_TYPE_DIRECTORY";
+    const name = isDir ? el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); open(e.path); } }, `${e.name}/`) : e.name;
+    const get = !isDir && el("button", { type: "button", class: "download", "data-path": e.path, onclick: (ev) => act(ev.target, async () => {
+      const resp = await envd(sb, `/files?path=${encodeURIComponent(e.path)}&username=user`);
+      const url = URL.createObjectURL(await resp.blob());
+      const a = el("a", { href: url, download: e.name });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    }) }, "Download");
+    return el("tr", { "data-path": e.path }, el("td", {}, name), el("td", { class: "opt" }, e.permissions || ""),
+      el("td", {}, isDir ? "" : String(e.size)), el("td", { class: "actions" }, get || ""));
+  });
+  box.replaceChildren(el("div", { class: "bar" }, el("strong", { id: "cwd" }, dir),
+    parent && el("button", { type: "button", onclick: () => open(parent) }, "Up"), el("label", { for: "upload" }, "Upload:"), upload),
+  el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "Name"), el("th", { class: "opt" }, "Mode"),
+    el("th", {}, "Bytes"), el("th", {}, ""))), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 4, class: "muted" }, "Empty."))))));
 }
 
 async function metricsChart(id, box) {
@@ -319,30 +387,30 @@ async function lifecycle(id, box) {
 
 // --- lists -----------------------------------------------------------
 
-async function snapshotsPage() {
+async function snapshotsPage(gen) {
   const list = await all("/snapshots");
-  page("Snapshots", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Snapshot", "Names", "From sandbox", "Taken", "Size", "Storage", "Stored"].map((h) => el("th", {}, h)))),
+  page(gen, "Snapshots", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Snapshot", "Names", "From sandbox", "Taken", "Size", "Storage", "Stored"].map((h) => el("th", {}, h)))),
     el("tbody", {}, list.map((s) => el("tr", {}, el("td", {}, s.snapshotID), el("td", {}, (s.names || []).join(", ")),
       el("td", {}, s.originSandboxID ? el("a", { href: `#/sandboxes/${s.originSandboxID}` }, s.originSandboxID) : ""),
       el("td", {}, ago(s.createdAt)), el("td", {}, mib(s.sizeBytes)), el("td", {}, s.storage), el("td", {}, mib(s.storedBytes))))))));
 }
 
-async function templatesPage() {
+async function templatesPage(gen) {
   const { data } = await api("GET", "/templates");
-  page("Templates", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Template", "Names", "Build", "Status", "Size", "Public"].map((h) => el("th", {}, h)))),
+  page(gen, "Templates", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Template", "Names", "Build", "Status", "Size", "Public"].map((h) => el("th", {}, h)))),
     el("tbody", {}, (data || []).map((t) => el("tr", {}, el("td", {}, t.key || t.templateID), el("td", {}, (t.aliases || t.names || []).join(", ")),
       el("td", {}, t.buildID || ""), el("td", {}, t.buildStatus || ""), el("td", {}, `${t.cpuCount} vCPU, ${t.memoryMB} MiB`), el("td", {}, t.public ? "yes" : "no")))))));
 }
 
-async function nodesPage() {
+async function nodesPage(gen) {
   let data;
   try {
     ({ data } = await api("GET", "/nodes"));
   } catch (e) {
-    page("Nodes", el("p", { class: "muted" }, e.status === 403 ? "Nodes are shown to operator keys only." : e.message));
+    page(gen, "Nodes", el("p", { class: "muted" }, e.status === 403 ? "Nodes are shown to operator keys only." : e.message));
     return;
   }
-  page("Nodes", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Node", "State", "Draining", "Sandboxes", "Memory used / allocatable", "vCPUs"].map((h) => el("th", {}, h)))),
+  page(gen, "Nodes", el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {}, ...["Node", "State", "Draining", "Sandboxes", "Memory used / allocatable", "vCPUs"].map((h) => el("th", {}, h)))),
     el("tbody", {}, (data || []).map((n) => el("tr", {}, el("td", {}, n.nodeID), el("td", {}, n.state), el("td", {}, n.draining ? "yes" : "no"),
       el("td", {}, n.sandboxes), el("td", {}, `${n.memoryUsedMB} / ${n.memoryAllocatableMB} MiB`), el("td", {}, n.vcpus)))))));
 }
@@ -350,6 +418,7 @@ async function nodesPage() {
 // --- router ----------------------------------------------------------
 
 async function route() {
+  const gen = ++routeGen;
   clearInterval(refreshTimer);
   refreshTimer = null;
   showError("");
@@ -358,13 +427,15 @@ async function route() {
   document.getElementById("nav").hidden = false;
   const m = h.match(/^\/sandboxes\/([a-z0-9]+)$/);
   try {
-    if (m) await sandbox(m[1]);
-    else if (h === "/snapshots") await snapshotsPage();
-    else if (h === "/templates") await templatesPage();
-    else if (h === "/nodes") await nodesPage();
-    else await sandboxes();
+    if (m) await sandbox(m[1], gen);
+    else if (h === "/snapshots") await snapshotsPage(gen);
+    else if (h === "/templates") await templatesPage(gen);
+    else if (h === "/nodes") await nodesPage(gen);
+    else await sandboxes(gen);
   } catch (e) {
-    showError(e.message);
+    if (e instanceof Stale) return; // the user moved on
+    if (gen === routeGen) showError(e.message);
+    return;
   }
   main.focus({ preventScroll: true });
 }
