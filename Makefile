@@ -11,7 +11,7 @@ LDFLAGS   := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 export SPORE_DATA_DIR  := $(DATA_DIR)
 export SPORE_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: build setup test test-fast up bench bench-fleet bench-go readme-table clean proto sdk-deps fuzz fresh-check k8s-tools s3-tools
+.PHONY: build setup test test-fast up bench bench-fleet bench-go readme-table clean proto sdk-deps console-assets fuzz fresh-check k8s-tools s3-tools
 
 ## build: compile the binaries into bin/
 build:
@@ -34,8 +34,14 @@ k8s-tools:
 s3-tools:
 	CACHE_DIR=$(CACHE_DIR) GO=$(GO) scripts/s3-tools.sh
 
-## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout), and Debian's chromium for the console's test
+## console-assets: copy the console's pinned npm code (internal/console/web: xterm.js) into its embedded assets (committed; docs/console.md)
+console-assets:
+	npm ci --prefix internal/console/web --cache $(CACHE_DIR)/npm --no-audit --no-fund
+	cp internal/console/web/node_modules/@xterm/xterm/lib/xterm.mjs internal/console/web/node_modules/@xterm/xterm/css/xterm.css internal/console/assets/
+
+## sdk-deps: the stock E2B SDKs from npm, for the acceptance tests (cached outside the checkout), Debian's chromium for the console's test, the console's pinned npm code (checked against its committed copy)
 sdk-deps:
+	npm ci --prefix internal/console/web --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
 	npm ci --prefix test/sdk --cache $(CACHE_DIR)/npm --no-audit --no-fund
 	npm ci --prefix examples --cache $(CACHE_DIR)/npm --no-audit --no-fund

@@ -26,10 +26,12 @@ func Files() fs.FS {
 }
 
 // security are the headers every console response carries: its own
-// scripts and styles only (no inline code, no other origin), never in a
-// frame, no referrer, no sniffing.
+// scripts only (no inline code, no other origin), never in a frame, no
+// referrer, no sniffing.
 func security(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	// Styles may be inline: the terminal (xterm.js) sets its own. Scripts
+	// may not.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
@@ -63,7 +65,7 @@ func serve(w http.ResponseWriter, r *http.Request, name string) {
 	switch path.Ext(name) {
 	case ".html":
 		h.Set("Content-Type", "text/html; charset=utf-8")
-	case ".js":
+	case ".js", ".mjs":
 		h.Set("Content-Type", "text/javascript; charset=utf-8")
 	case ".css":
 		h.Set("Content-Type", "text/css; charset=utf-8")

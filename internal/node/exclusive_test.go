@@ -1,12 +1,14 @@
 package node_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -230,7 +232,11 @@ func TestExclusiveVolumeThroughTheBlobStore(t *testing.T) {
 	}
 	a := newEnvTuned(t, func(c *node.Config) { c.Blobs = blobs })
 	b := newEnvTuned(t, func(c *node.Config) { c.Blobs, c.NetPrefix = blobs, "spq" })
-	ctx := ctxFor(t)
+	// Not ctxFor's 3 minutes: the first upload publishes the runtime build
+	// (runsc, chunked and hashed under the race detector), which took 2m46s
+	// of a loaded CI host once, and the test uploads and fetches twice more.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	const vol = "vtestexclusive00002"
 	vols, err := a.n.PrepareVolumes(ctx, []nodeapi.VolumeMount{{VolumeID: vol, SizeBytes: 1 << 30, Path: "/work", Exclusive: true}})
 	if err != nil {

@@ -111,6 +111,21 @@ try {
   await page.waitForSelector('#files tr[data-path="/home/user/up.txt"]');
   check((await sbx.files.read("/home/user/up.txt")) === "uploaded\n", "the uploaded file is in the sandbox");
 
+  // A terminal: a shell in a PTY of the sandbox, a command typed, its
+  // output on the screen.
+  await page.click("#open-terminal");
+  await page.waitForSelector("#terminal .xterm-rows");
+  await page.click("#terminal");
+  await page.keyboard.type("echo $((6*7))spore");
+  await page.keyboard.press("Enter");
+  await eventually("the terminal's output", async () => {
+    const screen = await page.textContent("#terminal .xterm-rows");
+    if (screen.includes("42spore")) return true;
+    throw new Error(`the screen: ${JSON.stringify(screen.trim())}; error: ${await page.textContent("#error")}`);
+  });
+  check(true, "a command typed in the terminal ran in the sandbox");
+  await shot("terminal");
+
   // Bulk kill of the forks from the list.
   const kids = (await api("GET", "/v2/sandboxes")).filter((s) => s.sporeForkedFrom === id).map((s) => s.sandboxID);
   check(kids.length === 2, `2 forks recorded, got ${kids.length}`);
@@ -133,8 +148,9 @@ try {
   await phone.goto(base + "/");
   await phone.fill("#apikey", key);
   await phone.click("#signin");
+  await phone.waitForSelector("#sandboxes", { timeout: 60000 });
   await phone.goto(base + `/#/sandboxes/${id}`);
-  await phone.waitForSelector("#do-snapshot");
+  await phone.waitForSelector("#do-snapshot", { timeout: 60000 });
   const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   check(overflow <= 1, `the sandbox page fits a phone's width (overflow ${overflow} px)`);
   await shot("phone-sandbox", phone);

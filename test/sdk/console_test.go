@@ -19,7 +19,7 @@ func TestConsole(t *testing.T) {
 	s := newServer(t)
 	out := s.node("console.mjs", "CHROMIUM="+chrome, "SCREENSHOTS="+os.Getenv("SPORE_CONSOLE_SCREENSHOTS"))
 	t.Log(out)
-	if !strings.Contains(out, "console: 15 passed") {
+	if !strings.Contains(out, "console: 16 passed") {
 		t.Fatalf("the console test did not pass: %s", out)
 	}
 }

@@ -76,6 +76,86 @@ async function rpc(sb, method, body) {
   return resp.json();
 }
 
+const b64 = (bytes) => btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(""));
+const unb64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+
+// openTerminal runs an interactive shell in a PTY of the sandbox (envd's
+// Process.Start, a Connect server stream read frame by frame) in an
+// xterm.js terminal; keys go back with SendInput, size with Update.
+async function openTerminal(sb, box) {
+  const { Terminal } = await import("/console/xterm.mjs");
+  const host = el("div", { class: "term", id: "terminal" });
+  box.replaceChildren(host);
+  const term = new Terminal({ cols: 100, rows: 24, cursorBlink: true });
+  term.open(host);
+  term.focus();
+  const enc = new TextEncoder();
+  const json = enc.encode(JSON.stringify({ process: { cmd: "/bin/bash", args: ["-i", "-l"], envs: { TERM: "xterm-256color" } },
+    pty: { size: { cols: term.cols, rows: term.rows } } }));
+  const frame = new Uint8Array(5 + json.length); // a Connect envelope: flags, length, message
+  new DataView(frame.buffer).setUint32(1, json.length);
+  frame.set(json, 5);
+  const ctrl = new AbortController();
+  const resp = await envd(sb, "/process.Process/Start", { method: "POST", signal: ctrl.signal, body: frame,
+    headers: { "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1", Authorization: `Basic ${btoa("user:")}` } });
+  // Keys go one SendInput at a time, in order (requests in parallel may
+  // arrive out of order); what is typed meanwhile goes together in the
+  // next one.
+  let pid = 0, sending = false;
+  const input = [];
+  async function flush() {
+    if (sending || !pid || !input.length) return;
+    sending = true;
+    try {
+      while (input.length) {
+        const parts = input.splice(0);
+        const bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+        let at = 0;
+        for (const p of parts) { bytes.set(p, at); at += p.length; }
+        await rpc(sb, "process.Process/SendInput", { process: { pid }, input: { pty: b64(bytes) } });
+      }
+    } catch (e) {
+      showError(e.message);
+    } finally {
+      sending = false;
+    }
+  }
+  term.onData((d) => { input.push(enc.encode(d)); flush(); });
+  term.onResize(({ cols, rows }) => pid && rpc(sb, "process.Process/Update", { process: { pid }, pty: { size: { cols, rows } } }).catch(() => {}));
+  // The stream ends with the page: leaving it kills nothing (the shell
+  // ends when its PTY's reader goes), but the reader is stopped.
+  window.addEventListener("hashchange", () => ctrl.abort(), { once: true });
+  const reader = resp.body.getReader();
+  let buf = new Uint8Array(0);
+  for (;;) {
+    let chunk;
+    try { chunk = await reader.read(); } catch { return; }
+    if (chunk.done) break;
+    const joined = new Uint8Array(buf.length + chunk.value.length);
+    joined.set(buf);
+    joined.set(chunk.value, buf.length);
+    buf = joined;
+    while (buf.length >= 5) {
+      const n = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
+      if (buf.length < 5 + n) break;
+      const flags = buf[0];
+      const msg = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + n)));
+      buf = buf.slice(5 + n);
+      if (flags & 2) { // end of stream
+        if (msg.error) term.write(`\r\n[${msg.error.message || msg.error.code}]\r\n`);
+        return;
+      }
+      const ev = msg.event || {};
+      if (ev.start) {
+        pid = ev.start.pid;
+        flush();
+      }
+      if (ev.data && ev.data.pty) term.write(unb64(ev.data.pty));
+      if (ev.end) term.write("\r\n[the shell ended]\r\n");
+    }
+  }
+}
+
 // all follows X-Next-Token pages of a list.
 async function all(path) {
   let out = [], token = "";
@@ -226,7 +306,10 @@ async function sandbox(id, gen) {
   const lineage = el("div", { id: "lineage" });
   const events = el("div", { id: "events" });
   const files = el("div", { id: "files" });
-  page(gen, `Sandbox ${id}`, actions, info, el("h2", {}, "Resources"), chart, el("h2", {}, "Files"), files, el("h2", {}, "Snapshots"), snaps, diffOut,
+  const terminal = el("div", {}, st === "running"
+    ? el("button", { type: "button", id: "open-terminal", onclick: (ev) => act(ev.target, () => openTerminal(sb, terminal)) }, "Open a terminal")
+    : el("p", { class: "muted" }, "Resume the sandbox to open a terminal."));
+  page(gen, `Sandbox ${id}`, actions, info, el("h2", {}, "Terminal"), terminal, el("h2", {}, "Resources"), chart, el("h2", {}, "Files"), files, el("h2", {}, "Snapshots"), snaps, diffOut,
     el("h2", {}, "Lineage"), lineage, el("h2", {}, "Events"), events);
   if (st === "running") fileBrowser(sb, files, "/home/user").catch((e) => files.replaceChildren(el("p", { class: "muted" }, e.message)));
   else files.replaceChildren(el("p", { class: "muted" }, "Resume the sandbox to browse its files."));
