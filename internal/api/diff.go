@@ -5,8 +5,6 @@ import (
 	"net/http"
 
 	"github.com/spore-run/spore/internal/control"
-	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
 )
 
@@ -68,17 +66,10 @@ func (s *Server) diffRoutes() []route {
 func (s *Server) diffSnapshots(w http.ResponseWriter, r *http.Request) {
 	var refs [2]string
 	for i, v := range []string{"snapshotID", "otherID"} {
-		ref := r.PathValue(v)
-		if ids.Validate("snapshot ID", ref) != nil && ids.ValidateName("snapshot name", ref) != nil {
-			s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
+		var ok bool
+		if refs[i], ok = s.snapshotRef(w, r, v); !ok {
 			return
 		}
-		id, _, err := s.teamRef(r.Context(), teamOf(r), ref)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		refs[i] = id
 	}
 	d, err := s.c.DiffSnapshots(r.Context(), teamOf(r), refs[0], refs[1])
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spore-run/spore/internal/control"
 	"github.com/spore-run/spore/internal/errdefs"
-	"github.com/spore-run/spore/internal/ids"
 	"github.com/spore-run/spore/internal/nodeapi"
 )
 
@@ -156,14 +155,8 @@ func (s *Server) exportSandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) exportSnapshot(w http.ResponseWriter, r *http.Request) {
-	ref := r.PathValue("snapshotID")
-	if ids.Validate("snapshot ID", ref) != nil && ids.ValidateName("snapshot name", ref) != nil {
-		s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
-		return
-	}
-	ref, _, err := s.teamRef(r.Context(), teamOf(r), ref)
-	if err != nil {
-		s.fail(w, r, err)
+	ref, ok := s.snapshotRef(w, r, "snapshotID")
+	if !ok {
 		return
 	}
 	req, layout, ok := exportBody(w, r)

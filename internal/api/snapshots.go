@@ -42,10 +42,36 @@ func snapshotInfo(sn store.Snapshot) SnapshotInfo {
 		Status: "ready", Storage: storage, StoredBytes: sn.StoredBytes, NodeID: sn.NodeID}
 }
 
-func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	ref := r.PathValue("snapshotID")
+// validRef is the path value param when it is a snapshot's ID or name;
+// otherwise it answers 400.
+func (s *Server) validRef(w http.ResponseWriter, r *http.Request, param string) (string, bool) {
+	ref := r.PathValue(param)
 	if ids.Validate("snapshot ID", ref) != nil && ids.ValidateName("snapshot name", ref) != nil {
 		s.fail(w, r, errdefs.Invalidf("snapshot reference %q is neither an ID nor a name", ref))
+		return "", false
+	}
+	return ref, true
+}
+
+// snapshotRef is the snapshot or template the path value param names,
+// among the caller's team's, resolved to its ID (teamRef); otherwise it
+// answers 400 or 404.
+func (s *Server) snapshotRef(w http.ResponseWriter, r *http.Request, param string) (string, bool) {
+	ref, ok := s.validRef(w, r, param)
+	if !ok {
+		return "", false
+	}
+	id, _, err := s.teamRef(r.Context(), teamOf(r), ref)
+	if err != nil {
+		s.fail(w, r, err)
+		return "", false
+	}
+	return id, true
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	ref, ok := s.validRef(w, r, "snapshotID")
+	if !ok {
 		return
 	}
 	sn, err := s.c.GetSnapshot(r.Context(), teamOf(r), ref)

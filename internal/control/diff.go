@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/spore-run/spore/internal/errdefs"
 	"github.com/spore-run/spore/internal/nodeapi"
 	"github.com/spore-run/spore/internal/snapdiff"
 )
@@ -51,22 +50,16 @@ func (s *Service) DiffSnapshots(ctx context.Context, team, from, to string) (Sna
 	)
 	defer func() {
 		for _, id := range sbs {
-			if id == "" {
-				continue
+			if id != "" {
+				s.dropScratch(ctx, id)
 			}
-			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			if err := s.Kill(kctx, id); err != nil && !errdefs.IsNotFound(err) {
-				s.log.Warn("kill a snapshot diff's sandbox", "sandbox_id", id, "err", err)
-			}
-			cancel()
 		}
 	}()
 	for i, ref := range []string{from, to} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := s.Create(ctx, CreateRequest{TeamID: team, TemplateID: ref, Timeout: 30 * time.Minute,
-				Metadata: map[string]string{"spore.diff": ref}})
+			sb, err := s.scratch(ctx, team, ref, "diff")
 			if err != nil {
 				errs[i] = err
 				return

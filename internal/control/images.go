@@ -140,17 +140,27 @@ func (s *Service) Export(ctx context.Context, sandboxID string, req nodeapi.Expo
 // template) for a team: a sandbox of the team's is started from it for
 // the export and killed after.
 func (s *Service) ExportSnapshot(ctx context.Context, team, ref string, req nodeapi.ExportRequest) (nodeapi.ExportInfo, error) {
-	sb, err := s.Create(ctx, CreateRequest{TeamID: team, TemplateID: ref, Timeout: 30 * time.Minute,
-		Metadata: map[string]string{"spore.export": ref}})
+	sb, err := s.scratch(ctx, team, ref, "export")
 	if err != nil {
 		return nodeapi.ExportInfo{}, err
 	}
-	defer func() {
-		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := s.Kill(kctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Warn("kill the export sandbox", "sandbox_id", sb.ID, "err", err)
-		}
-	}()
+	defer s.dropScratch(ctx, sb.ID)
 	return s.Export(ctx, sb.ID, req)
+}
+
+// scratch starts snapshot (or template) ref in a sandbox of the team's
+// for the control plane's own use (metadata spore.<purpose>: the ref);
+// dropScratch kills it, however the work on it ended.
+func (s *Service) scratch(ctx context.Context, team, ref, purpose string) (Sandbox, error) {
+	return s.Create(ctx, CreateRequest{TeamID: team, TemplateID: ref, Timeout: 30 * time.Minute,
+		Metadata: map[string]string{"spore." + purpose: ref}})
+}
+
+// dropScratch kills a scratch sandbox, even after ctx ended.
+func (s *Service) dropScratch(ctx context.Context, id string) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := s.Kill(kctx, id); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Warn("kill a scratch sandbox", "sandbox_id", id, "err", err)
+	}
 }

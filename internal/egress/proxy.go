@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -101,10 +102,7 @@ func (p *Proxy) Totals() Totals {
 	p.totals.mu.Lock()
 	defer p.totals.mu.Unlock()
 	t := p.totals.t
-	t.Connections = make(map[string]int64, len(p.totals.t.Connections))
-	for k, v := range p.totals.t.Connections {
-		t.Connections[k] = v
-	}
+	t.Connections = maps.Clone(t.Connections)
 	return t
 }
 

@@ -377,25 +377,12 @@ func (n *Node) diffLayer(ctx context.Context, d *daemon, changed []export.Entry,
 		}
 	}
 	want := make(map[string]bool, len(changed))
-	var list bytes.Buffer
-	for _, e := range changed {
+	paths := make([]string, len(changed))
+	for i, e := range changed {
 		want[e.Path] = true
-		list.WriteString(strconv.Quote(e.Path))
-		list.WriteByte('\n')
+		paths[i] = e.Path
 	}
-	pr, pw := io.Pipe()
-	copied := make(chan error, 1)
-	go func() {
-		err := copyChecked(tar.NewReader(pr), b.Tar, want)
-		pr.CloseWithError(err)
-		copied <- err
-	}()
-	err = d.run(ctx, true, []string{"-tar"}, list.Bytes(), pw)
-	pw.CloseWithError(err)
-	if cerr := <-copied; err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := d.tar(ctx, paths, func(tr *tar.Reader) error { return copyChecked(tr, b.Tar, want) }); err != nil {
 		return nil, err
 	}
 	fl, err := b.Close()
@@ -456,6 +443,30 @@ type daemon struct {
 func daemonOf(sb engine.Sandbox) *daemon {
 	return &daemon{pc: processpbconnect.NewProcessClient(&http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
 		envdclient.URL(sb.Addr, envd.Port)), token: sb.Run.AccessToken}
+}
+
+// tar has the daemon write the entries at paths (relative, parents
+// first) as a tar (spore-envd -tar, as root), which read consumes as it
+// streams; an error of either ends both.
+func (d *daemon) tar(ctx context.Context, paths []string, read func(*tar.Reader) error) error {
+	var list bytes.Buffer
+	for _, p := range paths {
+		list.WriteString(strconv.Quote(p))
+		list.WriteByte('\n')
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := read(tar.NewReader(pr))
+		pr.CloseWithError(err)
+		done <- err
+	}()
+	err := d.run(ctx, true, []string{"-tar"}, list.Bytes(), pw)
+	pw.CloseWithError(err)
+	if rerr := <-done; err == nil && rerr != nil {
+		err = rerr
+	}
+	return err
 }
 
 // errTooManyEntries ends a manifest read past its limit.

@@ -2,12 +2,10 @@ package node
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"path"
-	"strconv"
 	"strings"
 	"time"
 
@@ -86,25 +84,12 @@ func (n *Node) ReadFiles(ctx context.Context, id string, paths []string) ([]node
 	if err != nil {
 		return nil, err
 	}
-	var list bytes.Buffer
-	for _, p := range paths {
-		list.WriteString(strconv.Quote(p[1:]))
-		list.WriteByte('\n')
+	rel := make([]string, len(paths))
+	for i, p := range paths {
+		rel[i] = p[1:]
 	}
 	got := make(map[string]nodeapi.FileData, len(paths))
-	pr, pw := io.Pipe()
-	read := make(chan error, 1)
-	go func() {
-		err := readTar(tar.NewReader(pr), got)
-		pr.CloseWithError(err)
-		read <- err
-	}()
-	err = daemonOf(sb).run(ctx, true, []string{"-tar"}, list.Bytes(), pw)
-	pw.CloseWithError(err)
-	if rerr := <-read; err == nil && rerr != nil {
-		err = rerr
-	}
-	if err != nil {
+	if err := daemonOf(sb).tar(ctx, rel, func(tr *tar.Reader) error { return readTar(tr, got) }); err != nil {
 		return nil, fmt.Errorf("read the files of %s: %w", id, err)
 	}
 	out := make([]nodeapi.FileData, len(paths))

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"maps"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -32,10 +33,7 @@ func (p *Proxy) Totals() Totals {
 	p.totals.mu.Lock()
 	defer p.totals.mu.Unlock()
 	t := p.totals.t
-	t.Requests = make(map[int]int64, len(p.totals.t.Requests))
-	for k, v := range p.totals.t.Requests {
-		t.Requests[k] = v
-	}
+	t.Requests = maps.Clone(t.Requests)
 	return t
 }
 
