@@ -59,13 +59,20 @@ func testSandboxLogs(t *testing.T, _ controltest.Config) {
 	// record may come a moment after the client has the answer (a CI run
 	// read the logs before it and saw a newer entry after). Read until it
 	// is there.
+	// (A later CI-like run under load also read the connect's record before
+	// the resume's: the test reads until both are there and two reads
+	// agree.)
+	has := func(l api.SandboxLogs, msg string) bool {
+		return slices.ContainsFunc(l.LogEntries, func(e api.SandboxLogEntry) bool { return strings.Contains(e.Message, msg) })
+	}
 	got := v1("")
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if slices.ContainsFunc(got.LogEntries, func(e api.SandboxLogEntry) bool { return strings.Contains(e.Message, "/connect 201") }) {
+		flush()
+		again := v1("")
+		if has(got, "/connect 201") && has(got, "resumed") && reflect.DeepEqual(again, got) {
 			break
 		}
-		flush()
-		got = v1("")
+		got = again
 	}
 	var msgs []string
 	for i, e := range got.LogEntries {
